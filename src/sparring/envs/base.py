@@ -1,0 +1,68 @@
+"""The environment protocol: text in, text out, any number of seats, per-seat rewards.
+
+An environment never sees tokens and never raises on model output: `parse` classifies a
+raw model text as a legal action, an illegal one or an unparsable one, and `step` takes
+only legal actions (the rollout applies the invalid-action policy in between).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+ParseStatus = Literal["legal", "illegal", "unparsable"]
+
+
+@dataclass(frozen=True)
+class ParseResult:
+    """What a raw model text means: ``action`` is the canonical legal action string when
+    ``status == "legal"``; ``error`` is a short message that can be shown to the agent."""
+
+    status: ParseStatus
+    action: str | None = None
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "legal"
+
+
+@dataclass
+class StepResult:
+    """Rewards for every seat (index = seat) earned by this step; ``done`` ends the episode."""
+
+    rewards: list[float]
+    done: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Env(Protocol):
+    name: str
+    num_seats: int
+
+    def reset(self, seed: int) -> None: ...
+
+    def current_seat(self) -> int | None:  # None when the episode is over
+        ...
+
+    def system_prompt(self, seat: int) -> str:  # rules, role and the answer format
+        ...
+
+    def observation(self, seat: int) -> str:  # what that seat may see
+        ...
+
+    def legal_actions(self, seat: int) -> list[str] | None:  # None = free text
+        ...
+
+    def parse(self, seat: int, text: str) -> ParseResult:  # never raises
+        ...
+
+    def step(self, action: str) -> StepResult:  # a legal action of current_seat()
+        ...
+
+    def state_key(self) -> str:  # hashable state, for anchor-state grouping
+        ...
+
+    def returns(self) -> list[float]:  # cumulative reward per seat so far
+        ...

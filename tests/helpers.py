@@ -1,0 +1,14 @@
+"""Hand-built episodes shared by tests."""
+
+from sparring.data import Episode, Turn
+
+
+def two_seat_episode(group: int = 0, seed: int = 0, returns=(1.0, -1.0)) -> Episode:
+    """Seat 0 acts at steps 0 and 2, seat 1 at step 1. Full-history prompts (prefix property)."""
+    t0 = Turn(agent=0, prompt_ids=[1, 2], action_ids=[5, 6], logprobs=[-0.1, -0.2], reward=0.0,
+              state_key="s0")
+    t1 = Turn(agent=1, prompt_ids=[3], action_ids=[7], logprobs=[-0.3], reward=0.5, state_key="s1")
+    t2 = Turn(agent=0, prompt_ids=[1, 2, 5, 6, 9], action_ids=[8, 8, 8], logprobs=[-1.0, -2.0, -3.0],
+              reward=1.0, state_key="s2", done=True)
+    return Episode(env="toy", seed=seed, group=group, num_agents=2, turns=[t0, t1, t2],
+                   returns=list(returns))
