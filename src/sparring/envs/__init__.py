@@ -1,0 +1,62 @@
+"""Environments: the registry (`make`, `list_envs`) and the protocol (`sparring.envs.base`).
+
+Environment modules register a factory with `register_env`; importing this package
+imports them (``_ENV_MODULES``), so ``make("tictactoe")`` just works.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from sparring.envs.base import Env, ParseResult, StepResult
+from sparring.registry import Entry, Registry
+
+ENVS = Registry("environment")
+
+# Modules that register environments when imported. Add new ones here.
+_ENV_MODULES: tuple[str, ...] = (
+    "sparring.envs.games.tictactoe",
+    "sparring.envs.games.connect_four",
+    "sparring.envs.games.nim",
+    "sparring.envs.games.kuhn_poker",
+    "sparring.envs.games.leduc",
+    "sparring.envs.games.negotiation",
+    "sparring.envs.games.signalling",
+    "sparring.envs.tasks.arithmetic",
+    "sparring.envs.tasks.frozen_lake",
+    "sparring.envs.tasks.sokoban",
+    "sparring.envs.tasks.twenty_questions",
+    "sparring.envs.tasks.calculator",
+)
+
+
+def register_env(
+    name: str, *, family: str, source: str = "", needs: tuple[str, ...] = ()
+) -> Callable[[Callable[..., Env]], Callable[..., Env]]:
+    """Register a factory ``fn(**options) -> Env``. ``family``: game, cooperative, task, tool."""
+    return ENVS.register(name, family=family, source=source, needs=needs)
+
+
+def _load() -> None:
+    for mod in _ENV_MODULES:
+        try:
+            importlib.import_module(mod)
+        except ModuleNotFoundError as e:  # an environment not written yet
+            if e.name != mod:
+                raise
+
+
+def make(name: str, **options: Any) -> Env:
+    """Build environment ``name`` with its options; unknown names list the known ones."""
+    _load()
+    return ENVS.get(name).fn(**options)
+
+
+def list_envs() -> list[Entry]:
+    _load()
+    return list(ENVS)
+
+
+__all__ = ["ENVS", "Env", "ParseResult", "StepResult", "list_envs", "make", "register_env"]

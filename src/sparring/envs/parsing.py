@@ -1,0 +1,71 @@
+"""Shared parsers from raw model text to a `ParseResult`. They never raise.
+
+* `parse_choice`: the answer is one of a finite set of legal action strings. Looks first
+  inside an answer tag (``<answer>...</answer>``), else takes the *last* legal action
+  mentioned in the text as a whole word.
+* `parse_tagged`: free-text answers inside an answer tag (or the whole stripped text).
+"""
+
+from __future__ import annotations
+
+import re
+
+from sparring.envs.base import ParseResult
+
+MAX_TEXT = 4096  # longer outputs are cut before parsing (bounded work on huge text)
+_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+
+
+def clean(text: object) -> str:
+    """Any object -> a bounded str without NULs; bytes are decoded leniently."""
+    if isinstance(text, bytes | bytearray):
+        text = bytes(text).decode("utf-8", errors="replace")
+    elif not isinstance(text, str):
+        text = "" if text is None else str(text)
+    return text[:MAX_TEXT].replace("\x00", "")
+
+
+def answer_span(text: str) -> str | None:
+    """Content of the last ``<answer>...</answer>`` tag, stripped; None when absent."""
+    found = _TAG.findall(text)
+    return found[-1].strip() if found else None
+
+
+def parse_choice(text: object, legal: list[str], all_actions: list[str] | None = None) -> ParseResult:
+    """Classify ``text`` against ``legal`` actions (case-insensitive, whole words).
+
+    ``all_actions``: every action of the game; mentioning one that is not legal now is
+    "illegal" rather than "unparsable".
+    """
+    t = clean(text)
+    span = answer_span(t)
+    hay = (span if span is not None else t).strip()
+    if not hay:
+        return ParseResult("unparsable", error="empty answer")
+    vocab = list(dict.fromkeys((all_actions or []) + legal))
+    best: tuple[int, str] | None = None
+    low = hay.lower()
+    for a in vocab:
+        pat = r"(?<![\w])" + re.escape(a.lower()) + r"(?![\w])"
+        for m in re.finditer(pat, low):
+            if best is None or m.start() > best[0] or (m.start() == best[0] and len(a) > len(best[1])):
+                best = (m.start(), a)
+    if best is None:
+        return ParseResult("unparsable", error=f"no move found; legal moves: {', '.join(legal)}")
+    if best[1] in legal:
+        return ParseResult("legal", action=best[1])
+    return ParseResult("illegal", action=None,
+                       error=f"{best[1]!r} is not legal now; legal moves: {', '.join(legal)}")
+
+
+def parse_tagged(text: object, require_tag: bool = False) -> ParseResult:
+    """Free-text answer: the answer tag's content, or the whole stripped text."""
+    t = clean(text)
+    span = answer_span(t)
+    if span is None:
+        if require_tag:
+            return ParseResult("unparsable", error="answer must be inside <answer>...</answer>")
+        span = t.strip()
+    if not span:
+        return ParseResult("unparsable", error="empty answer")
+    return ParseResult("legal", action=span)
