@@ -89,3 +89,10 @@ def test_extras_are_nan_where_missing():
     b = collate([ep])
     assert b.extras["p"][0] == 0.5
     assert torch.isnan(b.extras["p"][1:]).all()
+
+
+def test_bot_turns_without_tokens_make_no_rows():
+    ep = two_seat_episode()
+    ep.turns[1].action_ids, ep.turns[1].logprobs = [], None  # seat 1 is a bot
+    b = collate([ep])
+    assert b.agent.tolist() == [0, 0] and b.n_traj == 1

@@ -251,6 +251,7 @@ def collate(
     """Flatten episodes into a `TurnBatch`.
 
     ``agents``: only rows of these seats (e.g. the seats the learner played); default all.
+    Turns with no action tokens (moves of bots or other non-token players) make no row.
     Turn layout: a row is ``prompt_ids + action_ids`` with the action tokens masked in.
     Trajectory layout: a row is one agent's turns concatenated (see `_trajectory_tokens`).
     """
@@ -266,7 +267,8 @@ def collate(
             env_names.append(ep.env)
         seats = range(ep.num_agents) if agents is None else agents
         for a in seats:
-            a_turns = [(s, t) for s, t in enumerate(ep.turns) if t.agent == a]
+            # turns without action tokens (a bot's move) are context, not training rows
+            a_turns = [(s, t) for s, t in enumerate(ep.turns) if t.agent == a and t.action_ids]
             if not a_turns:
                 continue
             traj_ids[(e, a)] = len(traj_ids)

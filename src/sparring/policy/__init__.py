@@ -1,0 +1,1 @@
+"""Policies: model backends that turn prompts into sampled actions with log-probs."""
