@@ -43,8 +43,8 @@ def _load() -> None:
     for mod in _ENV_MODULES:
         try:
             importlib.import_module(mod)
-        except ModuleNotFoundError as e:  # an environment not written yet
-            if e.name != mod:
+        except ModuleNotFoundError as e:  # an environment (or its package) not written yet
+            if e.name is None or not (mod == e.name or mod.startswith(e.name + ".")):
                 raise
 
 

@@ -1,0 +1,15 @@
+"""Reference opponents. Every bot is a player: ``bot.act(env, seat) -> action str`` (and
+calling the bot does the same). Search bots need ``env.clone()`` (all built-in games have it).
+
+* `RandomBot`: uniform over legal actions.
+* `MinimaxBot`: exact minimax for two-seat zero-sum perfect-information games
+  (tic-tac-toe, Nim), memoised over ``state_key()``, random tie-breaking.
+* `MCTSBot`: UCT with random rollouts (Connect Four), configurable simulations.
+* `CFRBot`: plays the CFR+ average strategy of Kuhn or Leduc poker, solved on first use.
+"""
+
+from sparring.envs.bots.mcts import MCTSBot
+from sparring.envs.bots.minimax import MinimaxBot, minimax_value
+from sparring.envs.bots.simple import Bot, RandomBot
+
+__all__ = ["Bot", "MCTSBot", "MinimaxBot", "RandomBot", "minimax_value"]

@@ -1,0 +1,54 @@
+"""Exact minimax for two-seat zero-sum perfect-information games (tic-tac-toe, Nim).
+
+V(s) = future reward of seat 0 from state s under optimal play:
+V(terminal) = 0;  V(s) = max_a / min_a [r_0(s, a) + V(s')] as seat 0 / seat 1 moves.
+Values are memoised per (env.name, state_key()), so each state is solved once per process
+(tic-tac-toe: 5,478 states). The bot picks uniformly among the optimal actions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sparring.envs.bots.simple import Bot
+
+_CACHE: dict[tuple[str, str], float] = {}
+
+
+def _children(env: Any) -> list[tuple[str, float, Any]]:
+    out = []
+    seat = env.current_seat()
+    for a in env.legal_actions(seat):
+        child = env.clone()
+        r = child.step(a).rewards[0]
+        out.append((a, r, child))
+    return out
+
+
+def minimax_value(env: Any) -> float:
+    """Optimal future reward of seat 0 from the env's current state (memoised)."""
+    if getattr(env, "num_seats", 2) != 2 or not hasattr(env, "clone"):
+        raise TypeError(f"minimax needs a two-seat env with clone(); got {type(env).__name__}")
+    key = (env.name, env.state_key())
+    v = _CACHE.get(key)
+    if v is not None:
+        return v
+    seat = env.current_seat()
+    if seat is None:
+        v = 0.0
+    else:
+        vals = [r + minimax_value(c) for _, r, c in _children(env)]
+        v = max(vals) if seat == 0 else min(vals)
+    _CACHE[key] = v
+    return v
+
+
+class MinimaxBot(Bot):
+    """Optimal play with uniform random tie-breaking among optimal actions."""
+
+    def act(self, env: Any, seat: int) -> str:
+        self._legal(env, seat)
+        scored = [(a, r + minimax_value(c)) for a, r, c in _children(env)]
+        sign = 1.0 if seat == 0 else -1.0
+        best = max(sign * v for _, v in scored)
+        return self.rng.choice([a for a, v in scored if sign * v >= best - 1e-9])

@@ -1,0 +1,1 @@
+"""Built-in games. Each module registers its environment with `register_env` on import."""

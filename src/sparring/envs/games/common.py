@@ -1,0 +1,49 @@
+"""Shared plumbing for finite-action games: parsing, returns and cheap clones."""
+
+from __future__ import annotations
+
+import copy
+
+from sparring.envs.base import ParseResult
+from sparring.envs.parsing import parse_choice
+
+
+class ChoiceGame:
+    """Base for games whose actions are a finite set of strings (``ALL_ACTIONS``).
+
+    Subclasses set ``name``, ``num_seats``, ``ALL_ACTIONS`` and keep ``self._returns``
+    (cumulative reward per seat). ``clone()`` copies the state for search bots.
+    """
+
+    name: str = ""
+    num_seats: int = 2
+    ALL_ACTIONS: tuple[str, ...] = ()
+
+    def parse(self, seat: int, text: object) -> ParseResult:
+        """Raw model text -> legal / illegal / unparsable. Never raises."""
+        try:
+            legal = self.legal_actions(seat) or []
+        except Exception:  # a bad seat number: nothing is legal for it
+            legal = []
+        return parse_choice(text, legal, list(self.ALL_ACTIONS))
+
+    def returns(self) -> list[float]:
+        return list(self._returns)
+
+    def clone(self):
+        """An independent copy of the current state (lists are copied, not shared)."""
+        new = copy.copy(self)
+        for k, v in self.__dict__.items():
+            if isinstance(v, list):
+                setattr(new, k, list(v))
+        return new
+
+    def _check_seat(self, seat: int) -> None:
+        if not isinstance(seat, int) or not 0 <= seat < self.num_seats:
+            raise ValueError(f"{self.name}: seat must be an int in [0, {self.num_seats}), got {seat!r}")
+
+    def _illegal(self, action: str) -> ValueError:
+        seat = self.current_seat()
+        legal = self.legal_actions(seat) if seat is not None else []
+        return ValueError(f"{self.name}: illegal action {action!r} for seat {seat}; "
+                          f"legal: {', '.join(legal) or '(game over)'}")

@@ -1,0 +1,126 @@
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sparring.envs import make
+from sparring.envs.bots import MinimaxBot, RandomBot, minimax_value
+
+
+def play(env, moves):
+    res = None
+    for m in moves:
+        res = env.step(m)
+    return res
+
+
+def test_row_win_and_rewards():
+    env = make("tictactoe")
+    env.reset(3)
+    res = play(env, ["1", "4", "2", "5", "3"])  # X: 1 2 3
+    assert res.done and res.rewards == [1.0, -1.0]
+    assert env.returns() == [1.0, -1.0]
+    assert env.current_seat() is None
+    assert env.legal_actions(0) == [] and env.legal_actions(1) == []
+    assert env.state_key() == "XXXOO...."
+    assert "X wins" in env.observation(1)
+
+
+def test_o_wins_diagonal_and_draw():
+    env = make("tictactoe")
+    env.reset(0)
+    res = play(env, ["2", "1", "3", "5", "4", "9"])  # O: 1 5 9
+    assert res.done and res.rewards == [-1.0, 1.0]
+    env.reset(0)
+    # X O X / X O O / O X X  -> draw
+    res = play(env, ["1", "2", "3", "5", "4", "6", "8", "7", "9"])
+    assert res.done and res.rewards == [0.0, 0.0] and res.info["winner"] is None
+
+
+def test_observation_and_legal():
+    env = make("tictactoe")
+    env.reset(0)
+    play(env, ["5", "1"])
+    assert env.current_seat() == 0
+    assert env.legal_actions(0) == ["2", "3", "4", "6", "7", "8", "9"]
+    assert env.legal_actions(1) == []
+    assert env.observation(0) == "O..\n.X.\n...\nYou are X. Legal: 2 3 4 6 7 8 9"
+    assert env.observation(1).endswith("Waiting for X.")
+    with pytest.raises(ValueError, match="illegal action '5'"):
+        env.step("5")
+    with pytest.raises(ValueError, match="illegal action 'ten'"):
+        env.step("ten")
+    with pytest.raises(ValueError, match="seat"):
+        env.observation(2)
+
+
+def test_parse_and_clone():
+    env = make("tictactoe")
+    env.reset(0)
+    env.step("5")
+    assert env.parse(1, "I pick <answer>3</answer>").action == "3"
+    assert env.parse(1, "corner 1 then maybe 9").action == "9"
+    assert env.parse(1, "5").status == "illegal"
+    assert env.parse(1, "hello").status == "unparsable"
+    assert env.parse(0, "3").status == "illegal"  # not seat 0's turn
+    c = env.clone()
+    c.step("1")
+    assert env.state_key() == "....X...." and c.state_key() == "O...X...."
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(), st.binary(), st.text(min_size=5000, max_size=6000)))
+def test_parse_fuzz(text):
+    env = make("tictactoe")
+    env.reset(0)
+    r = env.parse(0, text)
+    assert r.status in ("legal", "illegal", "unparsable")
+    if r.ok:
+        assert r.action in env.legal_actions(0)
+
+
+def _ref_value(board: str, turn: str) -> int:
+    """Independent brute-force negamax on strings (no memo), from X's view."""
+    lines = [(0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6)]
+    for a, b, c in lines:
+        if board[a] != "." and board[a] == board[b] == board[c]:
+            return 1 if board[a] == "X" else -1
+    if "." not in board:
+        return 0
+    vals = [_ref_value(board[:i] + turn + board[i + 1:], "O" if turn == "X" else "X")
+            for i in range(9) if board[i] == "."]
+    return max(vals) if turn == "X" else min(vals)
+
+
+def test_minimax_values_match_reference():
+    env = make("tictactoe")
+    env.reset(0)
+    assert minimax_value(env) == 0.0  # tic-tac-toe is a draw
+    for moves in (["1", "2"], ["2", "5"], ["5", "2", "1"], ["1", "5", "9", "3"], ["2", "1", "3"]):
+        env.reset(0)
+        play(env, moves)
+        turn = "X" if len(moves) % 2 == 0 else "O"
+        assert minimax_value(env) == _ref_value(env.state_key(), turn), moves
+
+
+def _match(first, second, n, env):
+    out = {1.0: 0, 0.0: 0, -1.0: 0}
+    for g in range(n):
+        env.reset(g)
+        while (s := env.current_seat()) is not None:
+            env.step((first if s == 0 else second).act(env, s))
+        out[env.returns()[0]] += 1
+    return out
+
+
+@pytest.mark.parametrize("n", [5000, pytest.param(10000, marks=pytest.mark.slow)])
+def test_minimax_vs_random(n):
+    env = make("tictactoe")
+    first = _match(MinimaxBot(1), RandomBot(2), n, env)
+    assert first[-1.0] == 0 and first[1.0] / n >= 0.95
+    second = _match(RandomBot(3), MinimaxBot(4), n, env)
+    assert second[1.0] == 0 and second[-1.0] / n >= 0.75
+
+
+def test_minimax_self_play_draws():
+    env = make("tictactoe")
+    assert _match(MinimaxBot(5), MinimaxBot(6), 200, env) == {1.0: 0, 0.0: 200, -1.0: 0}
