@@ -8,8 +8,9 @@ calling the bot does the same). Search bots need ``env.clone()`` (all built-in g
 * `CFRBot`: plays the CFR+ average strategy of Kuhn or Leduc poker, solved on first use.
 """
 
+from sparring.envs.bots.cfr import CFRBot, cfr_policy
 from sparring.envs.bots.mcts import MCTSBot
 from sparring.envs.bots.minimax import MinimaxBot, minimax_value
 from sparring.envs.bots.simple import Bot, RandomBot
 
-__all__ = ["Bot", "MCTSBot", "MinimaxBot", "RandomBot", "minimax_value"]
+__all__ = ["Bot", "CFRBot", "MCTSBot", "MinimaxBot", "RandomBot", "cfr_policy", "minimax_value"]

@@ -34,8 +34,8 @@ class ChoiceGame:
         """An independent copy of the current state (lists are copied, not shared)."""
         new = copy.copy(self)
         for k, v in self.__dict__.items():
-            if isinstance(v, list):
-                setattr(new, k, list(v))
+            if isinstance(v, list):  # one level of nested lists is copied too
+                setattr(new, k, [list(x) if isinstance(x, list) else x for x in v])
         return new
 
     def _check_seat(self, seat: int) -> None:
