@@ -71,3 +71,28 @@ def test_kuhn_matches_openspiel(n, players):
 @pytest.mark.parametrize("n", [FAST, pytest.param(SLOW, marks=pytest.mark.slow)])
 def test_leduc_matches_openspiel(n):
     _poker("leduc", "leduc_poker", n, ["fold", "call", "raise"])
+
+
+@pytest.mark.parametrize("n", [FAST, pytest.param(SLOW, marks=pytest.mark.slow)])
+def test_connect_four_matches_openspiel(n):
+    _board_game("connect_four", "connect_four", n, lambda a: int(a) - 1)
+
+
+@pytest.mark.parametrize("misere", [False, True])
+def test_nim_matches_openspiel(misere):
+    game = pyspiel.load_game("nim", {"is_misere": misere, "pile_sizes": "1;3;5;7"})
+    env = make("nim", misere=misere)
+    for g in range(FAST):
+        rng = random.Random(g)
+        env.reset(g)
+        st = game.new_initial_state()
+        while not st.is_terminal():
+            seat = env.current_seat()
+            assert seat == st.current_player()
+            ids = {st.action_to_string(a).rstrip(";"): a for a in st.legal_actions()}
+            ours = {f"pile:{a.split(':')[0]}, take:{a.split(':')[1]}": a for a in env.legal_actions(seat)}
+            assert set(ids) == set(ours)
+            a = rng.choice(env.legal_actions(seat))
+            env.step(a)
+            st.apply_action(ids[f"pile:{a.split(':')[0]}, take:{a.split(':')[1]}"])
+        assert env.returns() == st.returns()

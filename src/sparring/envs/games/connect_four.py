@@ -1,0 +1,111 @@
+"""Connect Four: 7 columns x 6 rows, X (seat 0) first; actions are columns "1".."7".
+
+A piece drops to the lowest empty cell of its column; four in a row (horizontal, vertical
+or diagonal) wins (+1 / -1); a full board is a draw (0). No chance. Rules as OpenSpiel's
+``connect_four`` (column k <-> action k-1).
+"""
+
+from __future__ import annotations
+
+from sparring.envs import register_env
+from sparring.envs.base import StepResult
+from sparring.envs.games.common import ChoiceGame
+
+COLS, ROWS = 7, 6
+MARKS = ("X", "O")
+COLUMNS = tuple(str(c) for c in range(1, COLS + 1))
+_DIRS = ((1, 0), (0, 1), (1, 1), (1, -1))
+
+
+class ConnectFour(ChoiceGame):
+    name = "connect_four"
+    num_seats = 2
+    ALL_ACTIONS = COLUMNS
+
+    def __init__(self) -> None:
+        self.reset(0)
+
+    def reset(self, seed: int = 0) -> None:
+        self.seed = seed
+        self.grid = ["."] * (COLS * ROWS)  # index col * ROWS + row, row 0 at the bottom
+        self.height = [0] * COLS
+        self.turn = 0
+        self.moves = 0
+        self.winner: int | None = None
+        self.done = False
+        self._returns = [0.0, 0.0]
+
+    def current_seat(self) -> int | None:
+        return None if self.done else self.turn
+
+    def legal_actions(self, seat: int) -> list[str]:
+        if self.done or seat != self.turn:
+            return []
+        h = self.height
+        return [COLUMNS[c] for c in range(COLS) if h[c] < ROWS]
+
+    def system_prompt(self, seat: int) -> str:
+        self._check_seat(seat)
+        return (f"Connect Four, 7 columns x 6 rows. You are {MARKS[seat]}; X moves first. "
+                "Drop a piece into a column (1-7); get four in a row in any direction. "
+                "Reply with one column, e.g. <answer>4</answer>.")
+
+    def board_text(self) -> str:
+        g = self.grid
+        rows = ["".join(g[c * ROWS + r] for c in range(COLS)) for r in range(ROWS - 1, -1, -1)]
+        return "\n".join(rows) + "\n1234567"
+
+    def observation(self, seat: int) -> str:
+        self._check_seat(seat)
+        head = f"{self.board_text()}\nYou are {MARKS[seat]}."
+        if self.done:
+            return head + (" Game over: draw." if self.winner is None
+                           else f" Game over: {MARKS[self.winner]} wins.")
+        if seat != self.turn:
+            return head + f" Waiting for {MARKS[self.turn]}."
+        return head + f" Legal: {' '.join(self.legal_actions(seat))}"
+
+    def _wins(self, col: int, row: int, mark: str) -> bool:
+        g = self.grid
+        for dc, dr in _DIRS:
+            n = 1
+            for sign in (1, -1):
+                c, r = col + sign * dc, row + sign * dr
+                while 0 <= c < COLS and 0 <= r < ROWS and g[c * ROWS + r] == mark:
+                    n += 1
+                    c += sign * dc
+                    r += sign * dr
+            if n >= 4:
+                return True
+        return False
+
+    def step(self, action: str) -> StepResult:
+        if self.done or action not in COLUMNS or self.height[int(action) - 1] >= ROWS:
+            raise self._illegal(action)
+        col = int(action) - 1
+        row = self.height[col]
+        mark = MARKS[self.turn]
+        self.grid[col * ROWS + row] = mark
+        self.height[col] = row + 1
+        self.moves += 1
+        won = self._wins(col, row, mark)
+        if won or self.moves == COLS * ROWS:
+            self.done = True
+            if won:
+                self.winner = self.turn
+                rewards = [1.0, -1.0] if self.turn == 0 else [-1.0, 1.0]
+            else:
+                rewards = [0.0, 0.0]
+            self._returns = rewards
+            return StepResult(list(rewards), True, {"winner": self.winner})
+        self.turn ^= 1
+        return StepResult([0.0, 0.0], False, {})
+
+    def state_key(self) -> str:
+        return "".join(self.grid)
+
+
+@register_env("connect_four", family="game", source="classic; rules as OpenSpiel connect_four")
+def make_connect_four() -> ConnectFour:
+    """Connect Four 7x6 (no options)."""
+    return ConnectFour()
