@@ -1,0 +1,1 @@
+"""Adapters exposing other game libraries through the Sparring env protocol (optional extras)."""
