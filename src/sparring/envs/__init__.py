@@ -29,6 +29,7 @@ _ENV_MODULES: tuple[str, ...] = (
     "sparring.envs.tasks.sokoban",
     "sparring.envs.tasks.twenty_questions",
     "sparring.envs.tasks.calculator",
+    "sparring.envs.adapters.textarena",  # imports textarena only when an env is built
 )
 
 
