@@ -1,6 +1,7 @@
 """TextArena games through the Sparring protocol (optional extra: ``sparring[textarena]``).
 
-``make("textarena", env_id="TicTacToe-v0", num_players=2)`` wraps ``textarena.make(env_id)``.
+``make("textarena", env_id="TicTacToe-v0", num_players=2)`` wraps ``textarena.make(env_id)``
+(ids ending in ``-raw`` skip TextArena's observation wrappers, so prompts come apart).
 TextArena (Guertler et al. 2025) drives a game with ``reset(num_players, seed)``,
 ``get_observation() -> (player_id, messages)`` (it hands each player its messages once),
 ``step(text) -> (done, info)`` and ``close() -> (rewards, game_info)``. The mapping:
@@ -8,7 +9,8 @@ TextArena (Guertler et al. 2025) drives a game with ``reset(num_players, seed)``
 * ``current_seat()``: the player id of the last ``get_observation``; None once done.
 * ``system_prompt(seat)``: the seat's PROMPT messages (TextArena's player prompt).
 * ``observation(seat)``: the seat's other messages as ``"[sender] text"`` lines, all of
-  them (``history="full"``) or those since the seat last acted (``"last"``). Wrapped
+  them (``history="full"``) or those since the seat last acted (``"last"``; they start
+  with TextArena's echo of that move). Wrapped
   TextArena envs that return one string already hold the history; it is used as is.
 * ``legal_actions`` is None (free text); ``parse`` takes the answer tag or the stripped
   text; TextArena judges moves itself (its invalid-move rules apply).

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import itertools
 import random
+import re
 
 from sparring.envs import register_env
 from sparring.envs.base import ParseResult, StepResult
-from sparring.envs.parsing import answer_span, clean, parse_choice
+from sparring.envs.parsing import answer_span, clean
 
 ITEMS = ("book", "hat", "ball")
+_MOVE = re.compile(r"\b(?:propose\s+(\d{1,3})\s+(\d{1,3})\s+(\d{1,3})|accept)\b")
 
 
 def valuations(counts: tuple[int, ...], total: int, max_value: int) -> list[tuple[int, ...]]:
@@ -104,13 +106,24 @@ class Negotiation:
         return self._all + (["accept"] if self.offer is not None else [])
 
     def parse(self, seat: int, text: str) -> ParseResult:
+        if self._done or seat != self.current_seat():
+            return ParseResult("illegal", error="it is not your turn")
         t = clean(text)
         span = answer_span(t)
-        hay = " ".join((span if span is not None else t).split())
-        legal = self.legal_actions(seat)
-        if not legal:
-            return ParseResult("illegal", error="it is not your turn")
-        return parse_choice(hay, legal, self._all + ["accept"])
+        found = list(_MOVE.finditer((span if span is not None else t).lower()))
+        if not found:
+            return ParseResult("unparsable", error="write 'propose a b c' (the books, hats "
+                               "and balls you keep) or 'accept'")
+        m = found[-1]
+        if m.group(1) is None:
+            if self.offer is None:
+                return ParseResult("illegal", error="there is no offer to accept yet")
+            return ParseResult("legal", action="accept")
+        kept = [int(g) for g in m.groups()]
+        if any(k > n for k, n in zip(kept, self.counts)):
+            return ParseResult("illegal", error=f"you can keep at most "
+                               f"{' '.join(map(str, self.counts))}")
+        return ParseResult("legal", action="propose " + " ".join(map(str, kept)))
 
     def step(self, action: str) -> StepResult:
         if self._done:
