@@ -103,3 +103,8 @@ def test_parse_and_options():
                  {"layout": ["SF", "F"]}):
         with pytest.raises(ValueError, match="frozen_lake"):
             make("frozen_lake", **opts)
+
+
+def test_impossible_map_is_an_error():
+    with pytest.raises(ValueError, match="raise p_frozen"):
+        make("frozen_lake", size=12, p_frozen=0.05)

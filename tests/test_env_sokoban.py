@@ -104,3 +104,8 @@ def test_deterministic_and_options():
                  {"level": ["#@$.#", "#x  #"]}):
         with pytest.raises(ValueError, match="sokoban"):
             make("sokoban", **opts)
+
+
+def test_impossible_generation_is_an_error():
+    with pytest.raises(ValueError, match="sokoban: no level"):
+        make("sokoban", size=4, boxes=2, walls=0, pulls=1)

@@ -135,7 +135,7 @@ class Countdown(_SingleTurn):
 
     def reset(self, seed: int) -> None:
         rng = random.Random(seed)
-        while True:
+        for _ in range(100_000):
             numbers = [rng.randint(1, self.max_number) for _ in range(self.n_numbers)]
             k = rng.randint(2, self.n_numbers)
             used = rng.sample(numbers, k)
@@ -148,6 +148,9 @@ class Countdown(_SingleTurn):
                 expr = f"({expr} {op} {b})"
             if 1 <= value <= self.max_target and value not in numbers:
                 break
+        else:
+            raise ValueError(f"countdown: no target in 1..{self.max_target} found; "
+                             "raise max_target")
         self.numbers, self.target, self.solution = numbers, value, expr[1:-1]
         self._done, self._ret = False, 0.0
 

@@ -46,13 +46,15 @@ def reachable(grid: list[str]) -> bool:
 
 
 def random_map(size: int, p_frozen: float, rng: random.Random) -> list[str]:
-    while True:
+    for _ in range(10_000):
         cells = [["F" if rng.random() < p_frozen else "H" for _ in range(size)]
                  for _ in range(size)]
         cells[0][0], cells[-1][-1] = "S", "G"
         grid = ["".join(row) for row in cells]
         if reachable(grid):
             return grid
+    raise ValueError(f"frozen_lake: no solvable {size}x{size} map with p_frozen={p_frozen}; "
+                     "raise p_frozen")
 
 
 class FrozenLake:

@@ -65,7 +65,7 @@ def generate(size: int, n_boxes: int, n_walls: int, pulls: int, rng: random.Rand
     """A solvable level with a border of walls around a ``(size-2)^2`` room."""
     inner = [(r, c) for r in range(1, size - 1) for c in range(1, size - 1)]
     border = {(r, c) for r in range(size) for c in range(size)} - set(inner)
-    while True:
+    for _ in range(10_000):
         extra = set(rng.sample(inner, n_walls))
         floor = set(inner) - extra
         if not _connected(floor):
@@ -85,6 +85,8 @@ def generate(size: int, n_boxes: int, n_walls: int, pulls: int, rng: random.Rand
             player = nxt
         if boxes != targets:
             return border | extra, targets, boxes, player
+    raise ValueError(f"sokoban: no level found for size={size} boxes={n_boxes} "
+                     f"walls={n_walls} pulls={pulls}; use fewer walls or boxes")
 
 
 class Sokoban:
