@@ -29,7 +29,8 @@ _ENV_MODULES: tuple[str, ...] = (
     "sparring.envs.tasks.sokoban",
     "sparring.envs.tasks.twenty_questions",
     "sparring.envs.tasks.calculator",
-    "sparring.envs.adapters.open_spiel",
+    "sparring.envs.adapters.open_spiel",  # imports pyspiel only when an env is built
+    "sparring.envs.adapters.textarena",  # imports textarena only when an env is built
 )
 
 

@@ -1,0 +1,170 @@
+"""Environment wrappers: try-again feedback and a (scheduled) turn budget.
+
+Both implement the `Env` protocol around an inner env and pass everything else through.
+
+Truncation convention (all Sparring envs): an episode cut short by a step or turn limit
+ends with ``StepResult(done=True, info={"truncated": True, ...})``; an episode that ended
+by the rules (win, loss, answer, hole, ...) has no ``"truncated"`` key (or False).
+Learners that bootstrap values must not treat a truncated end as terminal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sparring.envs.base import Env, ParseResult, StepResult
+
+
+class TryAgain:
+    """Turn a single-seat verifiable task into a multi-turn one: on a wrong answer the agent
+    sees feedback and answers again, up to ``attempts`` answers in all.
+
+    An attempt is one inner episode; when it ends without success and attempts remain, the
+    inner env is reset to the same seed (the same problem) and the next observation starts
+    with ``"wrong (your answer: X). attempts left: n"``. Success is ``info["correct"]`` of
+    the inner env's last step when present, else an inner return ``> 0``. The reward is
+    paid when the wrapped episode ends: ``r = R_inner(last attempt) * discount**(attempt-1)``
+    (``attempt`` counted from 1); earlier attempts pay 0. Multi-turn self-correction
+    with feedback as in e.g. SCoRe (Kumar et al. 2024); the discount is our choice.
+    """
+
+    def __init__(self, env: Env, attempts: int = 3, discount: float = 1.0):
+        if env.num_seats != 1:
+            raise ValueError(f"TryAgain needs a single-seat env; {env.name} has {env.num_seats}")
+        if attempts < 1:
+            raise ValueError(f"TryAgain: attempts={attempts}; must be >= 1")
+        if not 0.0 <= discount <= 1.0:
+            raise ValueError(f"TryAgain: discount={discount}; must be in [0, 1]")
+        self.env, self.attempts, self.discount = env, attempts, discount
+        self.name, self.num_seats = f"try_again({env.name})", 1
+        self.reset(0)
+
+    def reset(self, seed: int) -> None:
+        self.seed, self.attempt, self.feedback = seed, 1, ""
+        self._done, self._ret = False, 0.0
+        self.env.reset(seed)
+
+    def current_seat(self) -> int | None:
+        return None if self._done else self.env.current_seat()
+
+    def system_prompt(self, seat: int) -> str:
+        return (f"{self.env.system_prompt(seat)} You have {self.attempts} attempts; "
+                "after a wrong answer you may try again.")
+
+    def observation(self, seat: int) -> str:
+        obs = self.env.observation(seat)
+        return f"{self.feedback}\n{obs}" if self.feedback else obs
+
+    def legal_actions(self, seat: int) -> list[str] | None:
+        return self.env.legal_actions(seat)
+
+    def parse(self, seat: int, text: str) -> ParseResult:
+        return self.env.parse(seat, text)
+
+    def step(self, action: str) -> StepResult:
+        if self._done:
+            raise RuntimeError(f"{self.name}: step() after the episode ended; call reset(seed)")
+        res = self.env.step(action)
+        info = dict(res.info, attempt=self.attempt)
+        if not res.done:
+            return StepResult([0.0], False, info)
+        inner = self.env.returns()[0]
+        ok = bool(res.info["correct"]) if "correct" in res.info else inner > 0
+        if ok or self.attempt >= self.attempts:
+            self._done = True
+            self._ret = inner * self.discount ** (self.attempt - 1)
+            return StepResult([self._ret], True, info)
+        info.pop("truncated", None)  # the inner attempt was cut, not the wrapped episode
+        left = self.attempts - self.attempt
+        self.feedback = f"wrong (your answer: {action[:60]}). attempts left: {left}"
+        self.attempt += 1
+        self.env.reset(self.seed)
+        return StepResult([0.0], False, info)
+
+    def state_key(self) -> str:
+        return f"{self.env.state_key()}|attempt{self.attempt}"
+
+    def returns(self) -> list[float]:
+        return [self._ret]
+
+
+Schedule = int | Callable[[int], int] | tuple[int, int, int]
+
+
+class TurnBudget:
+    """At most ``max_turns`` steps per episode; the step that reaches the budget while the
+    inner episode goes on ends it with ``info["truncated"] = True`` (no extra reward).
+
+    ``max_turns`` is an int, a callable ``step -> int``, or a linear schedule
+    ``(start, end, steps)``: ``round(start + (end - start) * min(step, steps) / steps)``.
+    `set_step` sets the training step; the budget it implies applies from the next
+    `reset`. ``show=True`` appends ``"turns left: n"`` to observations. ``state_key()``
+    is the inner env's (anchor states ignore the budget).
+    """
+
+    def __init__(self, env: Env, max_turns: Schedule, show: bool = False):
+        if isinstance(max_turns, tuple):
+            if len(max_turns) != 3 or max_turns[2] < 1:
+                raise ValueError(f"TurnBudget: max_turns={max_turns}; a schedule is "
+                                 "(start, end, steps) with steps >= 1")
+        elif not callable(max_turns) and not isinstance(max_turns, int):
+            raise ValueError(f"TurnBudget: max_turns={max_turns!r}; give an int, a callable "
+                             "or (start, end, steps)")
+        self.env, self.schedule, self.show = env, max_turns, show
+        self.name, self.num_seats = env.name, env.num_seats
+        self.train_step = 0
+        self.reset(0)
+
+    def budget(self, step: int) -> int:
+        s = self.schedule
+        if isinstance(s, tuple):
+            start, end, steps = s
+            value = round(start + (end - start) * min(max(step, 0), steps) / steps)
+        else:
+            value = s(step) if callable(s) else s
+        if int(value) < 1:
+            raise ValueError(f"TurnBudget: the budget at step {step} is {value}; must be >= 1")
+        return int(value)
+
+    def set_step(self, step: int) -> None:
+        self.train_step = step
+
+    def reset(self, seed: int) -> None:
+        self.max_turns = self.budget(self.train_step)
+        self.turns, self._cut = 0, False
+        self.env.reset(seed)
+
+    def current_seat(self) -> int | None:
+        return None if self._cut else self.env.current_seat()
+
+    def system_prompt(self, seat: int) -> str:
+        return self.env.system_prompt(seat)
+
+    def observation(self, seat: int) -> str:
+        obs = self.env.observation(seat)
+        return f"{obs}\nturns left: {self.max_turns - self.turns}" if self.show else obs
+
+    def legal_actions(self, seat: int) -> list[str] | None:
+        return self.env.legal_actions(seat)
+
+    def parse(self, seat: int, text: str) -> ParseResult:
+        return self.env.parse(seat, text)
+
+    def step(self, action: str) -> StepResult:
+        if self._cut:
+            raise RuntimeError(f"{self.name}: step() after the episode ended; call reset(seed)")
+        res = self.env.step(action)
+        self.turns += 1
+        if not res.done and self.turns >= self.max_turns:
+            self._cut = True
+            return StepResult(res.rewards, True, dict(res.info, truncated=True))
+        return res
+
+    def state_key(self) -> str:
+        return self.env.state_key()
+
+    def returns(self) -> list[float]:
+        return self.env.returns()
+
+
+__all__ = ["TryAgain", "TurnBudget"]

@@ -1,0 +1,101 @@
+import pytest
+
+from sparring.envs import make
+from sparring.envs.wrappers import TryAgain, TurnBudget
+
+GYM_4X4 = ["SFFF", "FHFH", "FFFH", "HFFG"]
+
+
+def arithmetic_answer(obs: str) -> int:
+    a, op, b = obs.split("\n")[-1].removesuffix(" = ?").split()
+    return int(a) + int(b) if op == "+" else int(a) - int(b) if op == "-" else int(a) * int(b)
+
+
+def test_try_again_discounted():
+    env = TryAgain(make("arithmetic"), attempts=3, discount=0.5)
+    env.reset(4)
+    problem = env.observation(0)
+    right = arithmetic_answer(problem)
+    res = env.step(str(right + 1))
+    assert res.rewards == [0.0] and not res.done and res.info["attempt"] == 1
+    obs = env.observation(0)
+    assert obs == f"wrong (your answer: {right + 1}). attempts left: 2\n{problem}"
+    res = env.step(str(right + 2))
+    assert not res.done and "attempts left: 1" in env.observation(0)
+    res = env.step(str(right))
+    assert res.done and res.rewards == [0.25] and env.returns() == [0.25]  # 1 * 0.5**2
+    assert env.current_seat() is None
+    with pytest.raises(RuntimeError):
+        env.step(str(right))
+
+
+def test_try_again_first_right_and_all_wrong():
+    env = TryAgain(make("arithmetic"), attempts=2)
+    env.reset(1)
+    right = arithmetic_answer(env.observation(0))
+    assert env.step(str(right)).rewards == [1.0]
+    env.reset(1)
+    assert env.observation(0) == env.env.observation(0)  # no feedback on a fresh episode
+    assert not env.step("0").done
+    res = env.step("0")
+    assert res.done and res.rewards == [0.0] and env.state_key().endswith("attempt2")
+
+
+def test_try_again_multi_turn_inner():
+    env = TryAgain(make("frozen_lake", layout=GYM_4X4), attempts=2)
+    env.reset(0)
+    env.step("down")
+    res = env.step("right")  # a hole: attempt 1 failed, back to the start
+    assert not res.done and env.env.state_key() == "0,0"
+    assert env.observation(0).startswith("wrong (your answer: right). attempts left: 1\nPFFF")
+    for move in ["right", "right", "down", "down", "down"]:
+        assert not env.step(move).done
+    res = env.step("right")
+    assert res.done and res.rewards == [1.0]
+
+
+def test_try_again_needs_one_seat():
+    with pytest.raises(ValueError, match="single-seat"):
+        TryAgain(make("signalling"))
+    with pytest.raises(ValueError, match="attempts"):
+        TryAgain(make("arithmetic"), attempts=0)
+
+
+def test_turn_budget_truncates():
+    env = TurnBudget(make("frozen_lake", layout=GYM_4X4, max_steps=50), 3, show=True)
+    env.reset(0)
+    assert env.observation(0).endswith("turns left: 3")
+    results = [env.step("left") for _ in range(3)]
+    assert [r.done for r in results] == [False, False, True]
+    assert results[-1].info["truncated"] is True and all(
+        "truncated" not in r.info for r in results[:2])
+    assert env.current_seat() is None and env.returns() == [0.0]
+    with pytest.raises(RuntimeError):
+        env.step("left")
+    # a terminal end inside the budget is not a truncation
+    env = TurnBudget(make("frozen_lake", layout=GYM_4X4), 6)
+    env.reset(0)
+    for move in ["right", "right", "down", "down", "down"]:
+        env.step(move)
+    res = env.step("right")
+    assert res.done and res.rewards == [1.0] and "truncated" not in res.info
+
+
+def test_turn_budget_schedules():
+    env = TurnBudget(make("arithmetic"), (2, 10, 4))
+    assert [env.budget(s) for s in (0, 1, 2, 3, 4, 100, -5)] == [2, 4, 6, 8, 10, 10, 2]
+    env.reset(0)
+    assert env.max_turns == 2
+    env.set_step(3)
+    assert env.max_turns == 2  # applies from the next reset
+    env.reset(0)
+    assert env.max_turns == 8
+    env = TurnBudget(make("arithmetic"), lambda s: 1 + s // 10)
+    env.set_step(25)
+    env.reset(0)
+    assert env.max_turns == 3
+    down = TurnBudget(make("arithmetic"), (10, 4, 3))
+    assert [down.budget(s) for s in range(4)] == [10, 8, 6, 4]
+    for bad in ((1, 2), (1, 2, 0), "5", 0):
+        with pytest.raises(ValueError, match="TurnBudget"):
+            TurnBudget(make("arithmetic"), bad)
