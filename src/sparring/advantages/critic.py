@@ -45,18 +45,19 @@ def row_gae(r: Tensor, V: Tensor, mask: Tensor, gamma: float, lam: float
     first action token ``[n]``). Loop over T, vectorised across rows.
     """
     n, T = mask.shape
-    rT, VT, mT = r.t().contiguous(), V.t().contiguous(), mask.t().contiguous()
-    out = torch.zeros_like(rT)
+    rv = (r - V).t().contiguous()  # r_t - V_t, [T, n]
+    VT, mT = V.t().contiguous(), mask.t().contiguous()
+    out = torch.empty_like(rv)
     carry_a = torch.zeros(n, dtype=r.dtype, device=r.device)
     carry_v = torch.zeros_like(carry_a)
     gl = gamma * lam
     for t in range(T - 1, -1, -1):
-        a = rT[t] + gamma * carry_v - VT[t] + gl * carry_a
-        m = mT[t]
-        out[t] = torch.where(m, a, 0.0)
-        carry_a = torch.where(m, a, carry_a)
-        carry_v = torch.where(m, VT[t], carry_v)
-    return out.t(), carry_a, carry_v
+        a = torch.add(rv[t], carry_v, alpha=gamma).add_(carry_a, alpha=gl)
+        out[t] = a
+        carry_a = torch.where(mT[t], a, carry_a)
+        carry_v = torch.where(mT[t], VT[t], carry_v)
+    out = torch.where(mask, out.t(), 0.0)
+    return out, carry_a, carry_v
 
 
 def _token_rewards(batch: TurnBatch, token_rewards: Tensor | None, add_return: bool) -> Tensor:
