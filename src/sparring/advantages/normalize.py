@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from sparring.data import TurnBatch
-from sparring.segments import compact_ids, segment_count, segment_sum
+from sparring.segments import compact_ids, segment_sum
 
 SCOPES = ("group", "group_agent", "batch", "batch_agent", "group_turn", "group_agent_turn")
 _SCOPE_KEYS = {
@@ -92,11 +92,6 @@ def loo_baseline(x: Tensor, ids: Tensor, n: int, *, include: Tensor | None = Non
     return torch.where(others > 0, tot / others.clamp(min=1), torch.full_like(x, alone))
 
 
-def per_traj_rows(batch: TurnBatch) -> Tensor:
-    """``Bool[n_rows]``: one row per trajectory (its last row), for trajectory statistics."""
-    return batch.last.bool()
-
-
 def ema_update(
     baselines: Mapping[str, float], keys: list[str], values: Tensor, counts: Tensor,
     decay: float, init: float | None,
@@ -115,9 +110,3 @@ def ema_update(
         out[k] = decay * b + (1.0 - decay) * v
     return out
 
-
-def count_per(ids: Tensor, n: int, include: Tensor | None = None) -> Tensor:
-    """Number of included rows per segment ``[n]``."""
-    if include is None:
-        return segment_count(ids, n)
-    return segment_sum(include.float(), ids, n)

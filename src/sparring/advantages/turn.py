@@ -79,7 +79,7 @@ def trloo(batch: TurnBatch, *, discount: float = 1.0, scope: str = "group_agent_
           truncated: str = "mask") -> Tensor:
     """Turn-level REINFORCE leave-one-out.
 
-    ``A_{i,k} = G_{i,k} - (1/|S_k|-1) sum_{j in S_k, j != i} G_{j,k}`` where S_k are the rows of
+    ``A_{i,k} = G_{i,k} - 1/(|S_k| - 1) sum_{j in S_k, j != i} G_{j,k}`` where S_k are the rows of
     the same scope (default: same group, agent and turn index k) and G the return-to-go over
     the agent's own turns. The baseline never contains the sample itself, so it cannot depend
     on the sample's action -- also when the policy controls how many episodes reach turn k.
