@@ -9,13 +9,16 @@ from collections.abc import Callable, Sequence
 from rich.console import Console
 from rich.table import Table
 
-LISTABLE = ("estimators", "objectives", "aggregations", "envs")
+LISTABLE = ("estimators", "shapers", "objectives", "aggregations", "envs")
 
 
 def _registry_entries(what: str) -> list:
     if what == "estimators":
         from sparring.advantages import list_estimators
         return list_estimators()
+    if what == "shapers":
+        from sparring.advantages.shaping import SHAPERS
+        return list(SHAPERS)
     if what == "objectives":
         from sparring.objectives import list_objectives
         return list_objectives()
@@ -49,7 +52,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"list": cmd_list}
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sparring", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
-    lp = sub.add_parser("list", help="list estimators, objectives, aggregations, environments")
+    lp = sub.add_parser("list", help="list estimators, shapers, objectives, aggregations, environments")
     lp.add_argument("what", nargs="*", choices=LISTABLE, help="what to list (default: all)")
     return p
 
