@@ -39,7 +39,7 @@ def copg(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
     For i, j in a group,
     l_ij = -sg(Rt_i - Rt_j) (log pi(y_i) - log pi(y_j)), Rt = R - beta log(pi/pi_ref)(y).
     Per sequence L_i = -c_i log pi(y_i), c_i = sg(Rt_i - mean_{j != i} Rt_j), so
-    sum_i L_i = 2/(G-1) sum_{i<j} l_ij; groups of one give 0. Shapes: [n, T] -> [n, T]."""
+    sum_i L_i = 1/(G-1) sum_{i<j} l_ij; groups of one give 0. Shapes: [n, T] -> [n, T]."""
     _check_beta("copg", beta)
     check_same_shape("copg", logp=logp, ref_logp=ref_logp, mask=mask)
     seg, n_seg, r = group_inputs("copg", logp.shape[0], group, rewards, logp.device)
