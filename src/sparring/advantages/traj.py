@@ -78,7 +78,7 @@ def traj_view(batch: TurnBatch, by_agent: bool = False) -> TrajView:
 def to_tokens(batch: TurnBatch, view: TrajView, a: Tensor) -> Tensor:
     """Broadcast per-trajectory advantages ``a`` [n_traj] to ``[n_rows, T]`` (0 off-mask)."""
     a_rows = a.to(batch.returns.dtype)[view.tid]
-    return a_rows[:, None] * batch.action_mask
+    return torch.where(batch.action_mask, a_rows[:, None], 0.0)  # one pass over [n, T]
 
 
 def segment_order(x: Tensor, seg: Tensor, n_seg: int, descending: bool = False):
