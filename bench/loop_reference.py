@@ -1,8 +1,8 @@
 """Straightforward Python-loop references for the trajectory-level estimators.
 
 Written the way early open-source GRPO code was: a Python loop over rows collects each
-group's scores, a loop over groups computes the statistics with plain floats, a loop
-over rows writes the advantages back, then one broadcast onto the tokens. Used by
+group's scores, then a loop over groups computes the statistics with plain floats and
+writes the group's advantages onto its rows' action tokens. Used by
 bench/advantages.py for the speed-up figure and as an independent correctness check.
 """
 
@@ -30,11 +30,16 @@ def _collect(batch, by_agent=False):
 
 
 def _finish(batch, adv_traj: dict, rows: dict) -> Tensor:
-    adv = torch.zeros(batch.n_rows)
-    for t, rs in rows.items():
-        for i in rs:
-            adv[i] = adv_traj[t]
-    return adv[:, None] * batch.action_mask
+    """Per group of rows (here: per trajectory's group), write A onto the action tokens."""
+    out = torch.zeros(batch.action_mask.shape)
+    by_group = defaultdict(list)
+    for t in adv_traj:
+        by_group[int(batch.group[rows[t][0]])].append(t)
+    for ts in by_group.values():
+        idx = torch.tensor([i for t in ts for i in rows[t]])
+        vals = torch.tensor([adv_traj[t] for t in ts for _ in rows[t]])
+        out[idx] = vals[:, None] * batch.action_mask[idx]
+    return out
 
 
 def _mean(x):
