@@ -32,7 +32,7 @@ OPTIONS: dict[str, dict] = {
 
 
 def synthetic_batch(groups: int, rollouts: int, T: int, turns: int = 1, agents: int = 1,
-                    seed: int = 0) -> TurnBatch:
+                    seed: int = 0, layout: str = "turn") -> TurnBatch:
     """A turn-layout batch with every field filled: binary returns with a per-group
     success rate, random lengths, anchor states that repeat within a group, entropies,
     values, reference log-probs and extras ``p_before``, ``p_after``, ``greedy_reward``."""
@@ -55,7 +55,7 @@ def synthetic_batch(groups: int, rollouts: int, T: int, turns: int = 1, agents: 
         return torch.randn(n, T, generator=g) * scale * mask
 
     return TurnBatch(
-        layout="turn", input_ids=torch.randint(0, 1000, (n, T), generator=g) * mask,
+        layout=layout, input_ids=torch.randint(0, 1000, (n, T), generator=g) * mask,
         attention_mask=mask.clone(), action_mask=mask, old_logp=-noise(1.0).abs(),
         group=group, episode=episode, agent=agent, turn=turn, step=turn * agents + agent,
         traj=traj, env_id=torch.zeros(n, dtype=torch.long), state_id=state,
@@ -84,6 +84,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=1024)
     ap.add_argument("--turns", type=int, default=1, help="rows per trajectory")
     ap.add_argument("--agents", type=int, default=1)
+    ap.add_argument("--layout", choices=("turn", "trajectory"), default="turn",
+                    help="layout tag of the batch (trajectory-only estimators need it)")
     ap.add_argument("--repeat", type=int, default=3, help="best of N for the vectorised runs")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="1 repeat, 128 tokens: a smoke test")
@@ -92,7 +94,9 @@ def main() -> None:
     if a.quick:
         a.repeat, a.tokens = 1, min(a.tokens, 128)
     torch.set_num_threads(a.threads)
-    batch = synthetic_batch(a.groups, a.rollouts, a.tokens, a.turns, a.agents)
+    if a.layout == "trajectory" and a.turns != 1:
+        ap.error("--layout trajectory needs --turns 1")
+    batch = synthetic_batch(a.groups, a.rollouts, a.tokens, a.turns, a.agents, layout=a.layout)
     print(f"batch: {a.groups} groups x {a.rollouts} rollouts x {a.agents} agents x {a.turns} "
           f"turns = {batch.n_rows} rows x {a.tokens} tokens; torch {torch.__version__}, "
           f"{a.threads} threads")
