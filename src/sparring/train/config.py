@@ -361,7 +361,11 @@ def _registry_check(kind: str, name: str, key: str) -> None:
         else:
             from sparring.envs import ENVS
             from sparring.envs import _load as load_envs
-            load_envs()
+            try:
+                load_envs()
+            except ModuleNotFoundError as e:  # an env sub-package not written yet
+                if not (e.name or "").startswith("sparring.envs"):
+                    raise
             ENVS.get(name)
     except UnknownNameError as e:
         raise ConfigError(f"{key}: {e}") from None

@@ -1,0 +1,92 @@
+"""The loop end to end on a tiny Qwen2: metrics, checkpoints, crash checkpoint, and a run
+killed with SIGKILL then resumed gives the same metrics as an uninterrupted run."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from sparring.train.checkpoint import step_dirs
+from sparring.train.config import from_dict
+from sparring.train.loop import train
+from sparring.train.metrics import read_metrics
+from tests import train_helpers as th
+from tests.train_resume_job import CONFIG, STEPS, run_job
+
+ROOT = Path(__file__).parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _entries():
+    th.register()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: threads only add contention
+    yield
+    torch.set_num_threads(threads)
+    th.unregister()
+
+
+def _strip(rows):
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "throughput/"))}
+            for r in rows]
+
+
+def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path):
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + str(ROOT))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.train_resume_job", str(killed), "--block-at", "5",
+         "--threads", str(torch.get_num_threads())], cwd=ROOT, env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        run_job(full)  # the uninterrupted run, while the victim starts up
+        deadline = time.time() + 120
+        while not any(r["step"] == 5 for r in read_metrics(killed)):
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert time.time() < deadline, "victim made no progress"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGKILL)  # killed after step 5 was logged, ckpt at step 4
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert [s for s, _ in step_dirs(killed)] == [2, 4]
+    run_job(killed, resume_run=True)
+    a, b = _strip(read_metrics(full)), _strip(read_metrics(killed))
+    assert [r["step"] for r in a] == list(range(STEPS + 1))
+    assert a == b
+    assert "eval/p_good" in a[3] and "eval/p_good" in a[STEPS] and "eval/p_good" in a[0]
+    for key in ("loss", "kl", "entropy", "clip_frac", "approx_kl", "grad_norm", "value_loss",
+                "reward", "adv_std", "invalid_rate", "return/seat0", "env/bandit/return"):
+        assert key in a[1], key
+    assert a[1]["optimizer_steps"] == 2 * 2  # 16 rows / minibatch 8, two epochs
+    assert [s for s, _ in step_dirs(full)] == [6, 8]  # keep the last two
+
+
+def test_crash_writes_a_checkpoint_and_reraises(tmp_path):
+    model = th.tiny_qwen(0)
+    sampler = th.Sampler(1)
+
+    def rollout_fn(step):
+        if step == 2:
+            raise KeyboardInterrupt
+        return th.bandit_rollout(model, sampler)
+
+    cfg = from_dict({**CONFIG, "checkpoint": {"every": 0, "keep": 3}, "eval": {"every": 0}})
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, model, rollout_fn, run_dir=tmp_path)
+    dirs = step_dirs(tmp_path)
+    assert [s for s, _ in dirs] == [2]
+    doc = json.loads((dirs[0][1] / "state.json").read_text())
+    assert doc["meta"]["crash"].startswith("KeyboardInterrupt")
+    assert sorted(p.name for p in dirs[0][1].iterdir()) == [
+        "model.safetensors", "state.json", "state.safetensors"]
+    assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".")]
+    with pytest.raises(FileExistsError):
+        train(cfg, model, rollout_fn, run_dir=tmp_path)
