@@ -111,3 +111,10 @@ def test_reference_config_file_matches_the_defaults():
     assert text.strip().endswith(commented_yaml().strip()), "regenerate configs/reference.yaml"
     assert yaml.safe_load(text) == to_dict(Config())
     assert "# peak learning rate" in text
+
+
+def test_every_config_file_has_only_known_keys():
+    files = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
+    assert files
+    for path in files:  # registry names are checked once the catalogue is merged
+        load_config(path, check=False)

@@ -243,3 +243,18 @@ def test_bad_shapes_are_errors():
         learner.update(batch, adv[:, :-1])
     with pytest.raises(ValueError, match="keep has shape"):
         learner.update(batch, adv, torch.ones(3, dtype=torch.bool))
+
+
+def test_separate_critic_leaves_the_policy_alone():
+    batch, _ = ragged_batch()
+    model = th.tiny_qwen(10)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    learner = Learner(model, make_cfg(algorithm__value="on", algorithm__critic="separate",
+                                      optim__lr=1e-2))
+    body0 = {k: v.clone() for k, v in learner.critic.body.state_dict().items()}
+    zero = torch.zeros(batch.input_ids.shape)  # no policy gradient, only the value loss
+    out = learner.update(batch, zero)
+    assert out["value_loss"] > 0
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    moved = [k for k, v in learner.critic.body.state_dict().items() if not torch.equal(v, body0[k])]
+    assert moved

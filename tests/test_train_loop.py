@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from sparring.data import Episode, Turn, collate
 from sparring.train.checkpoint import step_dirs
 from sparring.train.config import from_dict
-from sparring.train.loop import train
+from sparring.train.loop import advantages, rollout_metrics, train
 from sparring.train.metrics import read_metrics
 from tests import train_helpers as th
 from tests.train_resume_job import CONFIG, STEPS, run_job
@@ -90,3 +91,36 @@ def test_crash_writes_a_checkpoint_and_reraises(tmp_path):
     assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".")]
     with pytest.raises(FileExistsError):
         train(cfg, model, rollout_fn, run_dir=tmp_path)
+
+
+def _ep(env, group, ret, seat_returns=None, invalid=None):
+    t = Turn(agent=0, prompt_ids=[1], action_ids=[2, 3], invalid=invalid)
+    bot = Turn(agent=1, prompt_ids=[1], action_ids=[])  # a bot's move: no row
+    return Episode(env=env, seed=0, group=group, num_agents=2, turns=[t, bot],
+                   returns=seat_returns or [ret, -ret])
+
+
+def test_per_env_estimator_options_shaping_and_rollout_metrics():
+    eps = [_ep("a", 0, 1.0), _ep("a", 0, 3.0), _ep("b", 1, 0.0, invalid="illegal"),
+           _ep("b", 1, 4.0)]
+    batch = collate(eps)
+    cfg = from_dict({"algorithm": {"estimator": "test_centered", "objective": "test_clip",
+                                   "estimator_options": {"scale": 0.5},
+                                   "shaping": [{"name": "test_shift", "options": {"shift": 1}}]},
+                     "envs": [{"name": "tictactoe", "estimator_options": {"scale": 2.0}}]},
+                    check=False)
+    cfg.envs[0].name = "a"  # env names are only registry-checked by validate()
+    adv, keep = advantages(batch, cfg)
+    # env a: scale 2 on (R - group mean 2); env b: the global scale 0.5 on (R - 2); then +1
+    assert adv[:, -1].tolist() == [2 * -1 + 1, 2 * 1 + 1, 0.5 * -2 + 1, 0.5 * 2 + 1]
+    assert adv[~batch.action_mask].abs().sum() == 0
+    assert keep.all()
+    m = rollout_metrics(eps, batch, adv, keep)
+    assert m["reward"] == (1 + 3 + 0 + 4) / 4
+    assert m["env/a/return"] == 2.0 and m["env/b/return"] == 2.0
+    assert m["return/seat1"] == -2.0
+    assert m["invalid_rate"] == 0.25 and m["response_length"] == 2.0
+    assert m["episode_length"] == 2.0
+    a = torch.tensor([-1.0, 3.0, 0.0, 2.0]).repeat_interleave(2)
+    assert m["adv_mean"] == pytest.approx(float(a.mean()))
+    assert m["adv_std"] == pytest.approx(float(a.std()))

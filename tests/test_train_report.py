@@ -64,3 +64,32 @@ def test_train_command_config_errors_and_printing(tmp_path, capsys, monkeypatch)
         assert main(["list", "aggregations"]) == 0
     finally:
         th.unregister()
+
+
+def test_metrics_logger_progress_truncate_and_missing_sinks(tmp_path, monkeypatch):
+    import builtins
+
+    import pytest
+
+    from sparring.train.metrics import MetricsLogger, read_metrics, truncate_metrics
+
+    lg = MetricsLogger(tmp_path, total_steps=3, progress=True, keys=["loss"])
+    for s in (1, 2, 3):
+        lg.log(s, {"loss": 1.0 / s, "nan": float("nan")})
+    lg.close()
+    rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2, 3] and rows[1]["loss"] == 0.5
+    truncate_metrics(tmp_path / "metrics.jsonl", 2)
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
+    real_import = builtins.__import__
+
+    def no_sinks(name, *a, **k):
+        if name in ("wandb", "torch.utils.tensorboard"):
+            raise ImportError(name)
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_sinks)
+    with pytest.raises(ImportError, match=r"pip install 'sparring\[tensorboard\]'"):
+        MetricsLogger(tmp_path / "a", total_steps=1, progress=False, tensorboard=True)
+    with pytest.raises(ImportError, match=r"pip install 'sparring\[wandb\]'"):
+        MetricsLogger(tmp_path / "b", total_steps=1, progress=False, wandb=True)

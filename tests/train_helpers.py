@@ -3,7 +3,8 @@ deterministic fake rollout that samples from the model.
 
 The estimator / objective registered here are test doubles written out in full (the
 catalogue's own entries live on other branches): ``test_centered`` (A = R - group mean),
-``test_centered_v`` (the same, declaring it needs values) and ``test_clip`` (PPO-clip).
+``test_centered_v`` (the same, declaring it needs values), ``test_shift`` (a shaping
+that adds a constant) and ``test_clip`` (PPO-clip).
 """
 
 from __future__ import annotations
@@ -31,12 +32,16 @@ def tiny_qwen(seed: int = 0) -> Qwen2ForCausalLM:
     return Qwen2ForCausalLM(cfg)
 
 
-def _centered(batch, **_):
+def _centered(batch, scale=1.0, **_):
     r = batch.returns
     n = int(batch.group.max()) + 1
     s = torch.zeros(n).index_add_(0, batch.group, r)
     c = torch.zeros(n).index_add_(0, batch.group, torch.ones_like(r))
-    return ((r - (s / c)[batch.group])[:, None] * batch.action_mask).float()
+    return (scale * (r - (s / c)[batch.group])[:, None] * batch.action_mask).float()
+
+
+def _shift(batch, advantages, shift=0.0, **_):
+    return advantages + shift
 
 
 def _clip(logp, old_logp, advantages, mask, *, ref_logp=None, eps=0.2, **_):
@@ -47,6 +52,7 @@ def _clip(logp, old_logp, advantages, mask, *, ref_logp=None, eps=0.2, **_):
 TEST_ENTRIES = [
     (ESTIMATORS, Entry("test_centered", _centered, family="test", needs=("group",))),
     (ESTIMATORS, Entry("test_centered_v", _centered, family="test", needs=("group", "values"))),
+    (ESTIMATORS, Entry("test_shift", _shift, family="shaping")),
     (OBJECTIVES, Entry("test_clip", _clip, family="test")),
 ]
 

@@ -47,11 +47,14 @@ def _keys(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[str], list[st
     return train, timing, evals
 
 
-def _ema(ys: list[float], alpha: float = 0.1) -> list[float]:
-    out, m = [], None
+def _smooth(ys: list[float]) -> list[float]:
+    """Debiased exponential moving average (as TensorBoard draws it), rate ~ 5 / len."""
+    alpha = min(max(5 / max(len(ys), 1), 0.02), 0.3)
+    out, m, w = [], 0.0, 0.0
     for y in ys:
-        m = y if m is None or not math.isfinite(m) else (1 - alpha) * m + alpha * y
-        out.append(m)
+        if math.isfinite(y):
+            m, w = (1 - alpha) * m + alpha * y, (1 - alpha) * w + alpha
+        out.append(m / w if w else y)
     return out
 
 
@@ -68,8 +71,8 @@ def _grid(rows, keys: list[str], path: Path, title: str, bands: bool = False) ->
     for ax, key in zip(axes.flat, keys):
         xs, ys = series(rows, key)
         ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, lw=1, alpha=0.5 if not bands else 1)
-        if not bands and len(xs) >= 10:
-            ax.plot(xs, _ema(ys), lw=2)
+        if not bands and len(xs) >= 20:
+            ax.plot(xs, _smooth(ys), lw=2)
         if bands:
             lo, hi = series(rows, key + "_lo"), series(rows, key + "_hi")
             if lo[0] and lo[0] == hi[0]:

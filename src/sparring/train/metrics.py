@@ -82,7 +82,6 @@ class MetricsLogger:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / METRICS_FILE
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
         self.tb = self.wandb = self.bar = None
         if tensorboard:
             try:
@@ -99,6 +98,7 @@ class MetricsLogger:
                                   "pip install 'sparring[wandb]'") from e
             self.wandb = wb.init(project=wandb_project, dir=str(self.run_dir), config=config,
                                  name=self.run_dir.name, resume="allow")
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
         if progress:
             self.bar = ProgressBar(total_steps, start_step, keys or [])
 
