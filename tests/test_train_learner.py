@@ -258,3 +258,12 @@ def test_separate_critic_leaves_the_policy_alone():
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     moved = [k for k, v in learner.critic.body.state_dict().items() if not torch.equal(v, body0[k])]
     assert moved
+
+
+def test_recompute_old_logp_makes_the_first_ratio_one():
+    batch, adv = ragged_batch()
+    stale = Learner(th.tiny_qwen(11), make_cfg()).update(batch, adv)
+    assert stale["approx_kl"] > 1e-3  # the batch's old log-probs are noisy
+    fresh = Learner(th.tiny_qwen(11), make_cfg(algorithm__recompute_old_logp=True)).update(batch, adv)
+    assert fresh["approx_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert fresh["ratio"] == pytest.approx(1.0, abs=1e-6) and fresh["clip_frac"] == 0.0

@@ -124,3 +124,26 @@ def test_per_env_estimator_options_shaping_and_rollout_metrics():
     a = torch.tensor([-1.0, 3.0, 0.0, 2.0]).repeat_interleave(2)
     assert m["adv_mean"] == pytest.approx(float(a.mean()))
     assert m["adv_std"] == pytest.approx(float(a.std()))
+
+
+def test_initial_reference_is_saved_once_and_resume_extends_a_run(tmp_path):
+    from safetensors.torch import load_file
+
+    from sparring.train.loop import resume
+
+    def job(model):
+        sampler = th.Sampler(2)
+        return model, (lambda step: th.bandit_rollout(model, sampler)), {"sampler": sampler}
+
+    cfg = from_dict({**CONFIG, "algorithm": {**CONFIG["algorithm"], "kl": {"coef": 0.1}},
+                     "train": {**CONFIG["train"], "steps": 2}, "eval": {"every": 0}})
+    model, fn, st = job(th.tiny_qwen(0))
+    train(cfg, model, fn, stateful=st, run_dir=tmp_path)
+    ref = load_file(str(tmp_path / "reference.safetensors"))
+    init = th.tiny_qwen(0).state_dict()
+    assert set(ref) == set(init) and all(torch.equal(ref[k], init[k]) for k in init)
+    model, fn, st = job(th.tiny_qwen(0))
+    resume(tmp_path, model, fn, stateful=st, overrides=["train.steps=3"])
+    rows = read_metrics(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2, 3] and rows[2]["kl"] > 0
+    assert [s for s, _ in step_dirs(tmp_path)] == [2, 3]

@@ -104,6 +104,7 @@ class Learner:
 
     def __init__(self, model: nn.Module, cfg: Config, *, temperature: float | None = None):
         self.model, self.cfg = model, cfg
+        self.device = next(model.parameters()).device
         a, o = cfg.algorithm, cfg.optim
         self.temperature = cfg.rollout.temperature if temperature is None else temperature
         _load_objectives()
@@ -173,6 +174,7 @@ class Learner:
     @torch.no_grad()
     def _per_row(self, batch: TurnBatch, what: str) -> Tensor:
         """``what`` in {policy, ref, values} over all rows, no grad, in micro-batches."""
+        batch = batch.to(self.device)
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.device)
         was_training = self.model.training
         self.model.eval()
@@ -288,10 +290,11 @@ class Learner:
                ) -> dict[str, float]:
         """Train on ``batch`` with ``advantages [n, T]``; rows with ``keep[i] = False`` are
         left out of the loss. Returns the step's metrics."""
+        batch, advantages = batch.to(self.device), advantages.to(self.device)
         n, T = batch.input_ids.shape
         if advantages.shape != (n, T):
             raise ValueError(f"advantages have shape {tuple(advantages.shape)}, expected {(n, T)}")
-        keep = torch.ones(n, dtype=torch.bool) if keep is None else keep.bool()
+        keep = (torch.ones(n, dtype=torch.bool) if keep is None else keep.bool()).to(self.device)
         if keep.shape != (n,):
             raise ValueError(f"keep has shape {tuple(keep.shape)}, expected ({n},)")
         cfg, a = self.cfg, self.cfg.algorithm

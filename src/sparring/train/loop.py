@@ -179,7 +179,7 @@ def train(cfg: Config, model: nn.Module, rollout_fn: RolloutFn, eval_fn: EvalFn 
             t0 = time.perf_counter()
             episodes = list(rollout_fn(i))
             t1 = time.perf_counter()
-            batch = collate(episodes, layout=layout, pad_id=pad_id)
+            batch = collate(episodes, layout=layout, pad_id=pad_id).to(learner.device)
             if learner.critic is not None:
                 batch = batch.with_fields(values=learner.values(batch))
             adv, keep = advantages(batch, cfg)
