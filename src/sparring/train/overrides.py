@@ -24,12 +24,6 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def _type_name(tp: Any) -> str:
-    if typing.get_origin(tp) is Literal:
-        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-
-
 def _did_you_mean(word: str, choices: list[str]) -> str:
     close = difflib.get_close_matches(word, choices, n=1, cutoff=0.5)
     return f"; did you mean {close[0]!r}?" if close else ""
