@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
+import yaml
 from rich.console import Console
 from rich.table import Table
 
@@ -46,7 +48,79 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"list": cmd_list}
+def _split_train_args(items: Sequence[str]) -> tuple[str | None, list[str]]:
+    """``[CONFIG] [key=value ...]``: CONFIG is a YAML path or a recipe name in configs/."""
+    if not items or "=" in items[0]:
+        return None, list(items)
+    return items[0], list(items[1:])
+
+
+def _resolve_config(name: str | None) -> Path | None:
+    if name is None:
+        default = Path("configs/default.yaml")
+        return default if default.exists() else None
+    for cand in (Path(name), Path("configs") / f"{name}.yaml", Path("configs") / name):
+        if cand.is_file():
+            return cand
+    raise FileNotFoundError(f"no config {name!r} (not a file, not configs/{name}.yaml)")
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from sparring.train.config import ConfigError, commented_yaml, load_config, to_dict
+
+    console = Console(stderr=True, soft_wrap=True)
+    if args.print_defaults:
+        print(commented_yaml())
+        return 0
+    name, overrides = _split_train_args(args.items)
+    try:
+        if args.resume:
+            if name is not None:
+                raise ConfigError("--resume takes the run's own config; give only overrides")
+            cfg = load_config(Path(args.resume) / "config.yaml", overrides)
+        else:
+            cfg = load_config(_resolve_config(name), overrides)
+    except (ConfigError, FileNotFoundError) as e:
+        console.print(f"[red]config error:[/red] {e}")
+        return 2
+    if args.print_config:
+        print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
+        return 0
+    try:  # the arena wiring: build(cfg) -> model, rollout_fn, eval_fn, stateful, pad_id
+        from sparring.train.setup import build  # type: ignore[import-not-found]
+    except ModuleNotFoundError as e:
+        if e.name != "sparring.train.setup":
+            raise
+        console.print("[red]error:[/red] rollouts are not wired into the trainer yet "
+                      "(sparring.train.setup.build is missing)")
+        return 2
+    from sparring.train.loop import resume, train
+
+    parts = build(cfg)
+    if args.resume:
+        run = resume(args.resume, parts["model"], parts["rollout_fn"], parts.get("eval_fn"),
+                     parts.get("stateful"), overrides=overrides, pad_id=parts.get("pad_id", 0))
+    else:
+        run = train(cfg, parts["model"], parts["rollout_fn"], parts.get("eval_fn"),
+                    parts.get("stateful"), pad_id=parts.get("pad_id", 0))
+    console.print(f"run folder: {run}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from sparring.report import write_report
+
+    try:
+        path = write_report(args.run_dir, args.out)
+    except FileNotFoundError as e:
+        Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {e}")
+        return 2
+    print(path)
+    return 0
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "list": cmd_list, "train": cmd_train, "report": cmd_report}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,6 +128,17 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     lp = sub.add_parser("list", help="list estimators, shapers, objectives, aggregations, environments")
     lp.add_argument("what", nargs="*", choices=LISTABLE, help="what to list (default: all)")
+    tp = sub.add_parser("train", help="train a policy: sparring train [CONFIG] [key.sub=value ...]")
+    tp.add_argument("items", nargs="*", metavar="CONFIG|key=value",
+                    help="a YAML file or a recipe name in configs/, then overrides")
+    tp.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR")
+    tp.add_argument("--print-config", action="store_true",
+                    help="print the resolved config and exit")
+    tp.add_argument("--print-defaults", action="store_true",
+                    help="print every key with its default and help, and exit")
+    rp = sub.add_parser("report", help="plots and a markdown summary of a run")
+    rp.add_argument("run_dir", metavar="RUN_DIR")
+    rp.add_argument("--out", default=None, help="output folder (default: RUN_DIR/report)")
     return p
 
 

@@ -1,0 +1,155 @@
+"""``sparring report RUN_DIR``: PNG learning curves, evaluation plots and a markdown summary.
+
+Reads ``metrics.jsonl`` (and ``config.yaml`` when present) and writes into
+``RUN_DIR/report/``: ``training.png`` (one panel per training metric, raw and smoothed),
+``timing.png`` (time split and throughput), ``eval.png`` (evaluation metrics against the
+step, with ``<key>_lo`` / ``<key>_hi`` drawn as an interval band) and ``summary.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sparring.train.metrics import read_metrics
+
+PREFERRED = ("reward", "loss", "policy_loss", "kl", "entropy", "clip_frac", "approx_kl",
+             "grad_norm", "value_loss", "adv_mean", "adv_std", "invalid_rate",
+             "response_length", "episode_length", "lr")
+TIMING = ("time/", "throughput/")
+SKIP = ("step", "episodes", "optimizer_steps", "total_skipped_updates")
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def series(rows: Sequence[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    pts = [(r["step"], float(r[key])) for r in rows if key in r and _num(r[key])]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def _keys(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[str], list[str]]:
+    seen: dict[str, None] = {}
+    for r in rows:
+        for k, v in r.items():
+            if _num(v) and k not in SKIP:
+                seen.setdefault(k, None)
+    allk = list(seen)
+    evals = [k for k in allk if k.startswith("eval/") and not k.endswith(("_lo", "_hi"))]
+    timing = [k for k in allk if k.startswith(TIMING)]
+    rest = [k for k in allk if not k.startswith(("eval/", *TIMING))]
+    train = [k for k in PREFERRED if k in rest] + [k for k in rest if k not in PREFERRED]
+    return train, timing, evals
+
+
+def _smooth(ys: list[float]) -> list[float]:
+    """Debiased exponential moving average (as TensorBoard draws it), rate ~ 5 / len."""
+    alpha = min(max(5 / max(len(ys), 1), 0.02), 0.3)
+    out, m, w = [], 0.0, 0.0
+    for y in ys:
+        if math.isfinite(y):
+            m, w = (1 - alpha) * m + alpha * y, (1 - alpha) * w + alpha
+        out.append(m / w if w else y)
+    return out
+
+
+def _grid(rows, keys: list[str], path: Path, title: str, bands: bool = False) -> Path | None:
+    if not keys:
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = min(3, len(keys))
+    nrow = math.ceil(len(keys) / cols)
+    fig, axes = plt.subplots(nrow, cols, figsize=(4.2 * cols, 2.8 * nrow), squeeze=False)
+    for ax, key in zip(axes.flat, keys):
+        xs, ys = series(rows, key)
+        ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, lw=1, alpha=0.5 if not bands else 1)
+        if not bands and len(xs) >= 20:
+            ax.plot(xs, _smooth(ys), lw=2)
+        if bands:
+            lo, hi = series(rows, key + "_lo"), series(rows, key + "_hi")
+            if lo[0] and lo[0] == hi[0]:
+                ax.fill_between(lo[0], lo[1], hi[1], alpha=0.25)
+        ax.set_title(key, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(keys):]:
+        ax.axis("off")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _fmt(v: float | None) -> str:
+    return "-" if v is None else f"{v:.4g}"
+
+
+def summary_table(rows, keys: list[str]) -> list[str]:
+    lines = ["| metric | first | last | min | max |", "|---|---|---|---|---|"]
+    for k in keys:
+        _, ys = series(rows, k)
+        fin = [y for y in ys if math.isfinite(y)]
+        if not ys:
+            continue
+        lines.append(f"| {k} | {_fmt(ys[0])} | {_fmt(ys[-1])} | "
+                     f"{_fmt(min(fin) if fin else None)} | {_fmt(max(fin) if fin else None)} |")
+    return lines
+
+
+def _interval(rows, key: str, which: int) -> str:
+    xs, ys = series(rows, key)
+    step = xs[which]
+    row = next(r for r in rows if r["step"] == step and key in r)
+    lo, hi = row.get(key + "_lo"), row.get(key + "_hi")
+    ci = f" [{_fmt(lo)}, {_fmt(hi)}]" if _num(lo) and _num(hi) else ""
+    return f"{_fmt(ys[which])}{ci} (step {step})"
+
+
+def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path:
+    """Write plots and ``summary.md`` for the run in ``run_dir``; returns the summary path."""
+    run = Path(run_dir)
+    rows = read_metrics(run)
+    if not rows:
+        raise FileNotFoundError(f"{run} has no metrics.jsonl rows to report on")
+    out = Path(out_dir) if out_dir is not None else run / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    train_keys, timing, evals = _keys(rows)
+    images = [p for p in (
+        _grid(rows, train_keys, out / "training.png", f"{run.name}: training"),
+        _grid(rows, evals, out / "eval.png", f"{run.name}: evaluation", bands=True),
+        _grid(rows, timing, out / "timing.png", f"{run.name}: time and throughput"),
+    ) if p is not None]
+    md = [f"# Run report: {run.name}", ""]
+    cfg_path = run / "config.yaml"
+    if cfg_path.exists():
+        cfg = yaml.safe_load(cfg_path.read_text()) or {}
+        alg = cfg.get("algorithm", {})
+        envs = ", ".join(e.get("name", "?") for e in cfg.get("envs", [])) or "-"
+        md += [f"- estimator: `{alg.get('estimator')}`, objective: `{alg.get('objective')}`, "
+               f"aggregation: `{alg.get('aggregation')}`, KL: {alg.get('kl', {}).get('coef')} "
+               f"({alg.get('kl', {}).get('reference')})",
+               f"- envs: {envs}; steps: {cfg.get('train', {}).get('steps')}; "
+               f"model: `{cfg.get('model', {}).get('name')}`", ""]
+    last = max(r["step"] for r in rows)
+    md += [f"Steps logged: {last}.", ""]
+    if evals:
+        md += ["## Evaluation", "", "| metric | start | end |", "|---|---|---|"]
+        md += [f"| {k} | {_interval(rows, k, 0)} | {_interval(rows, k, -1)} |" for k in evals]
+        md += [""]
+    md += ["## Training metrics", "", *summary_table(rows, train_keys), ""]
+    if timing:
+        md += ["## Time and throughput", "", *summary_table(rows, timing), ""]
+    md += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in images] + [""]
+    path = out / "summary.md"
+    path.write_text("\n".join(md), encoding="utf-8")
+    return path

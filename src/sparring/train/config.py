@@ -1,0 +1,279 @@
+"""Run configuration: dataclasses with a help string per field, YAML + ``key.sub=value``.
+
+`load_config(path, overrides)` builds a `Config` from defaults, an optional YAML file and
+command-line overrides (``algorithm.kl.coef=0.05``, ``envs.0.weight=2``,
+``algorithm.estimator_options.eps=1e-3``); values are parsed with the field's type.
+Unknown keys and bad values raise `ConfigError` naming the key, with a "did you mean"
+hint and the allowed values. Registry-backed names (estimator, objective, aggregation,
+environment) are checked against their registries by `validate`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from sparring.train.overrides import ConfigError, apply_override, build
+
+
+def opt(default: Any, help: str, **check: float) -> Any:
+    """A config field: default (a list/dict default is copied per instance), help, bounds.
+
+    ``check`` may hold ``ge``, ``gt``, ``le``, ``lt`` numeric bounds enforced on load.
+    """
+    meta = {"help": help, **check}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    if is_dataclass(default):
+        return field(default_factory=lambda: type(default)(), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class ModelConfig:
+    name: str = opt("tiny", "'tiny' (the built-in tiny model) or a Hugging Face id / local path")
+    options: dict[str, Any] = opt({}, "constructor options (e.g. the tiny model's sizes)")
+    dtype: Literal["float32", "bfloat16", "float16"] = opt("float32", "weights dtype")
+    device: str = opt("cpu", "'cpu', 'cuda', 'cuda:N', 'mps' or 'auto'")
+    trust_remote_code: bool = opt(False, "allow model code from the hub (off unless you trust it)")
+
+
+@dataclass
+class EnvSpec:
+    name: str = opt("tictactoe", "environment name (see `sparring list envs`)")
+    options: dict[str, Any] = opt({}, "environment constructor options")
+    weight: float = opt(1.0, "share of the step's episodes from this environment", ge=0)
+    seats: list[int] | None = opt(None, "seats the learner plays (null: all seats, self-play)")
+    opponents: list[str] = opt([], "who plays the other seats: bot names, 'self', 'pool'")
+    group_size: int = opt(1, "episodes per group (same start state / prompt)", ge=1)
+    estimator_options: dict[str, Any] = opt({}, "estimator options for this env's rows")
+
+
+@dataclass
+class RolloutConfig:
+    episodes_per_step: int = opt(64, "episodes collected per training step", ge=1)
+    max_new_tokens: int = opt(8, "generation budget per turn", ge=1)
+    temperature: float = opt(1.0, "sampling temperature (log-probs use the same)", gt=0)
+    layout: Literal["turn", "trajectory"] = opt(
+        "turn", "TurnBatch rows: one per turn or one per agent trajectory "
+        "(an estimator that declares a layout overrides this)")
+    options: dict[str, Any] = opt({}, "backend-specific rollout options")
+
+
+@dataclass
+class KLConfig:
+    coef: float = opt(0.0, "weight of the KL(policy || reference) loss term (0: off)", ge=0)
+    estimator: Literal["k1", "k2", "k3"] = opt(
+        "k3", "per-token KL estimator, r = pi / pi_ref: k1 = log r, k2 = (log r)^2 / 2, "
+        "k3 = (1/r - 1) + log r")
+    reference: Literal["initial", "magnet"] = opt(
+        "initial", "'initial': the frozen starting model (base model with LoRA adapters off); "
+        "'magnet': an exponential moving average of the policy's own weights (R-NaD / MMD)")
+    magnet_rate: float = opt(0.01, "magnet EMA rate per update: m <- (1 - rate) m + rate w",
+                             gt=0, le=1)
+
+
+@dataclass
+class AlgorithmConfig:
+    estimator: str = opt("grpo", "advantage estimator (see `sparring list estimators`)")
+    estimator_options: dict[str, Any] = opt({}, "keyword options of the estimator")
+    shaping: list[dict[str, Any]] = opt(
+        [], "advantage shaping applied in order: [{name: ..., options: {...}}, ...]")
+    objective: str = opt("ppo_clip", "policy objective (see `sparring list objectives`)")
+    objective_options: dict[str, Any] = opt({}, "keyword options of the objective")
+    aggregation: str = opt("token-mean", "loss aggregation (see `sparring list aggregations`)")
+    aggregation_norm: float | None = opt(
+        None, "constant C of seq-mean-token-sum-norm (null: the batch's padded length)", gt=0)
+    kl: KLConfig = opt(KLConfig(), "KL regularisation towards a reference policy")
+    entropy_coef: float = opt(0.0, "entropy bonus weight (subtracted from the loss)", ge=0)
+    value: Literal["auto", "on", "off"] = opt(
+        "auto", "train a value function: 'auto' when the estimator needs values")
+    critic: Literal["head", "separate"] = opt(
+        "head", "'head': a small MLP on the policy's last hidden state; 'separate': a copy "
+        "of the initial model with its own head")
+    value_coef: float = opt(0.5, "weight of the value loss", ge=0)
+    value_target: Literal["returns", "advantages_plus_values"] = opt(
+        "returns", "value regression target: the row's final return, or A + V (GAE returns)")
+    value_hidden: int = opt(64, "hidden width of the value MLP", ge=1)
+    recompute_old_logp: bool = opt(
+        False, "recompute old log-probs with the current model before the update")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = opt(1e-4, "peak learning rate", gt=0)
+    betas: list[float] = opt([0.9, 0.999], "AdamW betas")
+    eps: float = opt(1e-8, "AdamW epsilon", gt=0)
+    weight_decay: float = opt(0.0, "AdamW weight decay", ge=0)
+    schedule: Literal["constant", "warmup", "cosine"] = opt(
+        "constant", "'constant'; 'warmup': linear warm-up then constant; "
+        "'cosine': linear warm-up then cosine decay to min_lr_ratio * lr")
+    warmup_steps: int = opt(0, "warm-up length in training steps", ge=0)
+    min_lr_ratio: float = opt(0.0, "final lr of the cosine schedule as a fraction of lr",
+                              ge=0, le=1)
+    max_grad_norm: float | None = opt(1.0, "gradient clipping norm (null: no clipping)", gt=0)
+
+
+@dataclass
+class TrainConfig:
+    steps: int = opt(100, "training steps (one rollout batch and one update each)", ge=1)
+    epochs: int = opt(1, "passes over each batch", ge=1)
+    minibatch_size: int = opt(0, "rows per optimizer step (0: the whole batch)", ge=0)
+    microbatch_size: int = opt(0, "rows per forward/backward (0: the whole mini-batch)", ge=0)
+    seed: int = opt(0, "seed of python, numpy and torch")
+    max_skipped_updates: int = opt(
+        5, "stop after this many consecutive updates skipped for non-finite values", ge=1)
+    run_dir: str = opt("runs/{name}-{time}", "run folder ({name} and {time} are filled in)")
+    name: str = opt("run", "run name")
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = opt(False, "train LoRA adapters (PEFT) instead of all weights")
+    r: int = opt(8, "LoRA rank", ge=1)
+    alpha: float = opt(16.0, "LoRA alpha (scale alpha / r)", gt=0)
+    dropout: float = opt(0.0, "LoRA dropout", ge=0, lt=1)
+    target_modules: list[str] = opt(
+        ["q_proj", "k_proj", "v_proj", "o_proj"], "module names that get adapters")
+
+
+@dataclass
+class EvalConfig:
+    every: int = opt(0, "evaluate every N steps (0: only at the end)", ge=0)
+    at_start: bool = opt(True, "also evaluate before the first update")
+    options: dict[str, Any] = opt({}, "options of the evaluation function (games, opponents...)")
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = opt(50, "checkpoint every N steps (0: only at the end and on a crash)", ge=0)
+    keep: int = opt(3, "keep the last K checkpoints", ge=1)
+
+
+@dataclass
+class LoggingConfig:
+    progress: bool = opt(True, "live progress bar with ETA and key metrics")
+    tensorboard: bool = opt(False, "write TensorBoard events (needs `tensorboard`)")
+    wandb: bool = opt(False, "log to Weights & Biases (needs `wandb`)")
+    wandb_project: str = opt("sparring", "W&B project")
+    keys: list[str] = opt(["reward", "loss", "kl", "entropy"], "metrics shown on the bar")
+
+
+@dataclass
+class Config:
+    model: ModelConfig = opt(ModelConfig(), "the policy model")
+    envs: list[EnvSpec] = opt([], "environments of the run (mixed in one batch by weight)")
+    rollout: RolloutConfig = opt(RolloutConfig(), "rollout collection")
+    algorithm: AlgorithmConfig = opt(AlgorithmConfig(), "estimator, objective, regularisers")
+    optim: OptimConfig = opt(OptimConfig(), "optimizer and learning-rate schedule")
+    train: TrainConfig = opt(TrainConfig(), "steps, epochs, batch sizes, seed")
+    lora: LoraConfig = opt(LoraConfig(), "LoRA adapters")
+    eval: EvalConfig = opt(EvalConfig(), "periodic evaluation")
+    checkpoint: CheckpointConfig = opt(CheckpointConfig(), "checkpoints")
+    logging: LoggingConfig = opt(LoggingConfig(), "metrics sinks and progress bar")
+
+
+# ---------------------------------------------------------------- validation, I/O
+
+
+def _registry_check(kind: str, name: str, key: str) -> None:
+    from sparring.registry import UnknownNameError
+    try:
+        if kind == "estimator":
+            from sparring.advantages import ESTIMATORS, _load_families
+            _load_families()
+            ESTIMATORS.get(name)
+        elif kind == "objective":
+            from sparring.objectives import OBJECTIVES
+            from sparring.objectives import _load_families as load_obj
+            load_obj()
+            OBJECTIVES.get(name)
+        elif kind == "aggregation":
+            from sparring.aggregation import AGGREGATIONS
+            AGGREGATIONS.get(name)
+        else:
+            from sparring.envs import ENVS
+            from sparring.envs import _load as load_envs
+            try:
+                load_envs()
+            except ModuleNotFoundError as e:  # an env sub-package not written yet
+                if not (e.name or "").startswith("sparring.envs"):
+                    raise
+            ENVS.get(name)
+    except UnknownNameError as e:
+        raise ConfigError(f"{key}: {e}") from None
+
+
+def validate(cfg: Config) -> Config:
+    """Cross-field checks and registry names; returns ``cfg``."""
+    a = cfg.algorithm
+    _registry_check("estimator", a.estimator, "algorithm.estimator")
+    _registry_check("objective", a.objective, "algorithm.objective")
+    _registry_check("aggregation", a.aggregation, "algorithm.aggregation")
+    for i, spec in enumerate(a.shaping):
+        if set(spec) - {"name", "options"} or "name" not in spec:
+            raise ConfigError(f"algorithm.shaping.{i}: expected {{name: ..., options: {{...}}}}, "
+                              f"got {spec!r}")
+        _registry_check("estimator", spec["name"], f"algorithm.shaping.{i}.name")
+    for i, env in enumerate(cfg.envs):
+        _registry_check("env", env.name, f"envs.{i}.name")
+    if len(cfg.optim.betas) != 2 or not all(0 <= b < 1 for b in cfg.optim.betas):
+        raise ConfigError(f"optim.betas: expected two numbers in [0, 1), got {cfg.optim.betas}")
+    if cfg.train.microbatch_size and cfg.train.minibatch_size \
+            and cfg.train.microbatch_size > cfg.train.minibatch_size:
+        raise ConfigError("train.microbatch_size: must not exceed train.minibatch_size")
+    return cfg
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    return asdict(cfg)
+
+
+def from_dict(data: dict[str, Any] | None, overrides: list[str] | tuple[str, ...] = (),
+              check: bool = True) -> Config:
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(f"a config file must hold a mapping, got {type(data).__name__}")
+    cfg = build(Config, data or {})
+    for item in overrides:
+        apply_override(cfg, item)
+    return validate(cfg) if check else cfg
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
+                check: bool = True) -> Config:
+    """Defaults <- YAML file ``path`` <- ``overrides``; validated unless ``check=False``."""
+    data = None
+    if path is not None:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    return from_dict(data, overrides, check)
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        yaml.safe_dump(to_dict(cfg), f, sort_keys=False)
+
+
+def commented_yaml(cls: type = Config, indent: int = 0) -> str:
+    """The defaults of ``cls`` as YAML with each field's help as a comment."""
+    out, pad = [], " " * indent
+    obj = cls()
+    for f in fields(cls):
+        value = getattr(obj, f.name)
+        out.append(f"{pad}# {f.metadata.get('help', '')}")
+        if is_dataclass(value):
+            out.append(f"{pad}{f.name}:")
+            out.append(commented_yaml(type(value), indent + 2))
+        else:
+            dumped = yaml.safe_dump({f.name: value}, default_flow_style=True, width=1000).strip()
+            out.append(pad + dumped[1:-1] if dumped.startswith("{") else pad + dumped)
+    return "\n".join(out)
+
+
+__all__ = ["AlgorithmConfig", "CheckpointConfig", "Config", "ConfigError", "EnvSpec",
+           "EvalConfig", "KLConfig", "LoggingConfig", "LoraConfig", "ModelConfig",
+           "OptimConfig", "RolloutConfig", "TrainConfig", "apply_override", "commented_yaml",
+           "from_dict", "load_config", "save_config", "to_dict", "validate"]

@@ -1,0 +1,398 @@
+"""The learner: several epochs of mini-batch updates over one `TurnBatch`.
+
+Per mini-batch (one optimizer step) the loss is
+
+    L = agg(objective(logp, old_logp, A)) + c_kl * agg(KL_k(pi || ref))
+        - c_ent * agg(H(pi)) + c_v * agg((V - target)^2 / 2)
+
+where ``agg`` is `sparring.aggregation.aggregate` with the token / sequence counts of the
+whole mini-batch, so the accumulated gradient over micro-batches does not depend on the
+micro-batch size. The reference is the frozen initial model (with LoRA: the base model
+with adapters disabled) or a "magnet": an EMA of the policy's weights, updated after each
+optimizer step (regularised self-play, R-NaD / magnetic mirror descent).
+A non-finite loss or gradient skips the optimizer step with a warning; after
+``max_skipped_updates`` consecutive skips `NonFiniteError` is raised.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+from collections import defaultdict
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from sparring.aggregation import aggregate, count_seqs, count_tokens
+from sparring.data import TurnBatch
+from sparring.objectives import OBJECTIVES
+from sparring.objectives import _load_families as _load_objectives
+from sparring.objectives import loss as objective_loss
+from sparring.policy.forward import token_logprobs
+from sparring.train.config import Config, LoraConfig
+from sparring.train.schedule import LRSchedule
+from sparring.train.value_head import Critic, capture_hidden
+
+log = logging.getLogger(__name__)
+
+KL_ESTIMATORS = ("k1", "k2", "k3")
+# per-row batch fields an objective may ask for in its ``needs`` (passed as options)
+_ROW_OPTIONS = {"group": "group", "rewards": "returns", "agent": "agent", "episode": "episode",
+                "turn": "turn", "length": "length"}
+
+
+class NonFiniteError(RuntimeError):
+    """Too many consecutive updates had a non-finite loss or gradient."""
+
+
+def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str = "k3") -> Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from tokens sampled from pi, ``[n, T]``.
+
+    With ``log r = ref_logp - logp``: k1 = -log r, k2 = (log r)^2 / 2, k3 = (r - 1) - log r.
+    Source: J. Schulman, "Approximating KL divergence" (2020).
+    """
+    lr = ref_logp - logp
+    if kind == "k1":
+        return -lr
+    if kind == "k2":
+        return 0.5 * lr**2
+    if kind == "k3":
+        return torch.expm1(lr) - lr
+    raise ValueError(f"unknown KL estimator {kind!r}; known: {', '.join(KL_ESTIMATORS)}")
+
+
+def apply_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
+    """Wrap ``model`` with PEFT LoRA adapters (adapters are injected in place)."""
+    try:
+        from peft import LoraConfig as PeftLoraConfig
+        from peft import get_peft_model
+    except ImportError as e:  # pragma: no cover - peft is a declared extra
+        raise ImportError("lora.enabled=true needs `peft`: pip install 'sparring[lora]'") from e
+    pc = PeftLoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
+                        target_modules=list(cfg.target_modules), bias="none")
+    return get_peft_model(model, pc)
+
+
+def is_peft(model: nn.Module) -> bool:
+    return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
+
+
+def trainable_state(model: nn.Module) -> dict[str, Tensor]:
+    """The weights a checkpoint must hold: the adapter with LoRA, else the whole model."""
+    if is_peft(model):
+        from peft import get_peft_model_state_dict
+        return get_peft_model_state_dict(model)
+    return model.state_dict()
+
+
+def load_trainable_state(model: nn.Module, state: dict[str, Tensor]) -> None:
+    if is_peft(model):
+        from peft import set_peft_model_state_dict
+        res = set_peft_model_state_dict(model, state)
+        bad = [k for k in getattr(res, "unexpected_keys", []) if "lora" in k]
+        if bad:
+            raise KeyError(f"adapter weights do not match the model: {bad[:5]}")
+        return
+    model.load_state_dict(state)
+
+
+class Learner:
+    """Owns the optimizer, schedule, reference / magnet model and critic of one policy."""
+
+    def __init__(self, model: nn.Module, cfg: Config, *, temperature: float | None = None):
+        self.model, self.cfg = model, cfg
+        self.device = next(model.parameters()).device
+        a, o = cfg.algorithm, cfg.optim
+        self.temperature = cfg.rollout.temperature if temperature is None else temperature
+        _load_objectives()
+        self.objective = OBJECTIVES.get(a.objective)
+        self.needs_ref = a.kl.coef > 0 or "ref_logp" in self.objective.needs
+        self.ref_model: nn.Module | None = None
+        if self.needs_ref and (a.kl.reference == "magnet" or not is_peft(model)):
+            self.ref_model = copy.deepcopy(model).eval()
+            for p in self.ref_model.parameters():
+                p.requires_grad_(False)
+        self.critic: Critic | None = None
+        if self._wants_values():
+            self.critic = Critic(model, a.critic, a.value_hidden)
+        params = [p for p in model.parameters() if p.requires_grad]
+        if self.critic is not None:
+            params += [p for p in self.critic.parameters() if p.requires_grad]
+        self.params = params
+        self.optimizer = torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps,
+                                           weight_decay=o.weight_decay)
+        self.schedule = LRSchedule(self.optimizer, lr=o.lr, schedule=o.schedule,
+                                   warmup_steps=o.warmup_steps, total_steps=cfg.train.steps,
+                                   min_lr_ratio=o.min_lr_ratio)
+        self.gen = torch.Generator().manual_seed(cfg.train.seed)
+        self.consecutive_skips = 0
+        self.total_skips = 0
+
+    # ------------------------------------------------------------ set-up helpers
+
+    def _wants_values(self) -> bool:
+        mode = self.cfg.algorithm.value
+        if mode != "auto":
+            return mode == "on"
+        from sparring.advantages import ESTIMATORS, _load_families
+        _load_families()
+        name = self.cfg.algorithm.estimator
+        return name in ESTIMATORS and "values" in ESTIMATORS.get(name).needs
+
+    def _ref_context(self):
+        if self.ref_model is None and is_peft(self.model):
+            return self.model.disable_adapter()
+        return nullcontext()
+
+    def _forward(self, ids: Tensor, att: Tensor, *, with_values: bool
+                 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """Policy log-probs, entropies and (when asked) critic values, ``[n, T]`` each."""
+        shared = with_values and self.critic is not None and self.critic.kind == "head"
+        ctx = capture_hidden(self.model) if shared else nullcontext([])
+        with ctx as hs:
+            logp, ent = token_logprobs(self.model, ids, att, self.temperature, with_entropy=True)
+        values = None
+        if with_values and self.critic is not None:
+            values = (self.critic.values_from_hidden(hs[-1]) if shared
+                      else self.critic.separate_values(ids, att))
+        return logp, ent, values
+
+    def _micro_slices(self, batch: TurnBatch, rows: Tensor) -> tuple[Tensor, Tensor, int]:
+        """Input ids and attention of ``rows``, trimmed to their longest row."""
+        att = batch.attention_mask[rows]
+        L = max(int(att.sum(1).max()), 1) if len(rows) else 1
+        return batch.input_ids[rows][:, :L], att[:, :L], L
+
+    def _chunks(self, n: int) -> list[Tensor]:
+        size = self.cfg.train.microbatch_size or n
+        idx = torch.arange(n)
+        return [idx[i:i + size] for i in range(0, n, size)]
+
+    @torch.no_grad()
+    def _per_row(self, batch: TurnBatch, what: str) -> Tensor:
+        """``what`` in {policy, ref, values} over all rows, no grad, in micro-batches."""
+        batch = batch.to(self.device)
+        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.device)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for rows in self._chunks(batch.n_rows):
+                ids, att, L = self._micro_slices(batch, rows)
+                if what == "ref":
+                    with self._ref_context():
+                        model = self.ref_model if self.ref_model is not None else self.model
+                        out[rows, :L] = token_logprobs(model, ids, att, self.temperature)[0].float()
+                elif what == "values":
+                    out[rows, :L] = self._forward(ids, att, with_values=True)[2].float()
+                else:
+                    out[rows, :L] = self._forward(ids, att, with_values=False)[0].float()
+        finally:
+            self.model.train(was_training)
+        return out * batch.action_mask
+
+    def values(self, batch: TurnBatch) -> Tensor:
+        """Critic values on the action tokens ``[n, T]`` (for estimators that need them)."""
+        if self.critic is None:
+            raise ValueError("this learner has no critic (algorithm.value is off)")
+        return self._per_row(batch, "values")
+
+    def ref_logprobs(self, batch: TurnBatch) -> Tensor:
+        if not self.needs_ref:
+            raise ValueError("this run has no reference model (algorithm.kl.coef is 0)")
+        return self._per_row(batch, "ref")
+
+    # ------------------------------------------------------------ the update
+
+    def _clip_eps(self) -> tuple[float, float]:
+        o = self.cfg.algorithm.objective_options
+        eps = float(o.get("clip_eps", o.get("eps", 0.2)))
+        return float(o.get("clip_low", o.get("eps_low", eps))), \
+            float(o.get("clip_high", o.get("eps_high", eps)))
+
+    def _micro_loss(self, batch: TurnBatch, rows: Tensor, adv: Tensor, old: Tensor,
+                    ref: Tensor | None, mask: Tensor, counts: dict[str, Any],
+                    stats: dict[str, float]) -> Tensor:
+        a = self.cfg.algorithm
+        ids, att, L = self._micro_slices(batch, rows)
+        m = mask[rows, :L]
+        logp, ent, values = self._forward(ids, att, with_values=self.critic is not None)
+        old_r, adv_r = old[rows, :L], adv[rows, :L]
+        ref_r = None if ref is None else ref[rows, :L]
+        row_opts = {k: getattr(batch, f)[rows] for k, f in _ROW_OPTIONS.items()
+                    if k in self.objective.needs}
+        tok = objective_loss(a.objective, logp, old_r, adv_r, m, ref_logp=ref_r,
+                             **row_opts, **a.objective_options)
+
+        def agg(x: Tensor) -> Tensor:
+            return aggregate(x, m, a.aggregation, **counts)
+
+        pol = agg(tok)
+        total = pol
+        mf = m.float()
+        with torch.no_grad():
+            log_ratio = (logp - old_r) * mf
+            ratio = torch.exp(log_ratio)
+            lo, hi = self._clip_eps()
+            clipped = ((ratio < 1 - lo) | (ratio > 1 + hi)).float() * mf
+            stats["policy_loss"] += float(pol.detach())
+            stats["_tok/approx_kl"] += float(((ratio - 1) - log_ratio).mul(mf).sum())
+            stats["_tok/clip_frac"] += float(clipped.sum())
+            stats["_tok/entropy"] += float((ent * mf).sum())
+            stats["_tok/ratio"] += float((ratio * mf).sum())
+            stats["_ntok"] += float(mf.sum())
+        if ref_r is not None:
+            kl_tok = kl_penalty(logp, ref_r, a.kl.estimator)
+            with torch.no_grad():
+                stats["_tok/kl"] += float((kl_tok * mf).sum())
+            if a.kl.coef > 0:
+                total = total + a.kl.coef * agg(kl_tok)
+        if a.entropy_coef > 0:
+            total = total - a.entropy_coef * agg(ent)
+        if values is not None:
+            if a.value_target == "returns":
+                target = batch.returns[rows, None].to(values.dtype).expand_as(values)
+            else:
+                if batch.values is None:
+                    raise ValueError("value_target=advantages_plus_values needs batch.values")
+                target = adv_r + batch.values[rows, :L]
+            vl = agg(0.5 * (values - target) ** 2)
+            stats["value_loss"] += float(vl.detach())
+            total = total + a.value_coef * vl
+        stats["loss"] += float(total.detach())
+        return total
+
+    def _skip(self, why: str) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        self.consecutive_skips += 1
+        self.total_skips += 1
+        log.warning("skipping an update: %s (%d in a row)", why, self.consecutive_skips)
+        limit = self.cfg.train.max_skipped_updates
+        if self.consecutive_skips >= limit:
+            raise NonFiniteError(
+                f"{self.consecutive_skips} consecutive updates had a non-finite {why.split()[1]}; "
+                f"stopping (limit train.max_skipped_updates={limit}). Lower optim.lr, check "
+                f"rewards/advantages for NaN or inf, or raise optim.max_grad_norm clipping.")
+
+    def _magnet_step(self) -> None:
+        a = self.cfg.algorithm
+        if self.ref_model is None or a.kl.reference != "magnet":
+            return
+        with torch.no_grad():
+            for (_, pm), (_, p) in zip(self.ref_model.named_parameters(),
+                                       self.model.named_parameters()):
+                if p.requires_grad:
+                    pm.lerp_(p.detach(), a.kl.magnet_rate)
+
+    def update(self, batch: TurnBatch, advantages: Tensor, keep: Tensor | None = None
+               ) -> dict[str, float]:
+        """Train on ``batch`` with ``advantages [n, T]``; rows with ``keep[i] = False`` are
+        left out of the loss. Returns the step's metrics."""
+        batch, advantages = batch.to(self.device), advantages.to(self.device)
+        n, T = batch.input_ids.shape
+        if advantages.shape != (n, T):
+            raise ValueError(f"advantages have shape {tuple(advantages.shape)}, expected {(n, T)}")
+        keep = (torch.ones(n, dtype=torch.bool) if keep is None else keep.bool()).to(self.device)
+        if keep.shape != (n,):
+            raise ValueError(f"keep has shape {tuple(keep.shape)}, expected ({n},)")
+        cfg, a = self.cfg, self.cfg.algorithm
+        mask = batch.action_mask & keep[:, None]
+        old = self._per_row(batch, "policy") if a.recompute_old_logp else batch.old_logp
+        ref = None
+        if self.needs_ref:
+            ref = batch.ref_logp if batch.ref_logp is not None else self.ref_logprobs(batch)
+        norm = a.aggregation_norm if a.aggregation_norm is not None else float(T)
+        mb = cfg.train.minibatch_size or n
+        stats: dict[str, float] = defaultdict(float)
+        grad_norms: list[float] = []
+        steps = skips = 0
+        self.model.train()
+        if self.critic is not None:
+            self.critic.train()
+        for _ in range(cfg.train.epochs):
+            perm = torch.randperm(n, generator=self.gen)
+            for start in range(0, n, mb):
+                rows = perm[start:start + mb]
+                m = mask[rows]
+                counts = dict(num_tokens=count_tokens(m), num_seqs=count_seqs(m), norm=norm)
+                if counts["num_tokens"] == 0:
+                    continue
+                self.optimizer.zero_grad(set_to_none=True)
+                finite = True
+                size = cfg.train.microbatch_size or len(rows)
+                for i in range(0, len(rows), size):
+                    loss = self._micro_loss(batch, rows[i:i + size], advantages, old, ref, mask,
+                                            counts, stats)
+                    if not torch.isfinite(loss):
+                        finite = False
+                        break
+                    loss.backward()
+                if not finite:
+                    skips += 1
+                    self._skip("non-finite loss")
+                    continue
+                max_norm = cfg.optim.max_grad_norm or math.inf
+                gn = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+                if not math.isfinite(gn):
+                    skips += 1
+                    self._skip("non-finite gradient")
+                    continue
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                self.consecutive_skips = 0
+                self._magnet_step()
+                grad_norms.append(gn)
+                steps += 1
+        out = {"lr": self.schedule.current()}
+        self.schedule.step()
+        ntok = max(stats.pop("_ntok", 0.0), 1.0)
+        n_loss = max(steps + skips, 1)
+        for k, v in stats.items():
+            out[k[5:] if k.startswith("_tok/") else k] = v / (ntok if k.startswith("_tok/")
+                                                               else n_loss)
+        out.update(grad_norm=sum(grad_norms) / max(len(grad_norms), 1), optimizer_steps=steps,
+                   skipped_updates=skips, total_skipped_updates=self.total_skips)
+        return out
+
+    # ------------------------------------------------------------ checkpoint state
+
+    def state_dict(self) -> dict[str, Any]:
+        st: dict[str, Any] = {
+            "optimizer": self.optimizer.state_dict(), "schedule": self.schedule.state_dict(),
+            "gen": self.gen.get_state(), "consecutive_skips": self.consecutive_skips,
+            "total_skips": self.total_skips}
+        if self.critic is not None:
+            st["critic"] = self.critic.state_dict()
+        if self.ref_model is not None and self.cfg.algorithm.kl.reference == "magnet":
+            train = {k for k, p in self.model.named_parameters() if p.requires_grad}
+            st["magnet"] = {k: p for k, p in self.ref_model.named_parameters() if k in train}
+        return st
+
+    def load_state_dict(self, st: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(st["optimizer"])
+        self.schedule.load_state_dict(st["schedule"])
+        self.gen.set_state(st["gen"])
+        self.consecutive_skips = int(st["consecutive_skips"])
+        self.total_skips = int(st["total_skips"])
+        if self.critic is not None:
+            self.critic.load_state_dict(st["critic"])
+        if "magnet" in st:
+            if self.ref_model is None:
+                raise KeyError("checkpoint has magnet weights but this run has no magnet")
+            params = dict(self.ref_model.named_parameters())
+            with torch.no_grad():
+                for k, v in st["magnet"].items():
+                    params[k].copy_(v)
+
+    def reference_state(self) -> dict[str, Tensor] | None:
+        """Weights of a frozen 'initial' reference copy (saved once per run), else None."""
+        if self.ref_model is None or self.cfg.algorithm.kl.reference != "initial":
+            return None
+        return self.ref_model.state_dict()
+
+    def load_reference_state(self, state: dict[str, Tensor]) -> None:
+        if self.ref_model is None:
+            raise KeyError("this run has no frozen reference model")
+        self.ref_model.load_state_dict(state)

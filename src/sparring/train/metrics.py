@@ -1,0 +1,127 @@
+"""Metrics: ``metrics.jsonl`` (one line per step), a live progress bar, optional sinks.
+
+TensorBoard and Weights & Biases are imported only when turned on; a missing package is
+an error that says what to install.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of a ``metrics.jsonl`` file (or of ``RUN_DIR/metrics.jsonl``)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / METRICS_FILE
+    if not path.exists():
+        return []
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def truncate_metrics(path: str | Path, max_step: int) -> None:
+    """Drop rows after ``max_step`` (the steps a resumed run will redo), atomically."""
+    path = Path(path)
+    if not path.exists():
+        return
+    rows = [r for r in read_metrics(path) if r.get("step", 0) <= max_step]
+    tmp = path.with_suffix(".jsonl.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, allow_nan=True) + "\n")
+    os.replace(tmp, path)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}" if math.isfinite(v) else str(v)
+    return str(v)
+
+
+class ProgressBar:
+    """A rich progress bar: steps done, elapsed, ETA and the latest key metrics."""
+
+    def __init__(self, total: int, start: int, keys: list[str]):
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+        self.keys = keys
+        self.progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                                 TextColumn("{task.fields[info]}"))
+        self.task = self.progress.add_task("train", total=total, completed=start, info="")
+        self.progress.start()
+
+    def update(self, step: int, metrics: dict[str, Any]) -> None:
+        info = "  ".join(f"{k}={_fmt(metrics[k])}" for k in self.keys if k in metrics)
+        self.progress.update(self.task, completed=step, info=info)
+
+    def close(self) -> None:
+        self.progress.stop()
+
+
+class MetricsLogger:
+    """Appends each step's metrics to ``metrics.jsonl`` and forwards them to the sinks."""
+
+    def __init__(self, run_dir: str | Path, *, total_steps: int, start_step: int = 0,
+                 progress: bool = True, keys: list[str] | None = None,
+                 tensorboard: bool = False, wandb: bool = False,
+                 wandb_project: str = "sparring", config: dict[str, Any] | None = None):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / METRICS_FILE
+        self.tb = self.wandb = self.bar = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as e:
+                raise ImportError("logging.tensorboard=true needs the `tensorboard` package: "
+                                  "pip install 'sparring[tensorboard]'") from e
+            self.tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+        if wandb:
+            try:
+                import wandb as wb
+            except ImportError as e:
+                raise ImportError("logging.wandb=true needs the `wandb` package: "
+                                  "pip install 'sparring[wandb]'") from e
+            self.wandb = wb.init(project=wandb_project, dir=str(self.run_dir), config=config,
+                                 name=self.run_dir.name, resume="allow")
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        if progress:
+            self.bar = ProgressBar(total_steps, start_step, keys or [])
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        row = {"step": step, **metrics}
+        self._file.write(json.dumps(row, allow_nan=True) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        scalars = {k: v for k, v in metrics.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if self.tb is not None:
+            for k, v in scalars.items():
+                self.tb.add_scalar(k, v, step)
+        if self.wandb is not None:
+            self.wandb.log(scalars, step=step)
+        if self.bar is not None:
+            self.bar.update(step, metrics)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.tb is not None:
+            self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+        self._file.close()

@@ -1,0 +1,85 @@
+"""Value functions for estimators that need ``batch.values`` (gae, turn_gae, archer_targets).
+
+* ``head``: a small MLP on the policy's last hidden state (shared trunk; the value loss
+  also trains the trunk).
+* ``separate``: a copy of the initial model with its own MLP head (no shared weights).
+
+The last hidden state is read with a forward pre-hook on the model's output embedding
+(the input of ``lm_head``), so the policy forward used for log-probs is not changed.
+Alignment matches `token_logprobs`: ``values[:, t] = V(context ids[<t])``, the value of
+the state in which token ``t`` was generated; ``values[:, 0] = 0``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor, nn
+
+
+class ValueHead(nn.Module):
+    """``hidden [n, T, H] -> [n, T]``: Linear(H, w) -> tanh -> Linear(w, 1)."""
+
+    def __init__(self, hidden_size: int, width: int = 64):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(hidden_size, width), nn.Tanh(), nn.Linear(width, 1))
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        return self.net(hidden.float()).squeeze(-1)
+
+
+def output_embedding(model: nn.Module) -> nn.Module:
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is None:
+        raise ValueError(f"{type(model).__name__} has no output embedding (lm_head) "
+                         "to read the last hidden state from")
+    return head
+
+
+@contextmanager
+def capture_hidden(model: nn.Module) -> Iterator[list[Tensor]]:
+    """Collect the input of ``model``'s lm_head (the last hidden state) during forwards."""
+    store: list[Tensor] = []
+    handle = output_embedding(model).register_forward_pre_hook(
+        lambda _m, args: store.append(args[0]))
+    try:
+        yield store
+    finally:
+        handle.remove()
+
+
+def shift_values(v: Tensor) -> Tensor:
+    """``v[:, t]`` computed at position t -> value of the context before token ``t + 1``."""
+    out = torch.zeros_like(v)
+    out[:, 1:] = v[:, :-1]
+    return out
+
+
+class Critic(nn.Module):
+    """A value head on the policy (``kind='head'``) or on its own model copy (``'separate'``)."""
+
+    def __init__(self, policy: nn.Module, kind: str = "head", width: int = 64):
+        super().__init__()
+        if kind not in ("head", "separate"):
+            raise ValueError(f"unknown critic kind {kind!r}; known: head, separate")
+        self.kind = kind
+        hidden = output_embedding(policy).in_features
+        self.head = ValueHead(hidden, width)
+        # a separate critic trains all its weights, even when the policy uses LoRA
+        self.body = copy.deepcopy(policy) if kind == "separate" else None
+        if self.body is not None:
+            for p in self.body.parameters():
+                p.requires_grad_(True)
+
+    def values_from_hidden(self, hidden: Tensor) -> Tensor:
+        return shift_values(self.head(hidden))
+
+    def separate_values(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """Values from the separate model (``kind='separate'`` only)."""
+        assert self.body is not None
+        with capture_hidden(self.body) as hs:
+            self.body(input_ids=input_ids, attention_mask=attention_mask.long(), use_cache=False)
+        return self.values_from_hidden(hs[-1])

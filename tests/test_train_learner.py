@@ -1,0 +1,269 @@
+"""Learner: gradients against a hand-written loss, micro-batch invariance, non-finite
+guard, magnet EMA, value head, LoRA and full fine-tuning."""
+
+import copy
+import math
+
+import pytest
+import torch
+
+from sparring.data import Episode, Turn, collate
+from sparring.train.config import from_dict
+from sparring.train.learner import (
+    Learner,
+    NonFiniteError,
+    apply_lora,
+    load_trainable_state,
+    trainable_state,
+)
+from tests import train_helpers as th
+
+
+@pytest.fixture(autouse=True)
+def _entries():
+    th.register()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: threads only add contention
+    yield
+    torch.set_num_threads(threads)
+    th.unregister()
+
+
+def make_cfg(**over):
+    base = {"algorithm": {"estimator": "test_centered", "objective": "test_clip"},
+            "optim": {"lr": 1e-3, "max_grad_norm": None},
+            "train": {"steps": 10}, "logging": {"progress": False}}
+    for key, value in over.items():
+        sec, name = key.split("__", 1)
+        if "__" in name:
+            sub, name = name.split("__")
+            base.setdefault(sec, {}).setdefault(sub, {})[name] = value
+        else:
+            base.setdefault(sec, {})[name] = value
+    return from_dict(base)
+
+
+def ragged_batch(seed=0, n=7):
+    """Rows of different prompt and action lengths (real padding), old log-probs noisy."""
+    g = torch.Generator().manual_seed(seed)
+    eps = []
+    for i in range(n):
+        lp_len, a_len = 1 + i % 3, 1 + (i * 2) % 4
+        prompt = torch.randint(1, th.VOCAB, (lp_len,), generator=g).tolist()
+        act = torch.randint(1, th.VOCAB, (a_len,), generator=g).tolist()
+        old = (-3.7 + 0.3 * torch.randn(a_len, generator=g)).tolist()
+        t = Turn(agent=0, prompt_ids=prompt, action_ids=act, logprobs=old)
+        r = float(torch.randn(1, generator=g))
+        eps.append(Episode(env="toy", seed=i, group=i % 3, num_agents=1, turns=[t], returns=[r]))
+    batch = collate(eps)
+    adv = torch.randn(batch.input_ids.shape, generator=g) * batch.action_mask
+    return batch, adv
+
+
+def first_step_grads(learner):
+    """AdamW after its first step: exp_avg = (1 - beta1) g, so g = exp_avg / (1 - beta1)."""
+    b1 = learner.optimizer.param_groups[0]["betas"][0]
+    return [learner.optimizer.state[p]["exp_avg"] / (1 - b1) for p in learner.params]
+
+
+def reference_grads(model, ref_model, batch, adv, mode, kl_coef, ent_coef, eps=0.2):
+    """The loss written out by hand on the whole batch (no learner code)."""
+    model = copy.deepcopy(model)
+    ids, att, m = batch.input_ids, batch.attention_mask, batch.action_mask.float()
+    logits = model(input_ids=ids, attention_mask=att.long()).logits[:, :-1]
+    lsm = torch.log_softmax(logits, -1)
+    logp = torch.zeros(ids.shape)
+    logp[:, 1:] = lsm.gather(-1, ids[:, 1:, None]).squeeze(-1)
+    ent = torch.zeros(ids.shape)
+    ent[:, 1:] = -(lsm.exp() * lsm).sum(-1)
+    with torch.no_grad():
+        rl = torch.log_softmax(ref_model(input_ids=ids, attention_mask=att.long()).logits[:, :-1], -1)
+        ref = torch.zeros(ids.shape)
+        ref[:, 1:] = rl.gather(-1, ids[:, 1:, None]).squeeze(-1)
+    ratio = torch.exp(logp - batch.old_logp)
+    pg = -torch.minimum(ratio * adv, ratio.clamp(1 - eps, 1 + eps) * adv)
+    d = ref - logp
+    kl = torch.exp(d) - 1 - d
+    per_tok = pg + kl_coef * kl - ent_coef * ent
+    if mode == "token-mean":
+        loss = (per_tok * m).sum() / m.sum()
+    else:  # seq-mean-token-mean
+        loss = ((per_tok * m).sum(1) / m.sum(1)).mean()
+    loss.backward()
+    return [p.grad for p in model.parameters()]
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+def test_gradient_matches_hand_loss_for_every_microbatch_size(mode):
+    batch, adv = ragged_batch()
+    model0 = th.tiny_qwen(1)
+    ref_model = copy.deepcopy(model0)
+    with torch.no_grad():  # the policy drifts away from the frozen reference
+        for p in model0.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(3)))
+    expected = None
+    for micro in (0, 1, 3):
+        model = th.tiny_qwen(1)
+        cfg = make_cfg(algorithm__aggregation=mode, algorithm__entropy_coef=0.01,
+                       algorithm__kl__coef=0.1, train__microbatch_size=micro)
+        learner = Learner(model, cfg)  # reference = this (undrifted) initial model
+        model.load_state_dict(model0.state_dict())
+        if expected is None:
+            expected = reference_grads(model0, ref_model, batch, adv, mode, 0.1, 0.01)
+        out = learner.update(batch, adv)
+        assert out["optimizer_steps"] == 1 and out["skipped_updates"] == 0
+        got = first_step_grads(learner)
+        for g, e in zip(got, expected):
+            torch.testing.assert_close(g, e, atol=2e-6, rtol=1e-4)
+        assert out["kl"] > 0
+
+
+def test_minibatches_and_epochs_count_optimizer_steps_and_change_all_weights():
+    batch, adv = ragged_batch(n=8)
+    model = th.tiny_qwen(2)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    learner = Learner(model, make_cfg(train__minibatch_size=3, train__epochs=2))
+    out = learner.update(batch, adv)
+    assert out["optimizer_steps"] == 2 * math.ceil(8 / 3)
+    changed = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
+    assert set(changed) == set(before)  # full fine-tuning: every weight moves
+
+
+def test_rows_not_kept_do_not_contribute():
+    batch, adv = ragged_batch()
+    keep = torch.tensor([True, False, True, True, False, True, True])
+    m1 = th.tiny_qwen(4)
+    l1 = Learner(m1, make_cfg())
+    l1.update(batch, adv, keep)
+    adv2 = adv.clone()
+    adv2[~keep] = 123.0  # would change the gradient if those rows counted
+    m2 = th.tiny_qwen(4)
+    l2 = Learner(m2, make_cfg())
+    l2.update(batch, adv2, keep)
+    for a, b in zip(first_step_grads(l1), first_step_grads(l2)):
+        torch.testing.assert_close(a, b)
+
+
+def test_nonfinite_loss_and_gradient_skip_then_stop(caplog):
+    batch, adv = ragged_batch()
+    model = th.tiny_qwen(5)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    learner = Learner(model, make_cfg(train__max_skipped_updates=3))
+    bad = adv.clone()
+    bad[0, batch.action_mask[0].nonzero()[0, 0]] = float("nan")
+    out = learner.update(batch, bad)
+    assert out["skipped_updates"] == 1 and out["optimizer_steps"] == 0
+    assert "skipping an update" in caplog.text
+    # a finite loss with an infinite gradient is skipped too
+    p0 = learner.params[0]
+    h = p0.register_hook(lambda g: g * float("inf"))
+    assert learner.update(batch, adv)["skipped_updates"] == 1
+    h.remove()
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    with pytest.raises(NonFiniteError, match="3 consecutive"):
+        learner.update(batch, bad)
+    # a good update resets the counter
+    learner.consecutive_skips = 0
+    assert learner.update(batch, adv)["optimizer_steps"] == 1
+    assert learner.consecutive_skips == 0
+
+
+def test_magnet_reference_is_an_ema_of_the_weights():
+    batch, adv = ragged_batch()
+    model = th.tiny_qwen(6)
+    init = {k: v.clone() for k, v in model.named_parameters()}
+    learner = Learner(model, make_cfg(algorithm__kl__coef=0.05, algorithm__kl__reference="magnet",
+                                      algorithm__kl__magnet_rate=0.25))
+    learner.update(batch, adv)
+    mag = dict(learner.ref_model.named_parameters())
+    for k, p in model.named_parameters():
+        torch.testing.assert_close(mag[k], 0.75 * init[k] + 0.25 * p.detach())
+
+
+def test_value_head_reads_the_last_hidden_state_and_learns_returns():
+    batch, _ = ragged_batch()
+    model = th.tiny_qwen(7)
+    learner = Learner(model, make_cfg(algorithm__estimator="test_centered_v",
+                                      algorithm__value_coef=1.0, optim__lr=1e-2))
+    assert learner.critic is not None  # 'auto': the estimator declares it needs values
+    v = learner.values(batch)
+    with torch.no_grad():
+        h = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask.long(),
+                  output_hidden_states=True).hidden_states[-1]
+        head = learner.critic.head.net
+        raw = head[2](torch.tanh(head[0](h))).squeeze(-1)
+    expected = torch.zeros_like(raw)
+    expected[:, 1:] = raw[:, :-1]  # value of the context before each token
+    torch.testing.assert_close(v, expected * batch.action_mask)
+    m = batch.action_mask
+    err0 = ((v - batch.returns[:, None]) ** 2)[m].mean()
+    zero = torch.zeros(batch.input_ids.shape)
+    for _ in range(60):
+        learner.update(batch, zero)
+    err = ((learner.values(batch) - batch.returns[:, None]) ** 2)[m].mean()
+    assert err < 0.2 * err0
+
+
+def test_lora_trains_only_adapters_and_reference_is_the_base_model():
+    batch, adv = ragged_batch()
+    base = th.tiny_qwen(8)
+    frozen = copy.deepcopy(base)
+    model = apply_lora(base, make_cfg().lora)
+    before = {k: v.clone() for k, v in model.named_parameters()}
+    learner = Learner(model, make_cfg(algorithm__kl__coef=0.1, lora__enabled=True,
+                                      optim__lr=1e-2))
+    assert learner.ref_model is None  # reference = adapters disabled
+    for _ in range(3):
+        learner.update(batch, adv)
+    moved = {k for k, v in model.named_parameters() if not torch.equal(v, before[k])}
+    assert moved and all("lora_" in k for k in moved)
+    assert any("lora_B" in k for k in moved)
+    ref = learner.ref_logprobs(batch)
+    with torch.no_grad():
+        lsm = torch.log_softmax(frozen(input_ids=batch.input_ids,
+                                       attention_mask=batch.attention_mask.long()).logits, -1)
+    exp = torch.zeros(batch.input_ids.shape)
+    exp[:, 1:] = lsm[:, :-1].gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
+    torch.testing.assert_close(ref, exp * batch.action_mask, atol=1e-5, rtol=1e-5)
+    # the adapter alone round-trips into a fresh LoRA model
+    state = trainable_state(model)
+    assert state and all("lora_" in k for k in state)
+    other = apply_lora(th.tiny_qwen(8), make_cfg().lora)
+    load_trainable_state(other, state)
+    ids, att = batch.input_ids, batch.attention_mask.long()
+    with torch.no_grad():
+        torch.testing.assert_close(other(input_ids=ids, attention_mask=att).logits,
+                                   model(input_ids=ids, attention_mask=att).logits)
+
+
+def test_bad_shapes_are_errors():
+    batch, adv = ragged_batch()
+    learner = Learner(th.tiny_qwen(9), make_cfg())
+    with pytest.raises(ValueError, match="advantages have shape"):
+        learner.update(batch, adv[:, :-1])
+    with pytest.raises(ValueError, match="keep has shape"):
+        learner.update(batch, adv, torch.ones(3, dtype=torch.bool))
+
+
+def test_separate_critic_leaves_the_policy_alone():
+    batch, _ = ragged_batch()
+    model = th.tiny_qwen(10)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    learner = Learner(model, make_cfg(algorithm__value="on", algorithm__critic="separate",
+                                      optim__lr=1e-2))
+    body0 = {k: v.clone() for k, v in learner.critic.body.state_dict().items()}
+    zero = torch.zeros(batch.input_ids.shape)  # no policy gradient, only the value loss
+    out = learner.update(batch, zero)
+    assert out["value_loss"] > 0
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    moved = [k for k, v in learner.critic.body.state_dict().items() if not torch.equal(v, body0[k])]
+    assert moved
+
+
+def test_recompute_old_logp_makes_the_first_ratio_one():
+    batch, adv = ragged_batch()
+    stale = Learner(th.tiny_qwen(11), make_cfg()).update(batch, adv)
+    assert stale["approx_kl"] > 1e-3  # the batch's old log-probs are noisy
+    fresh = Learner(th.tiny_qwen(11), make_cfg(algorithm__recompute_old_logp=True)).update(batch, adv)
+    assert fresh["approx_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert fresh["ratio"] == pytest.approx(1.0, abs=1e-6) and fresh["clip_frac"] == 0.0

@@ -1,0 +1,61 @@
+"""A short training run for the resume test; also runnable as a victim process:
+
+    python -m tests.train_resume_job RUN_DIR --block-at STEP --threads N
+
+blocks inside the rollout of step index STEP (after the earlier steps were logged and
+checkpointed) until it is killed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from sparring.train.config import from_dict
+from sparring.train.loop import resume, train
+from tests import train_helpers as th
+
+STEPS = 8
+CONFIG = {
+    "algorithm": {"estimator": "test_centered", "objective": "test_clip", "entropy_coef": 0.01,
+                  "kl": {"coef": 0.05, "reference": "magnet", "magnet_rate": 0.1},
+                  "value": "on", "value_coef": 0.5},
+    "optim": {"lr": 3e-3, "schedule": "cosine", "warmup_steps": 2},
+    "train": {"steps": STEPS, "epochs": 2, "minibatch_size": 8, "microbatch_size": 4, "seed": 11},
+    "checkpoint": {"every": 2, "keep": 2},
+    "eval": {"every": 3},
+    "logging": {"progress": False},
+}
+
+
+def run_job(run_dir, *, block_at: int | None = None, resume_run: bool = False):
+    th.register()
+    model = th.tiny_qwen(0)
+    sampler = th.Sampler(123)
+
+    def rollout_fn(step):
+        if step == block_at:
+            time.sleep(600)
+        return th.bandit_rollout(model, sampler)
+
+    @torch.no_grad()
+    def eval_fn(step):
+        logits = model(input_ids=torch.tensor([[1, 3]])).logits[0, -1]
+        return {"p_good": float(torch.softmax(logits, -1)[th.GOOD_TOKEN])}
+
+    if resume_run:
+        return resume(run_dir, model, rollout_fn, eval_fn, {"sampler": sampler})
+    return train(from_dict(CONFIG), model, rollout_fn, eval_fn, {"sampler": sampler},
+                 run_dir=run_dir)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("run_dir")
+    ap.add_argument("--block-at", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    run_job(args.run_dir, block_at=args.block_at)
