@@ -40,10 +40,12 @@ class Turn:
     prompt_text: str = ""
     action_text: str = ""
     extras: dict[str, float] = field(default_factory=dict)  # per-turn scalars (igpo, ...)
+    # constrained decoding: per action token the token ids the sampler allowed (else None)
+    allowed_ids: list[list[int]] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.action_ids)
-        for name in ("logprobs", "entropies"):
+        for name in ("logprobs", "entropies", "allowed_ids"):
             v = getattr(self, name)
             if v is not None and len(v) != n:
                 raise ValueError(f"Turn.{name} has {len(v)} entries for {n} action tokens")
@@ -104,6 +106,9 @@ class TurnBatch:
     the agent's turns), ``returns`` (the agent's final episode return), ``last`` (the
     agent's last turn), ``truncated`` (the episode hit a turn budget), ``length``
     (action tokens), ``extras`` (named per-turn scalars, NaN where missing).
+    ``allowed``: per row ``{position: allowed token ids}`` for tokens sampled under
+    constrained decoding (None when no turn was constrained); pass it to
+    `sparring.policy.forward.token_logprobs` to recompute the restricted log-probs.
     """
 
     layout: str
@@ -130,6 +135,7 @@ class TurnBatch:
     entropy: Tensor | None = None  # float [n, T]
     ref_logp: Tensor | None = None  # float [n, T]
     values: Tensor | None = None  # float [n, T], critic values on action tokens
+    allowed: list[dict[int, list[int]] | None] | None = None  # per row, see docstring
 
     @property
     def n_rows(self) -> int:
@@ -155,6 +161,8 @@ class TurnBatch:
                 out[k] = v[idx]
             elif k == "extras":
                 out[k] = {n: t[idx] for n, t in v.items()}
+            elif k == "allowed" and v is not None:
+                out[k] = [v[i] for i in idx.tolist()]
             else:
                 out[k] = v
         return replace(self, **out)
@@ -279,6 +287,7 @@ def collate(
                 ids, act, lp, ent = _trajectory_tokens([t for _, t in a_turns])
                 first = a_turns[0][1]
                 rows.append(dict(base, ids=ids, act=act, lp=lp, ent=ent, turn=0, step=a_turns[0][0],
+                                 allowed=_allowed_positions([t for _, t in a_turns]),
                                  state=first.state_key, last=True,
                                  reward=sum(t.reward for _, t in a_turns),
                                  extras={k: first.extras.get(k, math.nan) for k in extra_names}))
@@ -290,6 +299,7 @@ def collate(
                     lp=[0.0] * n_p + (t.logprobs or [0.0] * n_a),
                     ent=None if t.entropies is None else [0.0] * n_p + list(t.entropies),
                     turn=k, step=s, state=t.state_key, last=k == len(a_turns) - 1,
+                    allowed=_allowed_positions([t]),
                     reward=t.reward, extras={x: t.extras.get(x, math.nan) for x in extra_names}))
     n = len(rows)
     T = max((len(r["ids"]) for r in rows), default=1)
@@ -326,4 +336,12 @@ def collate(
         extras={x: torch.tensor([r["extras"][x] for r in rows], dtype=torch.float32)
                 for x in extra_names},
         entropy=ent,
+        allowed=[r["allowed"] for r in rows] if any(r["allowed"] for r in rows) else None,
     )
+
+
+def _allowed_positions(turns: list[Turn]) -> dict[int, list[int]] | None:
+    """``{position in the row: allowed ids}`` of constrained action tokens. A turn's action
+    starts at ``len(prompt_ids)`` in both layouts (prompts extend the context)."""
+    out = {len(t.prompt_ids) + j: a for t in turns if t.allowed_ids for j, a in enumerate(t.allowed_ids)}
+    return out or None

@@ -3,17 +3,27 @@
 Used by the learner (new log-probs for the loss) and by the consistency test against
 generation-time log-probs. Position t holds log p(ids[t] | ids[<t]); position 0 is 0.
 With ``temperature != 1`` the distribution is softmax(logits / temperature), the same
-tempered distribution the sampler records (see policy docs).
+tempered distribution the sampler records (see `sparring.policy.sampling`).
+
+Constrained decoding: ``allowed`` (``TurnBatch.allowed``) gives, per row, a dict
+``{position t: allowed token ids}``; at those positions the distribution is renormalised
+over the allowed ids only, ``log p(x) = z_x - logsumexp_{y in allowed} z_y`` (and the
+entropy is that of the restricted distribution), exactly what the sampler recorded.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
+Allowed = Sequence[dict[int, list[int]] | None]
+
 
 def logprobs_from_logits(logits: Tensor, ids: Tensor, temperature: float = 1.0,
-                         with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+                         with_entropy: bool = False, allowed: Allowed | None = None
+                         ) -> tuple[Tensor, Tensor | None]:
     """``logits [n, T, V]`` predicting ``ids [n, T]`` shifted by one -> ``[n, T]`` (and entropy)."""
     lg = logits[:, :-1].float()
     if temperature != 1.0:
@@ -27,12 +37,47 @@ def logprobs_from_logits(logits: Tensor, ids: Tensor, temperature: float = 1.0,
         p = torch.softmax(lg, dim=-1)
         ent = torch.zeros_like(lp)
         ent[:, 1:] = logz - (p * lg).sum(-1)
+    if allowed is not None and any(allowed):
+        _restrict(lg, ids, allowed, lp, ent)
     return lp, ent
 
 
+def _restrict(lg: Tensor, ids: Tensor, allowed: Allowed, lp: Tensor, ent: Tensor | None) -> None:
+    """Overwrite ``lp``/``ent`` at constrained positions with the restricted distribution.
+
+    Flattens every (row, position, allowed id) triple and reduces per position with
+    scatter ops (segment logsumexp), so the cost is one gather over the allowed ids."""
+    rows, pos, seg, tok = [], [], [], []
+    for r, d in enumerate(allowed):
+        for t, a in (d or {}).items():
+            seg += [len(rows)] * len(a)
+            tok += a
+            rows.append(r)
+            pos.append(t)
+    dev = lg.device
+    R = torch.tensor(rows, dtype=torch.long, device=dev)
+    P = torch.tensor(pos, dtype=torch.long, device=dev)
+    S = torch.tensor(seg, dtype=torch.long, device=dev)
+    A = torch.tensor(tok, dtype=torch.long, device=dev)
+    if (P < 1).any() or (ids.shape[1] <= P).any():
+        raise ValueError("allowed positions must lie in 1..T-1 of the row")
+    m = len(rows)
+    vals = lg[R[S], P[S] - 1, A]  # [M] logits of the allowed ids
+    mx = torch.full((m,), float("-inf"), device=dev).scatter_reduce(0, S, vals, reduce="amax")
+    sumexp = torch.zeros(m, device=dev).index_add_(0, S, (vals - mx[S]).exp())
+    logz = mx + sumexp.log()
+    lp[R, P] = lg[R, P - 1, ids[R, P]] - logz
+    if ent is not None:
+        p = (vals - logz[S]).exp()
+        ent[R, P] = logz - torch.zeros(m, device=dev).index_add_(0, S, p * vals)
+
+
 def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor,
-                   temperature: float = 1.0, with_entropy: bool = False
-                   ) -> tuple[Tensor, Tensor | None]:
-    """Forward ``model`` on right-padded ``input_ids [n, T]``; returns log-probs ``[n, T]``."""
+                   temperature: float = 1.0, with_entropy: bool = False,
+                   allowed: Allowed | None = None) -> tuple[Tensor, Tensor | None]:
+    """Forward ``model`` on right-padded ``input_ids [n, T]``; returns log-probs ``[n, T]``.
+
+    ``allowed``: per row ``{position: allowed token ids}`` from constrained decoding
+    (``TurnBatch.allowed``), or None."""
     out = model(input_ids=input_ids, attention_mask=attention_mask.long(), use_cache=False)
-    return logprobs_from_logits(out.logits, input_ids, temperature, with_entropy)
+    return logprobs_from_logits(out.logits, input_ids, temperature, with_entropy, allowed)

@@ -1,0 +1,183 @@
+"""`HFPolicy`: batched sampling from any Hugging Face causal LM, with exact log-probs.
+
+A custom decoding loop over ``model.forward`` with a KV cache: prompts are left-padded
+into one batch (explicit position ids, so padding never shifts positions), one forward
+per new token, finished rows are dropped from the batch and the cache. Per sampled
+token it records the log-prob (and optionally the entropy) of the distribution it was
+sampled from; `sparring.policy.sampling` says precisely which. Randomness comes only
+from the policy's seeded ``torch.Generator``, so a run is reproducible.
+
+Constrained decoding: ``allowed[i]`` lists the legal action strings of prompt ``i``;
+the sampler then only follows token paths of a trie over ``encode(action) + [EOS]``
+(each action's canonical tokenization) and records, per token, the allowed ids, which
+``Turn.allowed_ids`` carries to the learner (`sparring.policy.forward` re-applies them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from sparring.policy.sampling import Generation, SamplingParams, TokenTrie, filter_logits
+
+
+class HFPolicy:
+    """Wraps ``model`` and ``tokenizer``; ``generate`` is the whole interface."""
+
+    def __init__(self, model: Any, tokenizer: Any, *, device: str | torch.device = "cpu",
+                 dtype: torch.dtype | str | None = None, seed: int = 0, name: str = "policy"):
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype)
+        self.model = model.to(device=device, dtype=dtype) if dtype else model.to(device)
+        self.model.eval()
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+        self.name = name
+        self.eos_ids = _eos_ids(model, tokenizer)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, *, trust_remote_code: bool = False,
+                        device: str = "cpu", dtype: torch.dtype | str | None = None,
+                        seed: int = 0, name: str | None = None) -> HFPolicy:
+        """Load a local folder (or hub id, offline-cached). ``trust_remote_code`` is off by default."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=trust_remote_code)
+        return cls(model, tok, device=device, dtype=dtype, seed=seed, name=name or str(path))
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        """New weights from the learner (e.g. between training steps)."""
+        self.model.load_state_dict(state)
+        self.model.eval()
+
+    def encode_actions(self, actions: Sequence[str]) -> TokenTrie:
+        """The trie of ``encode(a) + [EOS]`` over legal actions ``a``."""
+        eos = self.eos_ids[0]
+        return TokenTrie([self.tokenizer.encode(a, add_special_tokens=False) + [eos] for a in actions])
+
+    @torch.no_grad()
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams | None = None,
+                 allowed: Sequence[Sequence[str] | None] | None = None) -> list[Generation]:
+        """Sample one completion per prompt (token ids). ``allowed``: per prompt the legal
+        action strings (constrained decoding) or None (free)."""
+        sp = sampling or SamplingParams()
+        B = len(prompts)
+        if B == 0:
+            return []
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("generate: every prompt needs at least one token")
+        if allowed is not None and len(allowed) != B:
+            raise ValueError(f"generate: {len(allowed)} allowed lists for {B} prompts")
+        tries = [None if a is None else self.encode_actions(a) for a in (allowed or [None] * B)]
+        nodes = [0] * B
+
+        L = max(len(p) for p in prompts)
+        ids = torch.full((B, L), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((B, L), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, L - len(p):] = torch.as_tensor(list(p), dtype=torch.long)
+            mask[i, L - len(p):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                         logits_to_keep=1)
+        cache = out.past_key_values
+        next_pos = mask.sum(-1)
+
+        rows = list(range(B))  # original index of each live batch row
+        toks: list[list[int]] = [[] for _ in range(B)]
+        lps: list[list[float]] = [[] for _ in range(B)]
+        ents: list[list[float]] = [[] for _ in range(B)]
+        alw: list[list[list[int]]] = [[] for _ in range(B)]
+        finish = ["length"] * B
+        eos = set(self.eos_ids)
+        for _ in range(sp.max_new_tokens):
+            z = out.logits[:, -1].float() / sp.temperature
+            cons = [k for k, r in enumerate(rows) if tries[r] is not None]
+            if cons:
+                keep = torch.zeros_like(z, dtype=torch.bool)
+                for k in cons:
+                    r = rows[k]
+                    a = tries[r].allowed(nodes[r])
+                    alw[r].append(a)
+                    keep[k, a] = True
+                z = z.masked_fill(~keep, float("-inf"))
+            z = filter_logits(z, sp.top_k, sp.top_p)
+            logp = torch.log_softmax(z, dim=-1)
+            if sp.greedy:
+                tok = z.argmax(-1)
+            else:
+                tok = torch.multinomial(logp.exp(), 1, generator=self.generator).squeeze(-1)
+            lp = logp.gather(-1, tok[:, None]).squeeze(-1).tolist()
+            ent = None
+            if sp.with_entropy:
+                p = logp.exp()
+                ent = (-(p * logp.masked_fill(p == 0, 0.0)).sum(-1)).tolist()
+            tl = tok.tolist()
+            live = []
+            for k, r in enumerate(rows):
+                t = tl[k]
+                toks[r].append(t)
+                lps[r].append(lp[k])
+                if ent is not None:
+                    ents[r].append(ent[k])
+                if tries[r] is not None:
+                    nodes[r] = tries[r].step(nodes[r], t)
+                if t in eos:
+                    finish[r] = "eos"
+                elif sp.stop and _hit_stop(self.tokenizer, toks[r], sp.stop):
+                    finish[r] = "stop"
+                else:
+                    live.append(k)
+            if not live or len(toks[rows[0]]) >= sp.max_new_tokens:
+                break
+            if len(live) < len(rows):
+                sel = torch.as_tensor(live, device=self.device)
+                cache = _select_rows(cache, sel)
+                mask, next_pos, tok = mask[sel], next_pos[sel], tok[sel]
+                rows = [rows[k] for k in live]
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            out = self.model(input_ids=tok[:, None], attention_mask=mask,
+                             position_ids=next_pos[:, None], past_key_values=cache, use_cache=True)
+            cache = out.past_key_values
+            next_pos = next_pos + 1
+
+        return [Generation(
+            token_ids=toks[i], logprobs=lps[i],
+            text=self.tokenizer.decode(toks[i], skip_special_tokens=True),
+            finish_reason=finish[i], entropies=ents[i] if sp.with_entropy else None,
+            allowed_ids=alw[i] if tries[i] is not None else None) for i in range(B)]
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
+    """The tokenizer's EOS first, then any extra EOS ids of the generation config."""
+    ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    gc = getattr(model, "generation_config", None)
+    extra = getattr(gc, "eos_token_id", None) if gc is not None else None
+    for e in [extra] if isinstance(extra, int) else (extra or []):
+        if e not in ids:
+            ids.append(e)
+    if not ids:
+        raise ValueError("the tokenizer has no eos_token; set one before generating")
+    return ids
+
+
+def _hit_stop(tokenizer: Any, toks: list[int], stop: Sequence[str]) -> bool:
+    longest = max(len(s) for s in stop)
+    tail = tokenizer.decode(toks[-(longest + 8):], skip_special_tokens=False)
+    return any(s in tail for s in stop)
+
+
+def _select_rows(cache: Any, sel: Tensor) -> Any:
+    """Keep batch rows ``sel`` of a KV cache (DynamicCache or legacy tuples)."""
+    if hasattr(cache, "batch_select_indices"):
+        cache.batch_select_indices(sel)
+        return cache
+    return tuple(tuple(t[sel] for t in layer) for layer in cache)

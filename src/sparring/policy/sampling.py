@@ -1,0 +1,117 @@
+"""Sampling options, the `Generation` record, logit processing and the legal-action trie.
+
+The distribution a token is sampled from (and whose log-prob is recorded), per step:
+
+1. ``z = logits / temperature`` (``greedy`` uses the same ``z`` and takes its argmax);
+2. constrained decoding: tokens outside the allowed set ``A`` (children of the current
+   trie node, see `TokenTrie`) get ``-inf``;
+3. top-k then top-p (nucleus) keep a set ``K`` of tokens, the rest get ``-inf``;
+4. ``log p(x) = z_x - logsumexp_{y in K} z_y`` : the tempered, filtered, renormalised
+   distribution. The entropy recorded is that of the same distribution.
+
+`sparring.policy.forward.token_logprobs(..., temperature, allowed=...)` recomputes steps
+1, 2 and 4 exactly. It does not apply top-k/top-p, so for training keep ``top_k=0`` and
+``top_p=1.0`` (the defaults) whenever the learner's ratio must match the sampler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+FINISH_REASONS = ("eos", "stop", "length")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample: temperature, top_p, top_k (0 = off), max_new_tokens, stop strings,
+    greedy (argmax), with_entropy (record per-token entropies)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 64
+    stop: tuple[str, ...] = ()
+    greedy: bool = False
+    with_entropy: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise ValueError(f"sampling.temperature={self.temperature}; must be > 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"sampling.top_p={self.top_p}; must be in (0, 1]")
+        if self.top_k < 0:
+            raise ValueError(f"sampling.top_k={self.top_k}; must be >= 0 (0 = off)")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"sampling.max_new_tokens={self.max_new_tokens}; must be >= 1")
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+
+
+@dataclass
+class Generation:
+    """One sampled completion. ``token_ids`` are exactly the sampled tokens (with the EOS
+    when one was sampled); ``logprobs``/``entropies`` have one entry per token (see the
+    module docstring for the distribution); ``text`` decodes ``token_ids`` without special
+    tokens; ``finish_reason`` is "eos", "stop" (a stop string appeared) or "length".
+    ``allowed_ids``: under constrained decoding, per token the allowed token ids."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str
+    entropies: list[float] | None = None
+    allowed_ids: list[list[int]] | None = None
+
+
+def filter_logits(z: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """Set logits outside the top-k / top-p (nucleus) set to ``-inf``. ``z [B, V]``.
+
+    Top-p keeps the smallest prefix of tokens sorted by probability whose mass reaches
+    ``top_p`` (the most likely token is always kept)."""
+    if top_k > 0 and top_k < z.shape[-1]:
+        kth = torch.topk(z, top_k, dim=-1).values[:, -1:]
+        z = z.masked_fill(z < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_z, order = torch.sort(z, dim=-1, descending=True)
+        probs = torch.softmax(sorted_z, dim=-1)
+        before = torch.cumsum(probs, dim=-1) - probs  # mass strictly before each token
+        drop_sorted = before >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        z = z.masked_fill(drop, float("-inf"))
+    return z
+
+
+class TokenTrie:
+    """Prefix tree over token-id sequences; node ids are ints, root is 0.
+
+    Built from the legal action strings of one prompt, each tokenized and followed by
+    EOS, so a path from the root to a leaf spells exactly one legal action."""
+
+    def __init__(self, sequences: Sequence[Sequence[int]]):
+        if not sequences:
+            raise ValueError("constrained decoding needs at least one legal action")
+        self.children: list[dict[int, int]] = [{}]
+        for seq in sequences:
+            if not seq:
+                raise ValueError("a legal action tokenizes to no tokens")
+            node = 0
+            for tok in seq:
+                nxt = self.children[node].get(tok)
+                if nxt is None:
+                    nxt = len(self.children)
+                    self.children[node][tok] = nxt
+                    self.children.append({})
+                node = nxt
+
+    def allowed(self, node: int) -> list[int]:
+        return list(self.children[node])
+
+    def step(self, node: int, tok: int) -> int:
+        return self.children[node][tok]
+
+    def is_leaf(self, node: int) -> bool:
+        return not self.children[node]

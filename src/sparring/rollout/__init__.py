@@ -1,0 +1,1 @@
+"""Rollouts: prompt rendering, players, the batched multi-episode arena, opponent pools."""

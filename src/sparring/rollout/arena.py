@@ -1,0 +1,216 @@
+"""The arena: plays many episodes at once, one batched generate call per policy per step.
+
+    arena = Arena(sampling=SamplingParams(max_new_tokens=16), prompt=PromptConfig("full"),
+                  invalid=InvalidActionPolicy("retry"), max_turns=50)
+    episodes = arena.play("tictactoe", env_options={}, seeds=[0, 1], group_size=8,
+                          seat_players=policy)          # self-play: the policy in every seat
+
+``play`` runs ``len(seeds) * group_size`` episodes; episode ``j * group_size + g`` starts
+from ``seeds[j]`` and has ``group = group_offset + j`` (a group: same start state, so
+group-relative estimators compare its members; in self-play the seats of one episode share
+the group id and ``Turn.agent`` = seat tells them apart). ``seat_players`` is one player
+for every seat (self-play) or a list with one player per seat; alternatively
+``players_fn(episode_index) -> list of players`` chooses per episode (e.g. opponents
+sampled from an `OpponentPool`).
+Players: see `sparring.rollout.players` (a bare policy or bot callable is accepted).
+
+Each step, every unfinished episode's current seat is served: bots act at once; model
+seats are gathered, per (policy, sampling) pair, into one ``generate`` call over all
+episodes. The action text is parsed by ``env.parse``; invalid actions follow the
+`InvalidActionPolicy`: ``forfeit`` (penalty, episode ends, ``info["forfeit"] = seat``),
+``retry`` (penalty, the seat is asked again with the parser's error shown before the
+observation, at most ``max_retries`` times per move, then forfeit), ``constrained``
+(model seats sample only legal actions; envs without ``legal_actions`` are unconstrained;
+an action that still fails to parse forfeits).
+
+Reward crediting rule: a step's reward for the acting seat goes to that seat's turn; a
+reward another seat receives at that step (e.g. at game end) goes to that seat's most
+recent turn, or, if it has not acted yet, to its next turn (and only to ``returns`` if
+it never acts). Invalid-action penalties go to the offending turn. ``Episode.returns``
+are the per-seat totals of all these rewards; ``info["env_returns"]`` is the game's own
+score (``env.returns()``, no penalties). ``info["players"]`` names each seat's player.
+
+Turn fields: ``prompt_ids`` and ``action_ids`` (exact sampled tokens; empty for bots and
+``train=False`` players), ``logprobs``/``entropies``/``allowed_ids`` from the generation,
+``state_key`` (env state before the action), ``reward``, ``done`` (this turn ended the
+episode), ``invalid`` ("illegal"/"unparsable"), ``prompt_text``/``action_text`` and
+``extras["prompt_truncated"] = 1.0`` when the prompt hit ``max_prompt_tokens``.
+``max_turns`` stops an episode (``Episode.truncated = True``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparring.data import Episode, Turn
+from sparring.envs.base import Env
+from sparring.envs.invalid import InvalidActionPolicy, retry_feedback
+from sparring.policy.sampling import Generation, SamplingParams
+from sparring.rollout.players import BotPlayer, ModelPlayer, Player, as_player
+from sparring.rollout.prompts import Exchange, PromptBuilder, PromptConfig, Rendered
+
+SeatPlayers = Any  # a player (every seat) or a list of players (one per seat)
+
+
+@dataclass
+class _Slot:
+    """One running episode."""
+
+    env: Env
+    ep: Episode
+    players: list[Player]
+    hist: list[list[Exchange]]
+    last: list[int | None]  # index in ep.turns of each seat's latest turn
+    pending: list[float]  # rewards received before a seat's first turn
+    totals: list[float]
+    retries: int = 0
+    feedback: str = ""
+    done: bool = False
+    req: dict[str, Any] = field(default_factory=dict)
+
+
+class Arena:
+    """Plays batches of episodes. Defaults apply to model players without overrides."""
+
+    def __init__(self, sampling: SamplingParams | None = None, prompt: PromptConfig | None = None,
+                 invalid: InvalidActionPolicy | None = None, max_turns: int = 100):
+        if max_turns < 1:
+            raise ValueError(f"max_turns={max_turns}; must be >= 1")
+        self.sampling = sampling or SamplingParams()
+        self.prompt = prompt or PromptConfig()
+        self.invalid = invalid or InvalidActionPolicy()
+        self.max_turns = max_turns
+        self._builders: dict[int, PromptBuilder] = {}
+
+    def _builder(self, p: ModelPlayer) -> PromptBuilder:
+        key = id(p)
+        if key not in self._builders:
+            self._builders[key] = PromptBuilder(p.policy.tokenizer, p.prompt or self.prompt)
+        return self._builders[key]
+
+    def play(self, env: str | Callable[[], Env], env_options: dict[str, Any] | None = None,
+             seeds: Sequence[int] = (0,), group_size: int = 1, seat_players: SeatPlayers = None,
+             group_offset: int = 0, players_fn: Callable[[int], SeatPlayers] | None = None
+             ) -> list[Episode]:
+        """Play ``len(seeds) * group_size`` episodes to the end; see the module docstring."""
+        if group_size < 1:
+            raise ValueError(f"group_size={group_size}; must be >= 1")
+        if (seat_players is None) == (players_fn is None):
+            raise ValueError("play: give exactly one of seat_players (a policy for self-play, or "
+                             "one player per seat) and players_fn (episode index -> players)")
+        slots = []
+        for j, seed in enumerate(seeds):
+            for _ in range(group_size):
+                sp = players_fn(len(slots)) if players_fn is not None else seat_players
+                slots.append(self._start(env, env_options or {}, int(seed), group_offset + j, sp))
+        self._builders.clear()
+        active = [s for s in slots if not s.done]
+        while active:
+            calls: dict[tuple[int, SamplingParams], list[_Slot]] = {}
+            for s in active:
+                seat = s.env.current_seat()
+                player = s.players[seat]
+                if isinstance(player, BotPlayer):
+                    self._apply(s, seat, player.fn(s.env, seat), None, None)
+                    continue
+                sp = player.sampling or self.sampling
+                user = s.feedback + s.env.observation(seat)
+                rendered = self._builder(player).build(s.env.system_prompt(seat), s.hist[seat], user)
+                legal = s.env.legal_actions(seat) if self.invalid.mode == "constrained" else None
+                s.req = dict(seat=seat, user=user, rendered=rendered, legal=legal)
+                calls.setdefault((id(player.policy), sp), []).append(s)
+            for (_, sp), group in calls.items():
+                policy = group[0].players[group[0].req["seat"]].policy
+                allowed = [s.req["legal"] for s in group]
+                gens = policy.generate([s.req["rendered"].ids for s in group], sp,
+                                       allowed=allowed if any(a is not None for a in allowed) else None)
+                for s, gen in zip(group, gens):
+                    self._apply(s, s.req["seat"], gen.text, gen, s.req["rendered"])
+            active = [s for s in active if not s.done]
+        return [s.ep for s in slots]
+
+    def _start(self, env: str | Callable[[], Env], options: dict[str, Any], seed: int, group: int,
+               sp: SeatPlayers) -> _Slot:
+        if isinstance(env, str):
+            from sparring.envs import make
+
+            e = make(env, **options)
+        else:
+            e = env(**options)
+        e.reset(seed)
+        n = e.num_seats
+        players = [as_player(p) for p in sp] if isinstance(sp, list | tuple) else [as_player(sp)] * n
+        if len(players) != n:
+            raise ValueError(f"{len(players)} players for {n} seats of {e.name!r}")
+        ep = Episode(env=e.name, seed=seed, group=group, num_agents=n,
+                     info={"players": [p.name for p in players]})
+        s = _Slot(env=e, ep=ep, players=players, hist=[[] for _ in range(n)], last=[None] * n,
+                  pending=[0.0] * n, totals=[0.0] * n)
+        if e.current_seat() is None:
+            self._finish(s)
+        return s
+
+    def _credit(self, s: _Slot, rewards: Sequence[float], actor: int, turn: Turn) -> None:
+        for seat, r in enumerate(rewards):
+            r = float(r)
+            s.totals[seat] += r
+            if seat == actor:
+                turn.reward += r
+            elif s.last[seat] is not None:
+                s.ep.turns[s.last[seat]].reward += r
+            else:
+                s.pending[seat] += r
+
+    def _apply(self, s: _Slot, seat: int, text: str, gen: Generation | None,
+               rendered: Rendered | None) -> None:
+        env, ep = s.env, s.ep
+        player = s.players[seat]
+        record = isinstance(player, ModelPlayer) and player.train and gen is not None
+        turn = Turn(agent=seat, prompt_ids=list(rendered.ids) if record else [],
+                    action_ids=list(gen.token_ids) if record else [],
+                    logprobs=list(gen.logprobs) if record else None,
+                    entropies=gen.entropies if record else None,
+                    allowed_ids=gen.allowed_ids if record else None,
+                    state_key=env.state_key(), prompt_text=rendered.text if rendered else "",
+                    action_text=text, reward=s.pending[seat])
+        s.pending[seat] = 0.0
+        if rendered is not None and rendered.truncated:
+            turn.extras["prompt_truncated"] = 1.0
+        ep.turns.append(turn)
+        s.last[seat] = len(ep.turns) - 1
+        if gen is not None:
+            s.hist[seat].append(Exchange(s.req["user"], list(gen.token_ids), gen.text))
+        parsed = env.parse(seat, text)
+        if parsed.ok:
+            res = env.step(parsed.action)
+            self._credit(s, res.rewards, seat, turn)
+            s.retries, s.feedback = 0, ""
+            over = res.done or env.current_seat() is None
+        else:
+            if isinstance(player, BotPlayer):
+                raise RuntimeError(f"bot {player.name!r} played {text!r} in {ep.env!r}: "
+                                   f"{parsed.status} ({parsed.error})")
+            turn.invalid = parsed.status
+            turn.reward += self.invalid.penalty
+            s.totals[seat] += self.invalid.penalty
+            ep.info["invalid_turns"] = ep.info.get("invalid_turns", 0) + 1
+            if self.invalid.mode == "retry" and s.retries < self.invalid.max_retries:
+                s.retries += 1
+                s.feedback = retry_feedback(parsed.error) + "\n\n"
+                over = False
+            else:
+                ep.info["forfeit"] = seat
+                over = True
+        if over:
+            turn.done = True
+            self._finish(s)
+        elif len(ep.turns) >= self.max_turns:
+            ep.truncated = True
+            self._finish(s)
+
+    def _finish(self, s: _Slot) -> None:
+        s.done = True
+        s.ep.returns = list(s.totals)
+        s.ep.info["env_returns"] = [float(x) for x in s.env.returns()]

