@@ -86,23 +86,24 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.print_config:
         print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
         return 0
-    try:  # the arena wiring: build(cfg) -> model, rollout_fn, eval_fn, stateful, pad_id
-        from sparring.train.setup import build  # type: ignore[import-not-found]
-    except ModuleNotFoundError as e:
-        if e.name != "sparring.train.setup":
-            raise
-        console.print("[red]error:[/red] rollouts are not wired into the trainer yet "
-                      "(sparring.train.setup.build is missing)")
-        return 2
-    from sparring.train.loop import resume, train
+    from sparring.train.setup import build
+    from sparring.train.loop import _run_dir, resume, train
 
-    parts = build(cfg)
+    run_dir = Path(args.resume) if args.resume else _run_dir(cfg)
+    try:
+        parts = build(cfg, run_dir)
+    except ValueError as e:
+        console.print(f"[red]config error:[/red] {e}")
+        return 2
     if args.resume:
         run = resume(args.resume, parts["model"], parts["rollout_fn"], parts.get("eval_fn"),
                      parts.get("stateful"), overrides=overrides, pad_id=parts.get("pad_id", 0))
     else:
         run = train(cfg, parts["model"], parts["rollout_fn"], parts.get("eval_fn"),
-                    parts.get("stateful"), pad_id=parts.get("pad_id", 0))
+                    parts.get("stateful"), run_dir=run_dir, pad_id=parts.get("pad_id", 0))
+        from sparring.train.summary import print_summary
+
+        print_summary(run, console)
     console.print(f"run folder: {run}")
     return 0
 

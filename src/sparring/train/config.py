@@ -60,6 +60,26 @@ class RolloutConfig:
     layout: Literal["turn", "trajectory"] = opt(
         "turn", "TurnBatch rows: one per turn or one per agent trajectory "
         "(an estimator that declares a layout overrides this)")
+    history: Literal["full", "last_k", "state"] = opt(
+        "full", "what a seat sees: the whole dialogue, the last k exchanges, or the current "
+        "observation only")
+    last_k: int = opt(2, "exchanges kept with history=last_k", ge=0)
+    system_prompt: str | None = opt(
+        None, "override every env's system prompt ('' drops it: tiny models learn the rules "
+        "from play); null keeps the env's")
+    max_prompt_tokens: int = opt(1024, "hard prompt limit; older context is cut (0: none)", ge=0)
+    invalid_action: Literal["forfeit", "retry", "constrained"] = opt(
+        "constrained", "illegal or unparsable moves: forfeit the game, retry with the error "
+        "shown, or sample only legal actions (constrained decoding)")
+    invalid_penalty: float = opt(-1.0, "reward added to a turn with an invalid action")
+    max_retries: int = opt(2, "retries per move with invalid_action=retry", ge=0)
+    max_turns: int = opt(200, "turn budget per episode (truncated beyond)", ge=1)
+    pool_every: int = opt(
+        0, "add a snapshot of the policy to the opponent pool every N steps (0: never)", ge=0)
+    pool_max: int = opt(5, "past snapshots kept in the pool (the newest)", ge=1)
+    pool_bots: list[str] = opt(["random"], "bots in the opponent pool besides snapshots")
+    pool_mode: Literal["uniform", "recency"] = opt(
+        "recency", "how the pool samples: uniformly, or favouring recent snapshots")
     options: dict[str, Any] = opt({}, "backend-specific rollout options")
 
 
@@ -144,7 +164,11 @@ class LoraConfig:
 class EvalConfig:
     every: int = opt(0, "evaluate every N steps (0: only at the end)", ge=0)
     at_start: bool = opt(True, "also evaluate before the first update")
-    options: dict[str, Any] = opt({}, "options of the evaluation function (games, opponents...)")
+    games: int = opt(200, "games per (environment, opponent), the learner's seat rotating", ge=1)
+    opponents: list[str] = opt(["random"], "bots to evaluate against (see sparring.train.setup)")
+    greedy: bool = opt(True, "evaluate the greedy (argmax) policy rather than sampling")
+    exploitability: bool = opt(True, "exact exploitability for Kuhn and Leduc poker")
+    options: dict[str, Any] = opt({}, "extra options of the evaluation function")
 
 
 @dataclass

@@ -147,13 +147,15 @@ class Learner:
             return self.model.disable_adapter()
         return nullcontext()
 
-    def _forward(self, ids: Tensor, att: Tensor, *, with_values: bool
+    def _forward(self, ids: Tensor, att: Tensor, *, with_values: bool, allowed=None
                  ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """Policy log-probs, entropies and (when asked) critic values, ``[n, T]`` each."""
+        """Policy log-probs, entropies and (when asked) critic values, ``[n, T]`` each.
+        ``allowed``: the rows' constrained-decoding restrictions (``TurnBatch.allowed``)."""
         shared = with_values and self.critic is not None and self.critic.kind == "head"
         ctx = capture_hidden(self.model) if shared else nullcontext([])
         with ctx as hs:
-            logp, ent = token_logprobs(self.model, ids, att, self.temperature, with_entropy=True)
+            logp, ent = token_logprobs(self.model, ids, att, self.temperature, with_entropy=True,
+                                       allowed=allowed)
         values = None
         if with_values and self.critic is not None:
             values = (self.critic.values_from_hidden(hs[-1]) if shared
@@ -165,6 +167,10 @@ class Learner:
         att = batch.attention_mask[rows]
         L = max(int(att.sum(1).max()), 1) if len(rows) else 1
         return batch.input_ids[rows][:, :L], att[:, :L], L
+
+    @staticmethod
+    def _allowed(batch: TurnBatch, rows: Tensor):
+        return None if batch.allowed is None else [batch.allowed[i] for i in rows.tolist()]
 
     def _chunks(self, n: int) -> list[Tensor]:
         size = self.cfg.train.microbatch_size or n
@@ -184,11 +190,14 @@ class Learner:
                 if what == "ref":
                     with self._ref_context():
                         model = self.ref_model if self.ref_model is not None else self.model
-                        out[rows, :L] = token_logprobs(model, ids, att, self.temperature)[0].float()
+                        out[rows, :L] = token_logprobs(
+                            model, ids, att, self.temperature,
+                            allowed=self._allowed(batch, rows))[0].float()
                 elif what == "values":
                     out[rows, :L] = self._forward(ids, att, with_values=True)[2].float()
                 else:
-                    out[rows, :L] = self._forward(ids, att, with_values=False)[0].float()
+                    out[rows, :L] = self._forward(ids, att, with_values=False,
+                                                  allowed=self._allowed(batch, rows))[0].float()
         finally:
             self.model.train(was_training)
         return out * batch.action_mask
@@ -218,7 +227,8 @@ class Learner:
         a = self.cfg.algorithm
         ids, att, L = self._micro_slices(batch, rows)
         m = mask[rows, :L]
-        logp, ent, values = self._forward(ids, att, with_values=self.critic is not None)
+        logp, ent, values = self._forward(ids, att, with_values=self.critic is not None,
+                                          allowed=self._allowed(batch, rows))
         old_r, adv_r = old[rows, :L], adv[rows, :L]
         ref_r = None if ref is None else ref[rows, :L]
         row_opts = {k: getattr(batch, f)[rows] for k, f in _ROW_OPTIONS.items()

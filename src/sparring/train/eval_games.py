@@ -1,0 +1,130 @@
+"""Evaluation of a model policy in games: matches against bots, exact exploitability.
+
+* `evaluate_vs_bot`: ``n`` games through the arena, the learner in seat ``i % seats`` of
+  game ``i`` (so every seat is played equally often), the bot elsewhere. Outcome from the
+  game's own score (``info["env_returns"]``, no invalid-move penalties): win > 0,
+  draw = 0, loss < 0. Reports rates with Wilson 95% intervals (``_lo``/``_hi``), per-seat
+  non-loss rates, the mean return and the learner's invalid-action rate.
+* `policy_exploitability`: the model's action probabilities at every information state
+  of Kuhn or Leduc poker (the constrained-decoding distribution over legal actions, the
+  prompt being the current observation only), fed to `sparring.eval.exploitability`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from sparring.envs import make
+from sparring.eval.exploitability import exploitability
+from sparring.eval.stats import wilson
+from sparring.policy.forward import token_logprobs
+from sparring.policy.hf import HFPolicy
+from sparring.policy.sampling import SamplingParams
+from sparring.rollout.arena import Arena
+from sparring.rollout.players import BotPlayer, ModelPlayer
+from sparring.rollout.prompts import PromptBuilder, PromptConfig
+
+
+def evaluate_vs_bot(arena: Arena, policy: HFPolicy, sampling: SamplingParams, env: str,
+                    options: dict[str, Any], bot: Any, n: int, seed: int = 0) -> dict[str, float]:
+    me = ModelPlayer(policy, name="eval", train=False, sampling=sampling)
+    other = BotPlayer(bot, name="bot")
+    seats = make(env, **options).num_seats
+    eps = arena.play(env, dict(options), seeds=[seed + i for i in range(n)], group_size=1,
+                     players_fn=lambda i: [me if s == i % seats else other for s in range(seats)])
+    wins = draws = losses = 0
+    ret = 0.0
+    per_seat = [[0, 0] for _ in range(seats)]  # [non-losses, games]
+    my_turns = invalid = 0
+    for i, ep in enumerate(eps):
+        seat = i % seats
+        r = float(ep.info.get("env_returns", ep.returns)[seat])
+        ret += r
+        wins, draws, losses = wins + (r > 0), draws + (r == 0), losses + (r < 0)
+        per_seat[seat][0] += r >= 0
+        per_seat[seat][1] += 1
+        mine = [t for t in ep.turns if t.agent == seat]
+        my_turns += len(mine)
+        invalid += sum(t.invalid is not None for t in mine)
+    out: dict[str, float] = {"games": float(n), "mean_return": ret / n}
+    for key, k in (("win", wins), ("draw", draws), ("loss", losses), ("non_loss", wins + draws)):
+        lo, hi = wilson(k, n)
+        out[key], out[f"{key}_lo"], out[f"{key}_hi"] = k / n, lo, hi
+    for s, (k, m) in enumerate(per_seat):
+        out[f"non_loss_seat{s}"] = k / max(m, 1)
+    out["invalid_rate"] = invalid / max(my_turns, 1)
+    return out
+
+
+def _decision_points(env_name: str, options: dict[str, Any]) -> dict[str, tuple[int, Any]]:
+    """Every information state -> (seat, a copy of an env at it), by walking all deals."""
+    env = make(env_name, **options)
+    found: dict[str, tuple[int, Any]] = {}
+
+    def walk(e: Any) -> None:
+        seat = e.current_seat()
+        if seat is None:
+            return
+        found.setdefault(e.info_state(seat), (seat, e.clone()))
+        for a in e.legal_actions(seat):
+            child = e.clone()
+            child.step(a)
+            walk(child)
+
+    for deal in env.deal_outcomes():
+        e = make(env_name, **options)
+        e.reset(0)
+        e.reset_deal(deal)
+        walk(e)
+    return found
+
+
+@torch.no_grad()
+def action_probabilities(policy: HFPolicy, prompts: list[list[int]],
+                         legal: list[list[str]]) -> list[dict[str, float]]:
+    """Probability of each legal action under constrained decoding (product over the
+    action's tokens of the distribution restricted to the trie's children)."""
+    rows, allowed, index = [], [], []
+    for i, (p, acts) in enumerate(zip(prompts, legal)):
+        trie = policy.encode_actions(acts)
+        for a in acts:
+            seq = policy.tokenizer.encode(a, add_special_tokens=False) + [policy.eos_ids[0]]
+            node, restr = 0, {}
+            for k, tok in enumerate(seq):
+                restr[len(p) + k] = trie.allowed(node)
+                node = trie.step(node, tok)
+            rows.append(p + seq)
+            allowed.append(restr)
+            index.append((i, a, len(p), len(seq)))
+    T = max(len(r) for r in rows)
+    ids = torch.full((len(rows), T), policy.pad_id, dtype=torch.long)
+    att = torch.zeros(len(rows), T, dtype=torch.bool)
+    for j, r in enumerate(rows):
+        ids[j, :len(r)] = torch.tensor(r)
+        att[j, :len(r)] = True
+    lp, _ = token_logprobs(policy.model, ids.to(policy.device), att.to(policy.device),
+                           allowed=allowed)
+    out: list[dict[str, float]] = [{} for _ in prompts]
+    for j, (i, a, start, n) in enumerate(index):
+        out[i][a] = float(lp[j, start:start + n].sum().exp())
+    return out
+
+
+def policy_exploitability(arena: Arena, policy: HFPolicy, env: str,
+                          options: dict[str, Any]) -> float:
+    points = _decision_points(env, options)
+    builder = PromptBuilder(policy.tokenizer, PromptConfig(
+        history="state", max_prompt_tokens=0, system_prompt=arena.prompt.system_prompt))
+    keys = list(points)
+    prompts, legal = [], []
+    for k in keys:
+        seat, e = points[k]
+        prompts.append(builder.build(e.system_prompt(seat), [], e.observation(seat)).ids)
+        legal.append(e.legal_actions(seat))
+    table: dict[str, dict[str, float]] = {}
+    for s in range(0, len(keys), 256):
+        probs = action_probabilities(policy, prompts[s:s + 256], legal[s:s + 256])
+        table.update(zip(keys[s:s + 256], probs))
+    return exploitability(env, lambda info, acts: table[info], **options)
