@@ -86,8 +86,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.print_config:
         print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
         return 0
-    from sparring.train.setup import build
     from sparring.train.loop import _run_dir, resume, train
+    from sparring.train.setup import build
 
     run_dir = Path(args.resume) if args.resume else _run_dir(cfg)
     try:
