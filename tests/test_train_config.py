@@ -118,3 +118,12 @@ def test_every_config_file_has_only_known_keys():
     assert files
     for path in files:  # registry names are checked once the catalogue is merged
         load_config(path, check=False)
+
+
+def test_unknown_estimator_or_objective_option_names_the_allowed_ones():
+    with pytest.raises(ConfigError, match=r"algorithm.objective_options: .*no option 'eps'.*"
+                                          r"did you mean 'eps_low'.*allowed: dual_clip, eps_high"):
+        from_dict({"envs": [{"name": "tictactoe"}]}, ["algorithm.objective_options.eps=0.2"])
+    with pytest.raises(ConfigError, match=r"envs.0.estimator_options: estimator 'grpo' has no "
+                                          r"option 'agent_key'"):
+        from_dict({"envs": [{"name": "tictactoe", "estimator_options": {"agent_key": True}}]})

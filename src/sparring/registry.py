@@ -7,6 +7,8 @@ an error listing the known ones.
 
 from __future__ import annotations
 
+import difflib
+import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +21,14 @@ class UnknownNameError(KeyError):
         return str(self.args[0])
 
 
+def option_names(fn: Callable[..., Any]) -> set[str] | None:
+    """Keyword-only option names of ``fn``; None when it takes ``**kwargs`` (anything goes)."""
+    params = inspect.signature(fn).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return {p.name for p in params if p.kind is p.KEYWORD_ONLY}
+
+
 @dataclass(frozen=True)
 class Entry:
     name: str
@@ -29,6 +39,21 @@ class Entry:
     source: str = ""
     summary: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def check_options(self, options: dict[str, Any], kind: str = "",
+                      internal: tuple[str, ...] = ()) -> None:
+        """Raise ValueError naming any option ``fn`` does not take, with the allowed ones.
+        ``internal``: keywords the framework passes itself (not user options)."""
+        allowed = option_names(self.fn)
+        if allowed is None:
+            return
+        allowed -= set(internal)
+        for key in options:
+            if key not in allowed:
+                close = difflib.get_close_matches(key, sorted(allowed), n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ValueError(f"{kind} {self.name!r} has no option {key!r}{hint}; "
+                                 f"allowed: {', '.join(sorted(allowed)) or '(none)'}")
 
 
 class Registry:

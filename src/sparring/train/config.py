@@ -231,19 +231,39 @@ def _registry_check(kind: str, name: str, key: str) -> None:
         raise ConfigError(f"{key}: {e}") from None
 
 
+def _options_check(kind: str, name: str, options: dict[str, Any], key: str) -> None:
+    """Options must be keyword options of the registered function (clear error otherwise)."""
+    if kind == "estimator":
+        from sparring.advantages import ESTIMATORS as reg
+        internal: tuple[str, ...] = ("advantages",)
+    else:
+        from sparring.objectives import OBJECTIVES as reg
+        internal = ("ref_logp", "group", "rewards", "agent", "episode", "turn", "length")
+    try:
+        reg.get(name).check_options(options, kind, internal)
+    except ValueError as e:
+        raise ConfigError(f"{key}: {e}") from None
+
+
 def validate(cfg: Config) -> Config:
-    """Cross-field checks and registry names; returns ``cfg``."""
+    """Cross-field checks, registry names and their options; returns ``cfg``."""
     a = cfg.algorithm
     _registry_check("estimator", a.estimator, "algorithm.estimator")
     _registry_check("objective", a.objective, "algorithm.objective")
+    _options_check("estimator", a.estimator, a.estimator_options, "algorithm.estimator_options")
+    _options_check("objective", a.objective, a.objective_options, "algorithm.objective_options")
     _registry_check("aggregation", a.aggregation, "algorithm.aggregation")
     for i, spec in enumerate(a.shaping):
         if set(spec) - {"name", "options"} or "name" not in spec:
             raise ConfigError(f"algorithm.shaping.{i}: expected {{name: ..., options: {{...}}}}, "
                               f"got {spec!r}")
         _registry_check("estimator", spec["name"], f"algorithm.shaping.{i}.name")
+        _options_check("estimator", spec["name"], spec.get("options") or {},
+                       f"algorithm.shaping.{i}.options")
     for i, env in enumerate(cfg.envs):
         _registry_check("env", env.name, f"envs.{i}.name")
+        _options_check("estimator", a.estimator, env.estimator_options,
+                       f"envs.{i}.estimator_options")
     if len(cfg.optim.betas) != 2 or not all(0 <= b < 1 for b in cfg.optim.betas):
         raise ConfigError(f"optim.betas: expected two numbers in [0, 1), got {cfg.optim.betas}")
     if cfg.train.microbatch_size and cfg.train.minibatch_size \

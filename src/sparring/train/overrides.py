@@ -50,12 +50,22 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected a mapping of {tp.__name__} fields, got {value!r}")
         return build(tp, value, key)
     if origin is list:
-        if isinstance(value, str):  # CLI: a,b,c
+        if isinstance(value, str) and value.lstrip().startswith("["):  # CLI: [a, b, c]
+            try:
+                value = yaml.safe_load(value)
+            except yaml.YAMLError as e:
+                raise ConfigError(f"{key}: cannot parse the list {value!r} ({e})") from None
+        elif isinstance(value, str):  # CLI: a,b,c
             value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key}: expected a list, got {value!r}")
         return [_coerce(v, args[0], f"{key}.{i}") for i, v in enumerate(value)]
     if origin is dict:
+        if isinstance(value, str) and value.lstrip().startswith("{"):  # CLI: {a: 1, b: 2}
+            try:
+                value = yaml.safe_load(value)
+            except yaml.YAMLError as e:
+                raise ConfigError(f"{key}: cannot parse the mapping {value!r} ({e})") from None
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping, got {value!r}")
         return dict(value)

@@ -126,6 +126,7 @@ class Rollouts:
         folder = self.run_dir / "pool" / f"step-{step:06d}"
         if not folder.exists():
             self.policy.model.save_pretrained(folder)
+            self.policy.tokenizer.save_pretrained(folder)
         self.pool.add_checkpoint(str(folder), step)
 
     def __call__(self, step: int) -> list[Episode]:
