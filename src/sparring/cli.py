@@ -120,8 +120,61 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    from sparring.train.eval_games import evaluate_vs_bot, policy_exploitability
+    from sparring.train.restore import load_policy
+    from sparring.train.setup import BOTS, Rollouts
+
+    console = Console()
+    try:
+        policy, cfg, ckpt = load_policy(args.checkpoint)
+        unknown = [b for b in args.vs if b not in BOTS]
+        if unknown:
+            raise ValueError(f"--vs: unknown {unknown}; allowed: {', '.join(BOTS)}")
+    except (FileNotFoundError, ValueError) as e:
+        console.print(f"[red]error:[/red] {e}")
+        return 2
+    envs = args.env or list(dict.fromkeys(s.name for s in cfg.envs))
+    arena = Rollouts(cfg, policy, Path(ckpt)).arena
+    from sparring.policy.sampling import SamplingParams
+
+    sampling = SamplingParams(temperature=cfg.rollout.temperature, greedy=not args.sample,
+                              max_new_tokens=cfg.rollout.max_new_tokens)
+    table = Table(title=f"{ckpt} ({args.games} games each, Wilson 95% intervals)")
+    for col in ("env", "opponent", "win", "draw", "loss", "non-loss", "invalid"):
+        table.add_column(col)
+    for env in envs:
+        opts = next((dict(s.options) for s in cfg.envs if s.name == env), {})
+        for bot in args.vs:
+            r = evaluate_vs_bot(arena, policy, sampling, env, opts, BOTS[bot](args.seed),
+                                args.games, seed=args.seed)
+            table.add_row(env, bot, *(f"{r[k]:.3f} [{r[k + '_lo']:.3f}, {r[k + '_hi']:.3f}]"
+                                      for k in ("win", "draw", "loss", "non_loss")),
+                          f"{r['invalid_rate']:.3f}")
+        if env in ("kuhn_poker", "leduc"):
+            console.print(f"{env} exploitability: "
+                          f"{policy_exploitability(arena, policy, env, opts):.4f}")
+    console.print(table)
+    return 0
+
+
+def cmd_play(args: argparse.Namespace) -> int:
+    from sparring.play import play
+    from sparring.train.restore import load_policy
+
+    try:
+        policy, cfg, _ = load_policy(args.checkpoint)
+    except FileNotFoundError as e:
+        Console(stderr=True).print(f"[red]error:[/red] {e}")
+        return 2
+    env = args.env or cfg.envs[0].name
+    play(policy, cfg, env, human_seat=args.seat, greedy=not args.sample, seed=args.seed)
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "list": cmd_list, "train": cmd_train, "report": cmd_report}
+    "list": cmd_list, "train": cmd_train, "report": cmd_report, "eval": cmd_eval,
+    "play": cmd_play}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -139,6 +192,20 @@ def build_parser() -> argparse.ArgumentParser:
                     help="print every key with its default and help, and exit")
     rp = sub.add_parser("report", help="plots and a markdown summary of a run")
     rp.add_argument("run_dir", metavar="RUN_DIR")
+    ep = sub.add_parser("eval", help="evaluate a trained policy against bots")
+    ep.add_argument("checkpoint", metavar="CHECKPOINT", help="a run folder or a checkpoint folder")
+    ep.add_argument("--vs", type=lambda s: [x for x in s.split(",") if x], default=["random"],
+                    help="comma-separated bots: random, minimax, mcts, cfr")
+    ep.add_argument("--env", action="append", help="environment (default: the run's games)")
+    ep.add_argument("--games", type=int, default=400, help="games per opponent (seats rotate)")
+    ep.add_argument("--sample", action="store_true", help="sample instead of greedy moves")
+    ep.add_argument("--seed", type=int, default=0)
+    pp = sub.add_parser("play", help="play against a trained policy in the terminal")
+    pp.add_argument("checkpoint", metavar="CHECKPOINT", help="a run folder or a checkpoint folder")
+    pp.add_argument("--env", help="game (default: the run's first environment)")
+    pp.add_argument("--seat", type=int, default=0, help="your seat (0 moves first)")
+    pp.add_argument("--sample", action="store_true", help="the model samples instead of argmax")
+    pp.add_argument("--seed", type=int, default=0)
     rp.add_argument("--out", default=None, help="output folder (default: RUN_DIR/report)")
     return p
 

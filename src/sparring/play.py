@@ -1,0 +1,48 @@
+"""``sparring play``: a person plays a game against a trained model in the terminal."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sparring.envs import make
+from sparring.policy.sampling import SamplingParams
+from sparring.rollout.prompts import PromptBuilder, PromptConfig
+
+
+def play(policy, cfg, env_name: str, human_seat: int = 0, greedy: bool = True,
+         ask: Callable[[str], str] = input, say: Callable[[str], None] = print,
+         seed: int = 0) -> list[float]:
+    """One game: the human types moves (re-asked until legal), the model answers with
+    constrained decoding over the legal moves. Returns the game's per-seat returns."""
+    options = next((dict(s.options) for s in cfg.envs if s.name == env_name), {})
+    env = make(env_name, **options)
+    env.reset(seed)
+    r = cfg.rollout
+    builder = PromptBuilder(policy.tokenizer, PromptConfig(
+        history="state", max_prompt_tokens=r.max_prompt_tokens, system_prompt=r.system_prompt))
+    sampling = SamplingParams(temperature=r.temperature, greedy=greedy,
+                              max_new_tokens=r.max_new_tokens)
+    say(env.system_prompt(human_seat))
+    while (seat := env.current_seat()) is not None:
+        if seat == human_seat:
+            say("\n" + env.observation(seat))
+            while True:
+                text = ask("your move> ")
+                res = env.parse(seat, text)
+                if res.ok:
+                    break
+                say(f"not a legal move: {res.error}")
+            action = res.action
+        else:
+            prompt = builder.build(env.system_prompt(seat), [], env.observation(seat)).ids
+            legal = env.legal_actions(seat)
+            gen = policy.generate([prompt], sampling, allowed=None if legal is None else [legal])[0]
+            res = env.parse(seat, gen.text)
+            action = res.action if res.ok else (legal or [""])[0]
+            say(f"model plays: {action}")
+        env.step(action)
+    returns = env.returns()
+    say("\n" + env.observation(human_seat))
+    mine = returns[human_seat]
+    say("you win" if mine > 0 else "you lose" if mine < 0 else "draw")
+    return returns
