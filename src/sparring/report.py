@@ -40,7 +40,7 @@ def _keys(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[str], list[st
             if _num(v) and k not in SKIP:
                 seen.setdefault(k, None)
     allk = list(seen)
-    evals = [k for k in allk if k.startswith("eval/") and not k.endswith(("_lo", "_hi"))]
+    evals = [k for k in allk if k.startswith("eval/") and not k.endswith(("_lo", "_hi", "/games"))]
     timing = [k for k in allk if k.startswith(TIMING)]
     rest = [k for k in allk if not k.startswith(("eval/", *TIMING))]
     train = [k for k in PREFERRED if k in rest] + [k for k in rest if k not in PREFERRED]

@@ -207,6 +207,9 @@ def _options(cfg: Config, name: str) -> dict[str, Any]:
 
 
 def build(cfg: Config, run_dir: str | Path | None = None) -> dict[str, Any]:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # pool snapshots save/load every few steps
     if not cfg.envs:
         raise ValueError("config has no envs: add at least one, e.g. envs: [{name: tictactoe}]")
     model, tok = load_model(cfg)

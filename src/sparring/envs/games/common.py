@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 
-from sparring.envs.base import ParseResult
+from sparring.envs.base import ParseResult, StepResult
 from sparring.envs.parsing import parse_choice
 
 
@@ -47,3 +47,21 @@ class ChoiceGame:
         legal = self.legal_actions(seat) if seat is not None else []
         return ValueError(f"{self.name}: illegal action {action!r} for seat {seat}; "
                           f"legal: {', '.join(legal) or '(game over)'}")
+
+
+class TwoPlayerBoardGame(ChoiceGame):
+    """A two-seat win/draw/loss board game: ``self.turn`` (0 or 1) is the seat to move."""
+
+    def _after_move(self, won: bool, board_full: bool) -> StepResult:
+        """End the game (+1 / -1 for a win, 0 for a draw) or pass the move on."""
+        if won or board_full:
+            self.done = True
+            if won:
+                self.winner = self.turn
+                rewards = [1.0, -1.0] if self.turn == 0 else [-1.0, 1.0]
+            else:
+                rewards = [0.0, 0.0]
+            self._returns = rewards
+            return StepResult(list(rewards), True, {"winner": self.winner})
+        self.turn ^= 1
+        return StepResult([0.0, 0.0], False, {})

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from sparring.envs import register_env
 from sparring.envs.base import StepResult
-from sparring.envs.games.common import ChoiceGame
+from sparring.envs.games.common import TwoPlayerBoardGame
 
 COLS, ROWS = 7, 6
 MARKS = ("X", "O")
@@ -17,7 +17,7 @@ COLUMNS = tuple(str(c) for c in range(1, COLS + 1))
 _DIRS = ((1, 0), (0, 1), (1, 1), (1, -1))
 
 
-class ConnectFour(ChoiceGame):
+class ConnectFour(TwoPlayerBoardGame):
     name = "connect_four"
     num_seats = 2
     ALL_ACTIONS = COLUMNS
@@ -89,17 +89,7 @@ class ConnectFour(ChoiceGame):
         self.height[col] = row + 1
         self.moves += 1
         won = self._wins(col, row, mark)
-        if won or self.moves == COLS * ROWS:
-            self.done = True
-            if won:
-                self.winner = self.turn
-                rewards = [1.0, -1.0] if self.turn == 0 else [-1.0, 1.0]
-            else:
-                rewards = [0.0, 0.0]
-            self._returns = rewards
-            return StepResult(list(rewards), True, {"winner": self.winner})
-        self.turn ^= 1
-        return StepResult([0.0, 0.0], False, {})
+        return self._after_move(won, self.moves == COLS * ROWS)
 
     def state_key(self) -> str:
         return "".join(self.grid)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from sparring.envs import register_env
 from sparring.envs.base import StepResult
-from sparring.envs.games.common import ChoiceGame
+from sparring.envs.games.common import TwoPlayerBoardGame
 
 LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
 _LINES_THROUGH = tuple(tuple(ln for ln in LINES if c in ln) for c in range(9))
@@ -16,7 +16,7 @@ MARKS = ("X", "O")
 CELLS = tuple(str(i) for i in range(1, 10))
 
 
-class TicTacToe(ChoiceGame):
+class TicTacToe(TwoPlayerBoardGame):
     name = "tictactoe"
     num_seats = 2
     ALL_ACTIONS = CELLS
@@ -65,17 +65,7 @@ class TicTacToe(ChoiceGame):
         b = self.board
         b[cell] = mark
         won = any(b[i] == mark and b[j] == mark and b[k] == mark for i, j, k in _LINES_THROUGH[cell])
-        if won or "." not in b:
-            self.done = True
-            if won:
-                self.winner = self.turn
-                rewards = [1.0, -1.0] if self.turn == 0 else [-1.0, 1.0]
-            else:
-                rewards = [0.0, 0.0]
-            self._returns = rewards
-            return StepResult(list(rewards), True, {"winner": self.winner})
-        self.turn ^= 1
-        return StepResult([0.0, 0.0], False, {})
+        return self._after_move(won, "." not in b)
 
     def state_key(self) -> str:
         return "".join(self.board)
