@@ -35,7 +35,8 @@ def synthetic_batch(groups: int, rollouts: int, T: int, turns: int = 1, agents: 
                     seed: int = 0, layout: str = "turn") -> TurnBatch:
     """A turn-layout batch with every field filled: binary returns with a per-group
     success rate, random lengths, anchor states that repeat within a group, entropies,
-    values, reference log-probs and extras ``p_before``, ``p_after``, ``greedy_reward``."""
+    values, reference log-probs and extras ``p_before``, ``p_after``, ``greedy_reward``
+    (igpo, remax), ``match`` (matchtir) and ``q1``, ``q2``, ``v1``, ``v2`` (archer_targets)."""
     g = torch.Generator().manual_seed(seed)
     n_traj = groups * rollouts * agents
     traj = torch.arange(n_traj).repeat_interleave(turns)
@@ -63,7 +64,8 @@ def synthetic_batch(groups: int, rollouts: int, T: int, turns: int = 1, agents: 
         last=turn == turns - 1, truncated=torch.zeros(n, dtype=torch.bool), length=length,
         env_names=["synthetic"], state_keys=[str(i) for i in range(int(state.max()) + 1)],
         extras={"p_before": torch.rand(n, generator=g), "p_after": torch.rand(n, generator=g),
-                "greedy_reward": greedy[traj]},
+                "greedy_reward": greedy[traj], "match": torch.rand(n, generator=g),
+                **{k: torch.randn(n, generator=g) for k in ("q1", "q2", "v1", "v2")}},
         entropy=noise(1.0).abs(), ref_logp=-noise(1.0).abs(), values=noise(1.0),
     )
 

@@ -61,7 +61,8 @@ def _batch_for(
 
 
 def compute(name: str, batch: TurnBatch, **options: Any) -> tuple[Tensor, Tensor]:
-    """Advantages ``[n, T]`` and the rows kept for the loss ``Bool[n]``."""
+    """Advantages ``[n, T]`` (zero outside the action mask) and the rows kept for the loss
+    ``Bool[n]``."""
     _load_families()
     entry = ESTIMATORS.get(name)
     if entry.layout not in ("any", batch.layout):
@@ -71,7 +72,9 @@ def compute(name: str, batch: TurnBatch, **options: Any) -> tuple[Tensor, Tensor
     keep_fn = entry.extra.get("keep")
     keep = (keep_fn(batch, **options) if keep_fn is not None
             else torch.ones(batch.n_rows, dtype=torch.bool, device=batch.device))
-    return adv * batch.action_mask, keep
+    # every estimator returns zeros outside the action mask (tests/test_estimator_contract.py
+    # checks each registered one), so no second pass over [n, T] here
+    return adv, keep
 
 
 def estimate(

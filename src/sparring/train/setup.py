@@ -18,6 +18,7 @@ default) and reports win / draw / loss and the non-loss rate with Wilson 95% int
 
 from __future__ import annotations
 
+import shutil
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -124,9 +125,12 @@ class Rollouts:
                 "pool" in s.opponents for s in self.cfg.envs):
             return
         folder = self.run_dir / "pool" / f"step-{step:06d}"
-        if not folder.exists():
-            self.policy.model.save_pretrained(folder)
-            self.policy.tokenizer.save_pretrained(folder)
+        tmp = folder.with_name(folder.name + ".tmp")  # written whole, then renamed: a kill
+        shutil.rmtree(tmp, ignore_errors=True)        # mid-save leaves no half snapshot
+        self.policy.model.save_pretrained(tmp)
+        self.policy.tokenizer.save_pretrained(tmp)
+        shutil.rmtree(folder, ignore_errors=True)  # a resumed run rewrites its own snapshot
+        tmp.rename(folder)
         self.pool.add_checkpoint(str(folder), step)
 
     def __call__(self, step: int) -> list[Episode]:

@@ -58,10 +58,11 @@ def print_summary(run_dir: str | Path, console: Console | None = None) -> None:
         return
     console = console or Console()
     t = Table(title="evaluation: start -> end (Wilson 95% intervals)")
-    for col in ("metric", "games", "start", "end"):
-        t.add_column(col)
+    for col in ("env / opponent", "metric", "games", "start", "end"):
+        t.add_column(col, no_wrap=col != "end" and col != "start")
     for r in rows:
-        t.add_row(r["name"], "-" if r["games"] is None else str(int(r["games"])),
+        where, _, metric = r["name"].rpartition("/")
+        t.add_row(where, metric, "-" if r["games"] is None else str(int(r["games"])),
                   f"step {r['start_step']}: " + _fmt(r["start"], r["start_lo"], r["start_hi"]),
                   f"step {r['end_step']}: " + _fmt(r["end"], r["end_lo"], r["end_hi"]))
     console.print(t)
