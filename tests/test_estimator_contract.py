@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
 from advantages import OPTIONS, synthetic_batch  # noqa: E402
-
 from sparring.advantages import ESTIMATORS, list_estimators  # noqa: E402
 
 NAMES = [e.name for e in list_estimators()]

@@ -30,3 +30,16 @@ def test_recipe_runs_two_steps(recipe, tmp_path):
     assert len(lines) == 3  # the step-0 evaluation and two steps
     assert any("eval/" in line for line in lines[-1:]) or raw.envs[0].name in (
         "arithmetic", "frozen_lake", "twenty_questions")
+
+
+def test_kuhn_recipe_scores_the_current_and_the_average_policy(tmp_path):
+    torch.set_num_threads(1)
+    cfg = load_config(CONFIGS / "kuhn_selfplay.yaml", [*SMALL, "envs.0.group_size=2"])
+    parts = build(cfg, tmp_path)
+    run = train(cfg, parts["model"], parts["rollout_fn"], parts["eval_fn"], parts["stateful"],
+                run_dir=tmp_path, pad_id=parts["pad_id"])
+    import json
+    last = json.loads((Path(run) / "metrics.jsonl").read_text().splitlines()[-1])
+    cur, avg = last["eval/kuhn_poker/exploitability"], last["eval/kuhn_poker/exploitability_average"]
+    assert 0 < cur < 2 and 0 < avg < 2
+    assert cur != avg  # two updates moved the policy away from its slow average

@@ -144,6 +144,9 @@ def train(cfg: Config, model: nn.Module, rollout_fn: RolloutFn, eval_fn: EvalFn 
     if cfg.lora.enabled and not is_peft(model):
         model = apply_lora(model, cfg.lora)
     learner = Learner(model, cfg)
+    for obj in (stateful or {}).values():  # e.g. evaluation that also scores the magnet
+        if hasattr(obj, "attach_learner"):
+            obj.attach_learner(learner)
     weights_name = "adapter" if is_peft(model) else "model"
     objects: dict[str, Any] = {"learner": learner, "rng": RNGState()}
     objects.update({f"user.{k}": v for k, v in (stateful or {}).items()})

@@ -108,6 +108,19 @@ class Rollouts:
         self.bots = {name: BOTS[name](cfg.train.seed) for s in cfg.envs for name in s.opponents
                      if name in BOTS}
 
+    def attach_learner(self, learner: Any) -> None:
+        """Called by the training loop: evaluation can then score the learner's magnet."""
+        self.learner_obj = learner
+
+    def average_policy(self) -> HFPolicy | None:
+        """The magnet (an exponential moving average of the policy's weights, i.e. an
+        average of recent policies) as a policy, when the run has one."""
+        lrn = getattr(self, "learner_obj", None)
+        if lrn is None or lrn.ref_model is None or self.cfg.algorithm.kl.reference != "magnet":
+            return None
+        return HFPolicy(lrn.ref_model, self.policy.tokenizer, device=self.cfg.model.device,
+                        name="magnet")
+
     def _load_snapshot(self, path: str) -> HFPolicy:
         p = HFPolicy.from_pretrained(path, seed=self.cfg.train.seed, name=Path(path).name)
         p.tokenizer = self.policy.tokenizer
@@ -201,6 +214,10 @@ def make_eval_fn(cfg: Config, rollouts: Rollouts) -> Callable[[int], dict[str, A
 
                 out[f"{name}/exploitability"] = policy_exploitability(
                     rollouts.arena, rollouts.policy, name, _options(cfg, name))
+                avg = rollouts.average_policy()
+                if avg is not None:
+                    out[f"{name}/exploitability_average"] = policy_exploitability(
+                        rollouts.arena, avg, name, _options(cfg, name))
         return out
 
     return eval_fn

@@ -35,6 +35,7 @@ def summary_table(run_dir: str | Path) -> list[dict[str, Any]]:
         if key.endswith(("_lo", "_hi")) or key.endswith("/games"):
             continue
         if not (key.endswith(("non_loss", "win", "loss", "invalid_rate", "exploitability",
+                              "exploitability_average",
                               "mean_return"))):
             continue
         table.append(dict(name=key, start_step=s0, start=first.get(key),
