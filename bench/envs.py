@@ -66,7 +66,7 @@ def main() -> None:
             continue
         try:
             env = make(entry.name)
-        except ImportError as e:
+        except (ImportError, ValueError) as e:  # a missing extra, or options it requires
             print(f"{entry.name:16s} skipped ({e})")
             continue
         raw, eps = run(env, steps, full=False)

@@ -87,6 +87,10 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
+    ap.add_argument("--system-prompt", default=None,
+                    help="override the env's system prompt ('' drops it, as configs/default.yaml)")
+    ap.add_argument("--model", default=None,
+                    help="tiny model sizes as YAML, e.g. '{hidden_size: 64, num_layers: 2}'")
     ap.add_argument("--quick", action="store_true", help="16 arena and 4 naive episodes")
     a = ap.parse_args()
     if a.quick:
@@ -94,10 +98,12 @@ def main() -> None:
     if a.threads:
         torch.set_num_threads(a.threads)
     _check_env()
-    model, tok = build_tiny_model()
+    import yaml
+
+    model, tok = build_tiny_model(yaml.safe_load(a.model) if a.model else None)
     model.to(a.device)
     sp = SamplingParams(temperature=a.temperature, max_new_tokens=4)
-    arena = Arena(sp, PromptConfig(a.history), InvalidActionPolicy("constrained"), max_turns=20)
+    arena = Arena(sp, PromptConfig(a.history, system_prompt=a.system_prompt), InvalidActionPolicy("constrained"), max_turns=20)
 
     rec = Recorder(HFPolicy(model, tok, device=a.device, seed=0, name="tiny"))
     arena.play("tictactoe", seeds=[0], group_size=2, seat_players=rec)  # warm-up

@@ -118,3 +118,25 @@ def test_parse_fuzz(text):
             assert r.action in env.legal_actions(0)
         else:
             assert r.error
+
+
+def test_compact_observations_show_card_and_moves_only():
+    from sparring.envs import make
+
+    env = make("kuhn_poker", compact=True)
+    env.reset_deal((2, 0))  # P0 holds K, P1 holds J
+    assert env.observation(0) == "K -"
+    env.step("pass")
+    assert env.observation(1) == "J p"
+    assert env.observation(0).endswith("Waiting for P1.")  # not acting: the full text
+    env.step("bet")
+    assert env.observation(0) == "K pb"
+    ld = make("leduc", compact=True)
+    ld.reset(0)
+    seat = ld.current_seat()
+    card = "JQK"[ld.cards[seat] // 2]
+    assert ld.observation(seat) == f"{card}- -"
+    ld.step("raise")
+    ld.step("call")  # round 1 over: the public card is dealt
+    pub = "JQK"[ld.public_card() // 2]
+    assert ld.observation(ld.current_seat()) == f"{'JQK'[ld.cards[ld.current_seat()] // 2]}{pub} rc/-"

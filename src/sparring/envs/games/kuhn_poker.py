@@ -27,10 +27,11 @@ class KuhnPoker(ChoiceGame):
     name = "kuhn_poker"
     ALL_ACTIONS = ACTIONS
 
-    def __init__(self, players: int = 2) -> None:
+    def __init__(self, players: int = 2, compact: bool = False) -> None:
         if players not in (2, 3):
             raise ValueError(f"kuhn_poker: players must be 2 or 3, got {players!r}")
         self.num_seats = players
+        self.compact = bool(compact)
         self.reset(0)
 
     # --- chance -------------------------------------------------------------
@@ -75,6 +76,9 @@ class KuhnPoker(ChoiceGame):
                           enumerate("pass" if c == "p" else "bet" for c in self.history))
         head = f"You are P{seat}. Card: {RANKS[self.cards[seat]]}. Pot: {sum(self.stake)}. " \
                f"Moves: {moves or '-'}."
+        if self.compact and not self.done and seat == self.current_seat():
+            # card, then the moves so far (p = pass, b = bet): what a tiny model reads best
+            return f"{RANKS[self.cards[seat]]} {''.join(self.history) or '-'}"
         if self.done:
             shown = " ".join(f"P{i}={RANKS[c]}" for i, c in enumerate(self.cards))
             return f"{head} Over: {shown}. You got {self._returns[seat]:+g}."
@@ -119,6 +123,7 @@ class KuhnPoker(ChoiceGame):
 
 
 @register_env("kuhn_poker", family="game", source="Kuhn (1950); rules as OpenSpiel kuhn_poker")
-def make_kuhn_poker(players: int = 2) -> KuhnPoker:
-    """Kuhn poker; ``players``: 2 or 3."""
-    return KuhnPoker(players=players)
+def make_kuhn_poker(players: int = 2, compact: bool = False) -> KuhnPoker:
+    """Kuhn poker; ``players``: 2 or 3; ``compact``: the acting seat sees only its card and
+    the moves so far (``"K pb"``), for tiny models."""
+    return KuhnPoker(players=players, compact=compact)

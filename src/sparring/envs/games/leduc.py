@@ -30,7 +30,8 @@ class Leduc(ChoiceGame):
     num_seats = 2
     ALL_ACTIONS = ACTIONS
 
-    def __init__(self) -> None:
+    def __init__(self, compact: bool = False) -> None:
+        self.compact = bool(compact)
         self.reset(0)
 
     def deal_outcomes(self) -> list[tuple[int, int, int]]:
@@ -85,6 +86,10 @@ class Leduc(ChoiceGame):
         head = (f"You are P{seat}. Card: {RANKS[self.cards[seat] // 2]}. Public: "
                 f"{RANKS[pub // 2] if pub is not None else '-'}. Pot: {sum(self.stake)}. "
                 f"Moves: {hist}.")
+        if self.compact and not self.done and seat == self.seat:
+            # private card, public card (- before it is dealt), moves per round (f/c/r)
+            return (f"{RANKS[self.cards[seat] // 2]}{RANKS[pub // 2] if pub is not None else '-'}"
+                    f" {'/'.join(''.join(r) or '-' for r in self.rounds[: self.round + 1])}")
         if self.done:
             return f"{head} Over. You got {self._returns[seat]:+g}."
         if seat != self.seat:
@@ -141,6 +146,7 @@ class Leduc(ChoiceGame):
 
 
 @register_env("leduc", family="game", source="Southey et al. (2005); rules as OpenSpiel leduc_poker")
-def make_leduc() -> Leduc:
-    """Leduc hold'em (no options)."""
-    return Leduc()
+def make_leduc(compact: bool = False) -> Leduc:
+    """Leduc hold'em; ``compact``: the acting seat sees only its card, the public card and
+    the moves per round (``"KQ rc/r"``), for tiny models."""
+    return Leduc(compact=compact)
