@@ -41,7 +41,7 @@ def _centered(batch, scale=1.0, **_):
 
 
 def _shift(batch, advantages, shift=0.0, **_):
-    return advantages + shift
+    return (advantages + shift) * batch.action_mask  # estimators keep zeros off the mask
 
 
 def _clip(logp, old_logp, advantages, mask, *, ref_logp=None, eps=0.2, **_):

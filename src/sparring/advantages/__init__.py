@@ -35,6 +35,9 @@ def estimator(
 ) -> Callable[[Callable], Callable]:
     """Register ``fn(batch, **options) -> Tensor[n, T]`` under ``name``.
 
+    Contract: the result is exactly zero outside ``batch.action_mask`` (`compute` does not
+    mask again; tests/test_estimator_contract.py checks every registered estimator).
+
     ``layout``: "any" (works on turn and trajectory rows), "turn" or "trajectory".
     ``needs``: what the batch must carry (group, agent, turn, state_key, logprobs,
     entropies, values, references, ...), shown by ``sparring list estimators``.

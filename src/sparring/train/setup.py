@@ -122,15 +122,23 @@ class Rollouts:
                         name="magnet")
 
     def _load_snapshot(self, path: str) -> HFPolicy:
-        p = HFPolicy.from_pretrained(path, seed=self.cfg.train.seed, name=Path(path).name)
+        p = HFPolicy.from_pretrained(path, seed=self._snapshot_seed(path), name=Path(path).name)
         p.tokenizer = self.policy.tokenizer
         return p
 
+    def _snapshot_seed(self, path: str) -> int:
+        """A snapshot's sampling seed depends only on (step, snapshot), not on when it was
+        loaded, so a resumed run (empty snapshot cache) samples as an uninterrupted one."""
+        return _stable_seed(self.cfg.train.seed, getattr(self, "_step", 0), Path(path).name)
+
     def _reseed(self, step: int) -> None:
+        self._step = step
         base = self.cfg.train.seed * 1_000_003 + step * 7919
         self.policy.generator.manual_seed(base)
         for k, bot in enumerate([*self.bots.values(), *self.pool_bots.values()]):
             bot.rng.seed(base + 101 * (k + 1))
+        for path, player in self.pool._cache.items():  # snapshots loaded in earlier steps
+            player.policy.generator.manual_seed(self._snapshot_seed(path))
 
     def _snapshot(self, step: int) -> None:
         every = self.cfg.rollout.pool_every
