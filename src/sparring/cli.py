@@ -55,13 +55,24 @@ def _split_train_args(items: Sequence[str]) -> tuple[str | None, list[str]]:
     return items[0], list(items[1:])
 
 
+def _recipe_dirs() -> list[Path]:
+    """Where recipe names are looked up: ./configs, then the checkout's configs/."""
+    here = Path("configs")
+    repo = Path(__file__).resolve().parents[2] / "configs"
+    return [here] + ([repo] if repo.is_dir() and repo.resolve() != here.resolve() else [])
+
+
 def _resolve_config(name: str | None) -> Path | None:
     if name is None:
-        default = Path("configs/default.yaml")
-        return default if default.exists() else None
-    for cand in (Path(name), Path("configs") / f"{name}.yaml", Path("configs") / name):
-        if cand.is_file():
-            return cand
+        name = "default"
+    elif Path(name).is_file():
+        return Path(name)
+    for d in _recipe_dirs():
+        for cand in (d / f"{name}.yaml", d / name):
+            if cand.is_file():
+                return cand
+    if name == "default":
+        return None
     raise FileNotFoundError(f"no config {name!r} (not a file, not configs/{name}.yaml)")
 
 
