@@ -303,23 +303,21 @@ def collate(
                     reward=t.reward, extras={x: t.extras.get(x, math.nan) for x in extra_names}))
     n = len(rows)
     T = max((len(r["ids"]) for r in rows), default=1)
-    input_ids = torch.full((n, T), pad_id, dtype=torch.long)
-    attn = torch.zeros(n, T, dtype=torch.bool)
-    act = torch.zeros(n, T, dtype=torch.bool)
-    old_lp = torch.zeros(n, T)
+    lengths = torch.tensor([len(r["ids"]) for r in rows], dtype=torch.long)
+    attn = torch.arange(T)[None, :] < lengths[:, None]
+
+    def padded(key: str, fill: object, dtype: torch.dtype) -> Tensor:
+        """One tensor per field from right-padded lists (one allocation, not one per row)."""
+        return torch.tensor([r[key] + [fill] * (T - len(r[key])) for r in rows],
+                            dtype=dtype).reshape(n, T)
+
+    input_ids = padded("ids", pad_id, torch.long)
+    act = padded("act", False, torch.bool)
+    old_lp = padded("lp", 0.0, torch.float32)
     has_ent = n > 0 and all(r["ent"] is not None for r in rows)
-    ent = torch.zeros(n, T) if has_ent else None
-    state_id = []
-    for i, r in enumerate(rows):
-        L = len(r["ids"])
-        input_ids[i, :L] = torch.tensor(r["ids"], dtype=torch.long)
-        attn[i, :L] = True
-        act[i, :L] = torch.tensor(r["act"], dtype=torch.bool)
-        old_lp[i, :L] = torch.tensor(r["lp"], dtype=torch.float32)
-        if ent is not None:
-            ent[i, :L] = torch.tensor(r["ent"], dtype=torch.float32)
-        key = r["state"]
-        state_id.append(-1 if key is None else state_keys.setdefault(key, len(state_keys)))
+    ent = padded("ent", 0.0, torch.float32) if has_ent else None
+    state_id = [-1 if r["state"] is None else state_keys.setdefault(r["state"], len(state_keys))
+                for r in rows]
 
     def vec(name: str, dtype: torch.dtype) -> Tensor:
         return torch.tensor([r[name] for r in rows], dtype=dtype)
