@@ -10,7 +10,7 @@ path, as in trajectory layout), with truncated episodes and several option setti
 import pytest
 import torch
 
-from sparring.advantages import ESTIMATORS, compute
+from sparring.advantages import ESTIMATORS, compute, rowblock
 from sparring.advantages.scan import from_grid, reverse_scan, to_grid
 from sparring.advantages.token_scan import last_index, spans, suffix_scan
 from sparring.advantages.turn import keep_rows, turn_rewards
@@ -192,14 +192,21 @@ def close(got, want):
 # ---------------------------------------------------------------- tests
 
 
+@pytest.fixture(params=["one-block", "many-blocks"])
+def blocks(request, monkeypatch):
+    """Run each test with all rows in one memory block, and with blocks of a few rows."""
+    if request.param == "many-blocks":
+        monkeypatch.setattr(rowblock, "BLOCK_ELEMS", 70)
+
+
 @pytest.mark.parametrize("b", [b for _, b in BATCHES], ids=IDS)
 @pytest.mark.parametrize("opts", GAE_OPTS)
-def test_gae_matches_loop(b, opts):
+def test_gae_matches_loop(b, opts, blocks):
     close(compute("gae", b, **opts)[0], old_gae(b, **opts))
 
 
 @pytest.mark.parametrize("b", [b for _, b in BATCHES], ids=IDS)
-def test_gae_token_rewards_match_loop(b):
+def test_gae_token_rewards_match_loop(b, blocks):
     g = torch.Generator().manual_seed(3)
     tr = torch.randn(b.action_mask.shape, generator=g)
     got = ESTIMATORS["gae"](b, gamma=0.97, lam=0.9, token_rewards=tr)
@@ -211,13 +218,13 @@ def test_gae_token_rewards_match_loop(b):
 @pytest.mark.parametrize("opts", [dict(), dict(gamma=0.9, lam=0.8, high_gamma=0.95,
                                                high_lam=0.6, truncated="terminal"),
                                   dict(gamma=0.7, lam=0.0, whiten=True)])
-def test_turn_gae_matches_loop(b, opts):
+def test_turn_gae_matches_loop(b, opts, blocks):
     b = b.with_fields(values=torch.nan_to_num(b.values, nan=100.0))  # old: NaN-unsafe v_end
     close(compute("turn_gae", b, **opts)[0], old_turn_gae(b, **opts))
 
 
 @pytest.mark.parametrize("b", [b for _, b in BATCHES], ids=IDS)
-def test_shapers_match_full_tensor_versions(b):
+def test_shapers_match_full_tensor_versions(b, blocks):
     adv = ESTIMATORS["grpo"](b)
     close(compute("ucas", b)[0], old_ucas(adv, b))
     close(compute("ucas", b, alpha=0.9, beta=0.3)[0], old_ucas(adv, b, 0.9, 0.3))
@@ -229,7 +236,7 @@ def test_shapers_match_full_tensor_versions(b):
           old_entropy_shaping(adv, b, 0.8, 1.1))
 
 
-def test_suffix_scan_matches_loop():
+def test_suffix_scan_matches_loop(blocks):
     g = torch.Generator().manual_seed(0)
     for T, gl in [(1, 0.9), (5, 0.5), (16, 0.95), (37, 0.0), (300, 1.0), (2100, 0.99),
                   (70, 0.05)]:
@@ -244,7 +251,7 @@ def test_suffix_scan_matches_loop():
         assert torch.allclose(got.double(), want, atol=tol, rtol=0), (T, gl)
 
 
-def test_spans_and_last_index_match_brute_force():
+def test_spans_and_last_index_match_brute_force(blocks):
     g = torch.Generator().manual_seed(1)
     for contiguous in (True, False):
         n, T = 40, 23
