@@ -6,13 +6,30 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
 
 def compact_ids(*keys: Tensor) -> tuple[Tensor, int]:
-    """Map rows with equal key tuples to the same id in ``0..n_seg-1``. Returns (ids, n_seg)."""
-    stacked = torch.stack([k.long() for k in keys], dim=1)
+    """Map rows with equal key tuples to the same id in ``0..n_seg-1``. Returns (ids, n_seg).
+
+    Ids follow the lexicographic order of the key tuples. The keys are folded into one
+    mixed-radix integer (exact while the product of their ranges fits in 62 bits), so this
+    is one 1-D `torch.unique`; otherwise a row-wise unique over the stacked keys.
+    """
+    cols = [k.long().reshape(-1) for k in keys]
+    if cols and cols[0].numel():
+        lo = [int(c.min()) for c in cols]
+        span = [int(c.max()) - m + 1 for c, m in zip(cols, lo)]
+        if math.prod(span) < 2 ** 62:
+            key = torch.zeros_like(cols[0])
+            for c, m, s in zip(cols, lo, span):
+                key = key * s + (c - m)
+            uniq, inv = torch.unique(key, return_inverse=True)
+            return inv, uniq.shape[0]
+    stacked = torch.stack(cols, dim=1)
     uniq, inv = torch.unique(stacked, dim=0, return_inverse=True)
     return inv, uniq.shape[0]
 

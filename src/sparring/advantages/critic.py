@@ -1,13 +1,14 @@
 """Critic-based estimators: multi-turn token GAE, bi-level (turn, token) GAE, ArCHer targets.
 
-GAE computation: a backward loop over the token axis T (the standard exception), vectorised
-across all rows, skipping non-action tokens (observations, prompts, padding carry the next
-action token's value and advantage through unchanged). Bootstrapping across an agent's own
-turns (turn layout: each turn is a row) is exact and loop-free: the within-row pass gives
-each row's advantage with a zero tail; the tail correction ``c_k`` obeys the backward
-recurrence ``c_k = gamma V_{k+1,first} + gamma lam A^loc_{k+1,first} + (gamma lam)^{len_{k+1}}
-c_{k+1}`` over turns, solved with `scan.reverse_scan`, and each action token t gets
-``A_t = A^loc_t + (gamma lam)^{d_t} c_k`` (d_t = action tokens after t in its row).
+GAE inside a row (over its action tokens only; observations, prompts and padding are
+skipped) is a discounted suffix scan without a loop over tokens: `token_scan.token_gae`
+(blocked chunk matmuls; rows with non-contiguous action tokens are compacted first).
+Bootstrapping across an agent's own turns (turn layout: each turn is a row) is exact and
+loop-free: the within-row pass gives each row's advantage with a zero tail; the tail
+correction ``c_k`` obeys the backward recurrence ``c_k = gamma V_{k+1,first} + gamma lam
+A^loc_{k+1,first} + (gamma lam)^{len_{k+1}} c_{k+1}`` over turns, solved with
+`scan.reverse_scan`, and each action token t gets ``A_t = A^loc_t + (gamma lam)^{d_t} c_k``
+(d_t = action tokens after t in its row).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import torch
 from torch import Tensor
 
 from sparring.advantages import estimator
+from sparring.advantages.rowblock import masked_row_sum, row_blocks, row_count
 from sparring.advantages.scan import from_grid, reverse_scan, to_grid, to_tokens
+from sparring.advantages.token_scan import last_index, spans, token_gae
 from sparring.advantages.turn import keep_rows, turn_rewards
 from sparring.data import TurnBatch
 
@@ -30,67 +33,55 @@ def _values(batch: TurnBatch, name: str) -> Tensor:
     return batch.values.float()
 
 
-def last_action_onehot(mask: Tensor) -> Tensor:
-    """``Bool[n, T]``: the last action token of each row."""
-    after = mask.flip(1).cumsum(1).flip(1)  # action tokens at or after t
-    return mask & (after == 1)
+def _check_token_rewards(token_rewards: Tensor | None, mask: Tensor) -> Tensor | None:
+    if token_rewards is not None and token_rewards.shape != mask.shape:
+        raise ValueError(f"token_rewards has shape {tuple(token_rewards.shape)}, "
+                         f"expected {tuple(mask.shape)}")
+    return token_rewards
 
 
-def row_gae(r: Tensor, V: Tensor, mask: Tensor, gamma: float, lam: float
-            ) -> tuple[Tensor, Tensor, Tensor]:
-    """GAE inside each row over its action tokens only, with zero value after the row.
-
-    ``delta_t = r_t + gamma V_next(t) - V_t``, ``A_t = delta_t + gamma lam A_next(t)``, where
-    next(t) is the row's next *action* token. Returns (A ``[n, T]``, A and V at each row's
-    first action token ``[n]``). Loop over T, vectorised across rows.
-    """
-    n, T = mask.shape
-    rv = (r - V).t().contiguous()  # r_t - V_t, [T, n]
-    VT, mT = V.t().contiguous(), mask.t().contiguous()
-    out = torch.empty_like(rv)
-    carry_a = torch.zeros(n, dtype=r.dtype, device=r.device)
-    carry_v = torch.zeros_like(carry_a)
-    gl = gamma * lam
-    for t in range(T - 1, -1, -1):
-        a = torch.add(rv[t], carry_v, alpha=gamma).add_(carry_a, alpha=gl)
-        out[t] = a
-        carry_a = torch.where(mT[t], a, carry_a)
-        carry_v = torch.where(mT[t], VT[t], carry_v)
-    out = torch.where(mask, out.t(), 0.0)
-    return out, carry_a, carry_v
+def _whiten(A: Tensor, m: Tensor, min_count: int) -> Tensor:
+    """In place: ``(A - mean) / (std + 1e-8)`` over ``m`` (A is zero outside m), when m has
+    at least ``min_count`` entries; std unbiased, 0 for a single entry."""
+    cnt = int(row_count(m).sum())
+    if cnt < min_count:
+        return A
+    mu = A.sum(dtype=torch.float64) / cnt
+    sd = (masked_row_sum((A - mu.to(A.dtype)) ** 2, m).sum(dtype=torch.float64) / (cnt - 1)
+          ).sqrt() if cnt > 1 else torch.zeros((), dtype=torch.float64)
+    mu_, den = mu.to(A.dtype), (sd + 1e-8).to(A.dtype)
+    for b in row_blocks(*A.shape):
+        torch.where(m[b], (A[b] - mu_) / den, torch.zeros((), dtype=A.dtype), out=A[b])
+    return A
 
 
-def _token_rewards(batch: TurnBatch, token_rewards: Tensor | None, add_return: bool) -> Tensor:
+def _gae(batch: TurnBatch, gamma: float, lam: float, token_rewards: Tensor | None,
+         add_return: bool, keep: Tensor | None) -> Tensor:
+    V = _values(batch, "gae")
     mask = batch.action_mask
-    r = last_action_onehot(mask) * turn_rewards(batch, add_return)[:, None]
-    if token_rewards is not None:
-        if token_rewards.shape != mask.shape:
-            raise ValueError(f"token_rewards has shape {tuple(token_rewards.shape)}, "
-                             f"expected {tuple(mask.shape)}")
-        r = r + token_rewards.float() * mask
-    return r
+    tr = _check_token_rewards(token_rewards, mask)
+    gl = gamma * lam
+    bootstrap = None
+    if batch.layout == "turn" and batch.n_rows and int(batch.turn.max()) > 0:
+        def bootstrap(first_a: Tensor, first_v: Tensor) -> Tensor:
+            fa, fv = to_grid(first_a, batch), to_grid(first_v, batch)
+            ln = to_grid(row_count(mask, V.dtype), batch)
+            a = torch.zeros_like(fa)
+            b = torch.zeros_like(fa)
+            a[:, :-1] = gamma * fv[:, 1:] + gl * fa[:, 1:]
+            b[:, :-1] = torch.pow(torch.tensor(gl, dtype=V.dtype), ln[:, 1:])
+            return from_grid(reverse_scan(a, b), batch)
+    A, _, _ = token_gae(V, mask, turn_rewards(batch, add_return), gamma, lam,
+                        token_rewards=tr, keep=keep, bootstrap=bootstrap)
+    return A
 
 
 def gae_advantages(batch: TurnBatch, *, gamma: float = 1.0, lam: float = 0.95,
                    token_rewards: Tensor | None = None, add_return: bool = False
                    ) -> tuple[Tensor, Tensor]:
     """(advantages, returns) ``[n_rows, T]`` of multi-turn token GAE (see the module doc)."""
-    V = _values(batch, "gae")
-    mask = batch.action_mask
-    r = _token_rewards(batch, token_rewards, add_return)
-    A, first_a, first_v = row_gae(r, V, mask, gamma, lam)
-    if batch.layout == "turn" and batch.n_rows and int(batch.turn.max()) > 0:
-        gl = gamma * lam
-        fa, fv = to_grid(first_a, batch), to_grid(first_v, batch)
-        ln = to_grid(batch.length.to(r.dtype), batch)
-        a = torch.zeros_like(fa)
-        b = torch.zeros_like(fa)
-        a[:, :-1] = gamma * fv[:, 1:] + gl * fa[:, 1:]
-        b[:, :-1] = torch.pow(torch.tensor(gl, dtype=r.dtype), ln[:, 1:])
-        c = from_grid(reverse_scan(a, b), batch)
-        d = (batch.length[:, None] - mask.cumsum(1)).to(r.dtype)  # action tokens after t
-        A = A + torch.where(mask, torch.pow(torch.tensor(gl, dtype=r.dtype), d) * c[:, None], 0.0)
-    return A, (A + V) * mask
+    A = _gae(batch, gamma, lam, token_rewards, add_return, None)
+    return A, torch.where(batch.action_mask, A + _values(batch, "gae"), 0.0)
 
 
 @estimator("gae", family="critic", needs=("values", "reward"), layout="any",
@@ -107,35 +98,37 @@ def gae(batch: TurnBatch, *, gamma: float = 1.0, lam: float = 0.95, whiten: bool
     token, plus ``token_rewards [n, T]`` (e.g. a per-token KL penalty). ``whiten``: normalise
     A to zero mean, unit std over the kept action tokens. Shapes: values ``[n, T]`` -> ``[n, T]``.
     Source: GAE (2016). Trajectory layout: the row's reward sits on its last action token.
+    Algorithm: blocked suffix scan (`token_scan`), no loop over tokens, rows or turns.
     """
     keep = keep_rows(batch, truncated)
-    A, _ = gae_advantages(batch, gamma=gamma, lam=lam, token_rewards=token_rewards,
-                          add_return=add_return)
-    m = batch.action_mask & keep[:, None]
-    if whiten and bool(m.any()):
-        mu = A[m].mean()
-        sd = A[m].std() if int(m.sum()) > 1 else torch.zeros(())
-        A = (A - mu) / (sd + 1e-8)
-    return torch.where(m, A, 0.0)
+    A = _gae(batch, gamma, lam, token_rewards, add_return, keep)
+    if whiten:
+        A = _whiten(A, batch.action_mask & keep[:, None], 1)
+    return A
+
+
+def _bilevel(batch: TurnBatch, gamma: float, lam: float, high_gamma: float,
+             high_lam: float | None, add_return: bool, keep: Tensor | None) -> Tensor:
+    V = _values(batch, "turn_gae")
+    mask = batch.action_mask
+    hl = lam if high_lam is None else high_lam
+    sp = spans(mask)
+    last = sp[1] if sp[3] else last_index(mask)
+    v_end = torch.where(sp[2] > 0, V.gather(1, last[:, None]).squeeze(1), 0.0)
+    ve = to_grid(v_end, batch)
+    nxt = torch.zeros_like(ve)
+    nxt[:, :-1] = ve[:, 1:]
+    delta = to_grid(turn_rewards(batch, add_return), batch) + high_gamma * nxt - ve
+    a_hi = from_grid(reverse_scan(delta, high_gamma * hl), batch)
+    return token_gae(V, mask, a_hi + v_end, gamma, lam, keep=keep, spans_=sp)[0]
 
 
 def bilevel_gae(batch: TurnBatch, *, gamma: float = 1.0, lam: float = 0.95,
                 high_gamma: float = 0.95, high_lam: float | None = None,
                 add_return: bool = False) -> tuple[Tensor, Tensor]:
     """(advantages, returns) ``[n_rows, T]`` of bi-level GAE (see `turn_gae`)."""
-    V = _values(batch, "turn_gae")
-    mask = batch.action_mask
-    hl = lam if high_lam is None else high_lam
-    last = last_action_onehot(mask)
-    v_end = (V * last).sum(1)
-    ve = to_grid(v_end, batch)
-    nxt = torch.zeros_like(ve)
-    nxt[:, :-1] = ve[:, 1:]
-    delta = to_grid(turn_rewards(batch, add_return), batch) + high_gamma * nxt - ve
-    a_hi = from_grid(reverse_scan(delta, high_gamma * hl), batch)
-    target = a_hi + v_end
-    A, _, _ = row_gae(last * target[:, None], V, mask, gamma, lam)
-    return A, (A + V) * mask
+    A = _bilevel(batch, gamma, lam, high_gamma, high_lam, add_return, None)
+    return A, torch.where(batch.action_mask, A + _values(batch, "turn_gae"), 0.0)
 
 
 @estimator("turn_gae", family="critic", needs=("values", "turn", "reward"), layout="turn",
@@ -151,14 +144,13 @@ def turn_gae(batch: TurnBatch, *, gamma: float = 1.0, lam: float = 0.95,
     inside turn k with reward ``y_k`` on its last action token and no bootstrap past it (so
     the last token's advantage is ``A^hi_k``). ``high_lam`` defaults to ``lam``.
     Shapes: ``[n, T]``. Source: RAGEN (2025), bi-level GAE; our reading of its description.
+    Algorithm: turn level by `scan.reverse_scan`, token level by `token_scan.token_gae`.
     """
     keep = keep_rows(batch, truncated)
-    A, _ = bilevel_gae(batch, gamma=gamma, lam=lam, high_gamma=high_gamma, high_lam=high_lam,
-                       add_return=add_return)
-    m = batch.action_mask & keep[:, None]
-    if whiten and int(m.sum()) > 1:
-        A = (A - A[m].mean()) / (A[m].std() + 1e-8)
-    return torch.where(m, A, 0.0)
+    A = _bilevel(batch, gamma, lam, high_gamma, high_lam, add_return, keep)
+    if whiten:
+        A = _whiten(A, batch.action_mask & keep[:, None], 2)
+    return A
 
 
 def archer_q_target(reward: Tensor, done: Tensor, v_target_next: Tensor,

@@ -6,7 +6,12 @@ Two kinds of shaper, both pure:
   (per trajectory, kept consistent): `overlong_penalty`, `kl_in_reward`. They run *before*
   the estimator.
 * advantage-level ``fn(adv [n, T], batch, **opts) -> adv [n, T]``: `ucas`, `canon`,
-  `entropy_shaping`. They run *after* the estimator, in the order given.
+  `entropy_shaping`. They run *after* the estimator, in the order given. Contract (as for
+  estimators): given ``adv`` zero outside ``batch.action_mask``, the result is too, so
+  `shaped` does not mask again (tests/test_estimator_contract.py checks each wrapper).
+
+Row statistics and the element-wise passes walk the rows in memory blocks
+(`rowblock.row_blocks`), so no full ``[n, T]`` temporary is allocated besides the output.
 
 `shaped(batch, estimator, options, shaping)` composes them:
 ``shaped(b, "grpo", {}, [("kl_in_reward", {"beta": 0.1}), ("ucas", {})])``.
@@ -25,6 +30,7 @@ from torch import Tensor
 
 from sparring.advantages import ESTIMATORS, compute, estimator
 from sparring.advantages.normalize import check_choice, scope_ids
+from sparring.advantages.rowblock import masked_row_mean, row_blocks, row_count
 from sparring.data import TurnBatch
 from sparring.registry import Registry
 from sparring.segments import compact_ids, segment_mean, segment_median, segment_sum
@@ -73,12 +79,8 @@ def shaped(batch: TurnBatch, estimator_name: str, options: Mapping | None = None
     adv, keep = compute(estimator_name, batch, **dict(options or {}))
     for e, o in entries:
         if e.family == "advantage":
-            adv = e.fn(adv, batch, **o) * batch.action_mask
+            adv = e.fn(adv, batch, **o)  # zero outside the mask by the shaper contract
     return adv, keep
-
-
-def _row_mean(x: Tensor, mask: Tensor) -> Tensor:
-    return (x * mask).sum(1) / mask.sum(1).clamp(min=1)
 
 
 def _with_row_delta(batch: TurnBatch, delta: Tensor) -> TurnBatch:
@@ -100,11 +102,18 @@ def ucas(adv: Tensor, batch: TurnBatch, *, alpha: float = 0.5, beta: float = 0.1
     sampled-token probabilities in place of raw logits).
     """
     m = batch.action_mask
-    c = _row_mean(batch.old_logp.float(), m).exp()[:, None]
-    p = batch.old_logp.float().exp()
-    pos = adv * (1 + alpha * (1 - c))
-    neg = adv * (1 + alpha * c) - beta * p
-    return torch.where(adv > 0, pos, torch.where(adv < 0, neg, adv)) * m
+    n, T = m.shape
+    lp_all = batch.old_logp
+    out = torch.empty(n, T, dtype=torch.promote_types(adv.dtype, torch.float32),
+                      device=adv.device)
+    cnt = row_count(m).clamp(min=1)
+    for b in row_blocks(n, T):  # per row block: all of it is row-local
+        mb, a, lp = m[b], adv[b], lp_all[b].float()
+        c = (torch.where(mb, lp, 0.0).sum(1) / cnt[b]).exp()[:, None]
+        neg = lp.exp().mul_(-beta).addcmul_(a, 1 + alpha * c)  # A (1 + alpha c) - beta p
+        # A = 0 off the action tokens (shaper contract), so the A >= 0 branch keeps them 0
+        torch.where(a < 0, neg, a * (1 + alpha * (1 - c)), out=out[b])
+    return out
 
 
 METRICS = ("entropy", "length")
@@ -127,10 +136,10 @@ def canon(adv: Tensor, batch: TurnBatch, *, metric: str = "entropy", weight: flo
     if metric == "entropy":
         if batch.entropy is None:
             raise ValueError("canon(metric='entropy') needs batch.entropy (token entropies)")
-        x = _row_mean(batch.entropy.float(), m)
+        x = masked_row_mean(batch.entropy.float(), m)
     else:
         x = batch.length.float()
-    a = _row_mean(adv.float(), m)
+    a = masked_row_mean(adv.float(), m)
     ids, n = scope_ids(batch, scope)
     if n == 0:
         return adv
@@ -138,7 +147,13 @@ def canon(adv: Tensor, batch: TurnBatch, *, metric: str = "entropy", weight: flo
     hid, hn = compact_ids(ids, high.long())
     mh, mg = segment_mean(a, hid, hn)[hid], segment_mean(a, ids, n)[ids]
     new = (a - mh) + weight * (mh - mg)
-    return adv + (new - a)[:, None] * m
+    delta = new - a
+    out = torch.empty(m.shape, dtype=torch.promote_types(adv.dtype, delta.dtype),
+                      device=adv.device)
+    zero = torch.zeros((), dtype=out.dtype, device=out.device)
+    for b in row_blocks(*m.shape):  # A + delta on action tokens, A elsewhere
+        torch.where(m[b], delta[b, None].to(out.dtype), zero, out=out[b]).add_(adv[b])
+    return out
 
 
 @shaper("entropy_shaping", kind="advantage", needs=("entropies",),
@@ -155,8 +170,8 @@ def entropy_shaping(adv: Tensor, batch: TurnBatch, *, lo: float = 0.5, hi: float
         raise ValueError("entropy_shaping needs batch.entropy (token entropies)")
     if not 0 < lo <= hi:
         raise ValueError(f"bad lo={lo!r}, hi={hi!r}; need 0 < lo <= hi")
-    H = _row_mean(batch.entropy.float(), batch.action_mask)
-    has = batch.action_mask.any(1)
+    H = masked_row_mean(batch.entropy.float(), batch.action_mask)
+    has = row_count(batch.action_mask) > 0
     ref = H[has].mean() if bool(has.any()) else torch.ones(())
     return adv * ((H / (ref + eps)).clamp(lo, hi))[:, None]
 
