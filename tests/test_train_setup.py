@@ -103,3 +103,37 @@ def test_unknown_opponent_is_a_clear_error(tmp_path):
     cfg = _cfg(["envs.0.opponents=[self,bogus]"])
     with pytest.raises(ValueError, match="bogus.*allowed: self, pool, random"):
         build(cfg, tmp_path)
+
+
+def test_role_ema_keeps_its_baselines_across_steps_and_in_checkpoints(tmp_path):
+    import json
+
+    from sparring.train.loop import train
+
+    cfg = _cfg(["algorithm.estimator=role_ema", "algorithm.estimator_options={decay: 0.5}",
+                "train.steps=2", "train.epochs=1", "eval.every=0", "eval.at_start=false",
+                "checkpoint.every=1", "logging.progress=false"])
+    parts = build(cfg, tmp_path)
+    tracker = parts["stateful"]["estimator"].tracker
+    seen = []
+    roll = parts["rollout_fn"]
+
+    def rollout(step):  # record each step's episodes to recompute the EMA by hand
+        eps = roll(step)
+        seen.append(eps)
+        return eps
+
+    train(cfg, parts["model"], rollout, None, parts["stateful"], run_dir=tmp_path,
+          pad_id=parts["pad_id"])
+    # b <- 0.5 b + 0.5 mean(R) per (env, seat), from b = 0, over the learner's trajectories
+    want = {}
+    for eps in seen:
+        for seat in (0, 1):
+            rs = [e.returns[seat] for e in eps if e.info["players"][seat] == "learner"]
+            key = f"tictactoe/{seat}"
+            want[key] = 0.5 * want.get(key, 0.0) + 0.5 * sum(rs) / len(rs)
+    assert tracker.baselines.keys() == want.keys()
+    for k in want:
+        assert tracker.baselines[k] == pytest.approx(want[k], abs=1e-6)
+    state = json.loads((tmp_path / "checkpoints" / "step_000002" / "state.json").read_text())
+    assert "user.estimator" in json.dumps(state)

@@ -73,12 +73,16 @@ def _env_options(cfg: Config, env_names: list[str]) -> list[dict[str, Any]]:
     return [{**base, **per_env.get(name, {})} for name in env_names]
 
 
-def advantages(batch: TurnBatch, cfg: Config) -> tuple[Tensor, Tensor]:
-    """Estimator (per-env options; statistics then stay within an env) and shaping."""
+def advantages(batch: TurnBatch, cfg: Config,
+               extra: Mapping[str, Any] | None = None) -> tuple[Tensor, Tensor]:
+    """Estimator (per-env options; statistics then stay within an env) and shaping.
+    ``extra``: run-time estimator options that are objects, not config (e.g. the running
+    ``tracker`` of ``role_ema``, checkpointed as a stateful object)."""
     name = cfg.algorithm.estimator
-    opts = _env_options(cfg, batch.env_names)
+    opts = [{**o, **(extra or {})} for o in _env_options(cfg, batch.env_names)]
     if all(o == opts[0] for o in opts):
-        adv, keep = compute(name, batch, **(opts[0] if opts else cfg.algorithm.estimator_options))
+        adv, keep = compute(name, batch, **(opts[0] if opts else {
+            **cfg.algorithm.estimator_options, **(extra or {})}))
     else:
         adv = torch.zeros(batch.input_ids.shape, device=batch.device)
         keep = torch.ones(batch.n_rows, dtype=torch.bool, device=batch.device)
@@ -144,9 +148,12 @@ def train(cfg: Config, model: nn.Module, rollout_fn: RolloutFn, eval_fn: EvalFn 
     if cfg.lora.enabled and not is_peft(model):
         model = apply_lora(model, cfg.lora)
     learner = Learner(model, cfg)
-    for obj in (stateful or {}).values():  # e.g. evaluation that also scores the magnet
-        if hasattr(obj, "attach_learner"):
+    extra: dict[str, Any] = {}
+    for obj in (stateful or {}).values():
+        if hasattr(obj, "attach_learner"):  # e.g. evaluation that also scores the magnet
             obj.attach_learner(learner)
+        if hasattr(obj, "estimator_options"):  # e.g. role_ema's running baselines
+            extra.update(obj.estimator_options())
     weights_name = "adapter" if is_peft(model) else "model"
     objects: dict[str, Any] = {"learner": learner, "rng": RNGState()}
     objects.update({f"user.{k}": v for k, v in (stateful or {}).items()})
@@ -185,7 +192,7 @@ def train(cfg: Config, model: nn.Module, rollout_fn: RolloutFn, eval_fn: EvalFn 
             batch = collate(episodes, layout=layout, pad_id=pad_id).to(learner.device)
             if learner.critic is not None:
                 batch = batch.with_fields(values=learner.values(batch))
-            adv, keep = advantages(batch, cfg)
+            adv, keep = advantages(batch, cfg, extra)
             metrics = rollout_metrics(episodes, batch, adv, keep)
             metrics.update(learner.update(batch, adv, keep))
             t2 = time.perf_counter()

@@ -235,6 +235,26 @@ def _options(cfg: Config, name: str) -> dict[str, Any]:
     return next(dict(s.options) for s in cfg.envs if s.name == name)
 
 
+class EstimatorState:
+    """Run-time estimator state that lives across steps and in checkpoints: for
+    ``role_ema``, the per-(env, role) EMA baselines (SPIRAL), passed as ``tracker``."""
+
+    def __init__(self, cfg: Config):
+        from sparring.advantages.turn import RoleEMA
+
+        o = cfg.algorithm.estimator_options
+        self.tracker = RoleEMA(decay=o.get("decay", 0.95), init=o.get("init", 0.0))
+
+    def estimator_options(self) -> dict[str, Any]:
+        return {"tracker": self.tracker}
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.tracker.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.tracker.load_state_dict(state)
+
+
 def build(cfg: Config, run_dir: str | Path | None = None) -> dict[str, Any]:
     from transformers.utils import logging as hf_logging
 
@@ -244,6 +264,9 @@ def build(cfg: Config, run_dir: str | Path | None = None) -> dict[str, Any]:
     model, tok = load_model(cfg)
     policy = HFPolicy(model, tok, device=cfg.model.device, seed=cfg.train.seed, name="learner")
     rollouts = Rollouts(cfg, policy, Path(run_dir or "runs/unnamed"))
+    stateful: dict[str, Any] = {"rollouts": rollouts}
+    if cfg.algorithm.estimator == "role_ema":
+        stateful["estimator"] = EstimatorState(cfg)
     return {"model": policy.model, "policy": policy, "rollout_fn": rollouts,
-            "eval_fn": make_eval_fn(cfg, rollouts), "stateful": {"rollouts": rollouts},
+            "eval_fn": make_eval_fn(cfg, rollouts), "stateful": stateful,
             "pad_id": policy.pad_id, "tokenizer": tok}
