@@ -127,3 +127,15 @@ def test_minimax_vs_random(n):
 def test_minimax_self_play_draws():
     env = make("tictactoe")
     assert _match(MinimaxBot(5), MinimaxBot(6), 200, env) == {1.0: 0, 0.0: 200, -1.0: 0}
+
+
+def test_compact_observation_is_mark_and_cells_in_order():
+    from sparring.envs import make
+
+    env = make("tictactoe", compact=True)
+    env.reset(0)
+    assert env.observation(0) == "X ........."
+    env.step("5")
+    env.step("1")
+    assert env.observation(0) == "X O...X...."
+    assert "Waiting for X" in env.observation(1)  # the seat not to move sees the full text

@@ -21,7 +21,8 @@ class TicTacToe(TwoPlayerBoardGame):
     num_seats = 2
     ALL_ACTIONS = CELLS
 
-    def __init__(self) -> None:
+    def __init__(self, compact: bool = False) -> None:
+        self.compact = bool(compact)
         self.reset(0)
 
     def reset(self, seed: int = 0) -> None:
@@ -49,6 +50,8 @@ class TicTacToe(TwoPlayerBoardGame):
     def observation(self, seat: int) -> str:
         self._check_seat(seat)
         b = "".join(self.board)
+        if self.compact and not self.done and seat == self.turn:
+            return f"{MARKS[seat]} {b}"  # the mover's mark, then cells 1-9 in order
         rows = f"{b[0:3]}\n{b[3:6]}\n{b[6:9]}\n"
         if self.done:
             end = "Draw." if self.winner is None else f"{MARKS[self.winner]} wins."
@@ -72,6 +75,7 @@ class TicTacToe(TwoPlayerBoardGame):
 
 
 @register_env("tictactoe", family="game", source="classic; rules as OpenSpiel tic_tac_toe")
-def make_tictactoe() -> TicTacToe:
-    """Tic-tac-toe (no options)."""
-    return TicTacToe()
+def make_tictactoe(compact: bool = False) -> TicTacToe:
+    """Tic-tac-toe; ``compact``: the mover sees only its mark and cells 1-9 in order
+    (``"O X...O.X.."``), for tiny models."""
+    return TicTacToe(compact=compact)
