@@ -3,7 +3,6 @@
 from pathlib import Path
 
 import pytest
-import torch
 
 from sparring.train.config import load_config
 from sparring.train.loop import train
@@ -11,6 +10,7 @@ from sparring.train.setup import build
 
 CONFIGS = Path(__file__).parents[1] / "configs"
 RECIPES = sorted(p.stem for p in CONFIGS.glob("*.yaml") if p.stem != "reference")
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 SMALL = ["model.name=tiny", "model.options={hidden_size: 32, num_layers: 1, num_heads: 2, "
          "num_kv_heads: 2, intermediate_size: 64}", "rollout.episodes_per_step=8",
          "train.steps=2", "train.epochs=1", "eval.games=4", "eval.every=0",
@@ -19,7 +19,6 @@ SMALL = ["model.name=tiny", "model.options={hidden_size: 32, num_layers: 1, num_
 
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_recipe_runs_two_steps(recipe, tmp_path):
-    torch.set_num_threads(1)
     raw = load_config(CONFIGS / f"{recipe}.yaml")
     groups = [f"envs.{i}.group_size={min(s.group_size, 2)}" for i, s in enumerate(raw.envs)]
     cfg = load_config(CONFIGS / f"{recipe}.yaml", [*SMALL, *groups])
@@ -33,7 +32,6 @@ def test_recipe_runs_two_steps(recipe, tmp_path):
 
 
 def test_kuhn_recipe_scores_the_current_and_the_average_policy(tmp_path):
-    torch.set_num_threads(1)
     cfg = load_config(CONFIGS / "kuhn_selfplay.yaml", [*SMALL, "envs.0.group_size=2"])
     parts = build(cfg, tmp_path)
     run = train(cfg, parts["model"], parts["rollout_fn"], parts["eval_fn"], parts["stateful"],

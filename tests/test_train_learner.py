@@ -18,15 +18,7 @@ from sparring.train.learner import (
 )
 from tests import train_helpers as th
 
-
-@pytest.fixture(autouse=True)
-def _entries():
-    th.register()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matrices: threads only add contention
-    yield
-    torch.set_num_threads(threads)
-    th.unregister()
+pytestmark = pytest.mark.usefixtures("train_doubles")
 
 
 def make_cfg(**over):

@@ -23,14 +23,7 @@ from tests.train_resume_job import CONFIG, STEPS, run_job
 ROOT = Path(__file__).parents[1]
 
 
-@pytest.fixture(autouse=True)
-def _entries():
-    th.register()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matrices: threads only add contention
-    yield
-    torch.set_num_threads(threads)
-    th.unregister()
+pytestmark = pytest.mark.usefixtures("train_doubles")
 
 
 def _strip(rows):

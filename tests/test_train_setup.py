@@ -18,12 +18,7 @@ TINY = ["model.options.hidden_size=32", "model.options.num_layers=1",
         "model.options.num_kv_heads=2"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _cfg(overrides=()):

@@ -134,7 +134,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from sparring.train.eval_games import evaluate_vs_bot, policy_exploitability
     from sparring.train.restore import load_policy
-    from sparring.train.setup import BOTS, Rollouts
+    from sparring.train.setup import BOTS, env_options, make_arena
 
     console = Console()
     try:
@@ -146,7 +146,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         console.print(f"[red]error:[/red] {e}")
         return 2
     envs = args.env or list(dict.fromkeys(s.name for s in cfg.envs))
-    arena = Rollouts(cfg, policy, Path(ckpt)).arena
+    arena = make_arena(cfg)
     from sparring.policy.sampling import SamplingParams
 
     sampling = SamplingParams(temperature=cfg.rollout.temperature, greedy=not args.sample,
@@ -155,7 +155,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for col in ("env", "opponent", "win", "draw", "loss", "non-loss", "invalid"):
         table.add_column(col)
     for env in envs:
-        opts = next((dict(s.options) for s in cfg.envs if s.name == env), {})
+        opts = env_options(cfg, env)
         for bot in args.vs:
             r = evaluate_vs_bot(arena, policy, sampling, env, opts, BOTS[bot](args.seed),
                                 args.games, seed=args.seed)

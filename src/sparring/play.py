@@ -7,6 +7,17 @@ from collections.abc import Callable
 from sparring.envs import make
 from sparring.policy.sampling import SamplingParams
 from sparring.rollout.prompts import PromptBuilder, PromptConfig
+from sparring.train.setup import env_options
+
+
+def _readable(env, seat: int) -> str:
+    """The full-text observation for a person, also when the model reads the compact one."""
+    compact = getattr(env, "compact", False)
+    env.compact = False
+    try:
+        return env.observation(seat)
+    finally:
+        env.compact = compact
 
 
 def play(policy, cfg, env_name: str, human_seat: int = 0, greedy: bool = True,
@@ -14,7 +25,7 @@ def play(policy, cfg, env_name: str, human_seat: int = 0, greedy: bool = True,
          seed: int = 0) -> list[float]:
     """One game: the human types moves (re-asked until legal), the model answers with
     constrained decoding over the legal moves. Returns the game's per-seat returns."""
-    options = next((dict(s.options) for s in cfg.envs if s.name == env_name), {})
+    options = env_options(cfg, env_name)
     env = make(env_name, **options)
     env.reset(seed)
     r = cfg.rollout
@@ -25,7 +36,7 @@ def play(policy, cfg, env_name: str, human_seat: int = 0, greedy: bool = True,
     say(env.system_prompt(human_seat))
     while (seat := env.current_seat()) is not None:
         if seat == human_seat:
-            say("\n" + env.observation(seat))
+            say("\n" + _readable(env, seat))
             while True:
                 text = ask("your move> ")
                 res = env.parse(seat, text)

@@ -33,7 +33,7 @@ def series(rows: Sequence[dict[str, Any]], key: str) -> tuple[list[int], list[fl
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
-def _keys(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[str], list[str]]:
+def metric_keys(rows: Sequence[dict[str, Any]]) -> tuple[list[str], list[str], list[str]]:
     seen: dict[str, None] = {}
     for r in rows:
         for k, v in r.items():
@@ -106,13 +106,22 @@ def summary_table(rows, keys: list[str]) -> list[str]:
     return lines
 
 
-def _interval(rows, key: str, which: int) -> str:
+def eval_point(rows, key: str, which: int) -> tuple[int, float, Any, Any]:
+    """(step, value, lo, hi) of the ``which``-th logged value of ``key`` (0 first, -1 last)."""
     xs, ys = series(rows, key)
     step = xs[which]
     row = next(r for r in rows if r["step"] == step and key in r)
-    lo, hi = row.get(key + "_lo"), row.get(key + "_hi")
+    return step, ys[which], row.get(key + "_lo"), row.get(key + "_hi")
+
+
+def format_point(value: float, lo: Any, hi: Any) -> str:
     ci = f" [{_fmt(lo)}, {_fmt(hi)}]" if _num(lo) and _num(hi) else ""
-    return f"{_fmt(ys[which])}{ci} (step {step})"
+    return f"{_fmt(value)}{ci}"
+
+
+def _interval(rows, key: str, which: int) -> str:
+    step, value, lo, hi = eval_point(rows, key, which)
+    return f"{format_point(value, lo, hi)} (step {step})"
 
 
 def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path:
@@ -123,7 +132,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
         raise FileNotFoundError(f"{run} has no metrics.jsonl rows to report on")
     out = Path(out_dir) if out_dir is not None else run / "report"
     out.mkdir(parents=True, exist_ok=True)
-    train_keys, timing, evals = _keys(rows)
+    train_keys, timing, evals = metric_keys(rows)
     images = [p for p in (
         _grid(rows, train_keys, out / "training.png", f"{run.name}: training"),
         _grid(rows, evals, out / "eval.png", f"{run.name}: evaluation", bands=True),

@@ -58,8 +58,18 @@ def evaluate_vs_bot(arena: Arena, policy: HFPolicy, sampling: SamplingParams, en
     return out
 
 
+_POINTS: dict[str, dict[str, tuple[int, Any]]] = {}  # the walk is deterministic: done once
+
+
 def _decision_points(env_name: str, options: dict[str, Any]) -> dict[str, tuple[int, Any]]:
     """Every information state -> (seat, a copy of an env at it), by walking all deals."""
+    key = repr((env_name, sorted(options.items())))
+    if key not in _POINTS:
+        _POINTS[key] = _walk_decision_points(env_name, options)
+    return _POINTS[key]
+
+
+def _walk_decision_points(env_name: str, options: dict[str, Any]) -> dict[str, tuple[int, Any]]:
     env = make(env_name, **options)
     found: dict[str, tuple[int, Any]] = {}
 

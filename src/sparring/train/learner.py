@@ -31,6 +31,7 @@ from sparring.data import TurnBatch
 from sparring.objectives import OBJECTIVES
 from sparring.objectives import _load_families as _load_objectives
 from sparring.objectives import loss as objective_loss
+from sparring.objectives.kl import KL_ESTIMATORS
 from sparring.policy.forward import token_logprobs
 from sparring.train.config import Config, LoraConfig
 from sparring.train.schedule import LRSchedule
@@ -38,7 +39,6 @@ from sparring.train.value_head import Critic, capture_hidden
 
 log = logging.getLogger(__name__)
 
-KL_ESTIMATORS = ("k1", "k2", "k3")
 # per-row batch fields an objective may ask for in its ``needs`` (passed as options)
 _ROW_OPTIONS = {"group": "group", "rewards": "returns", "agent": "agent", "episode": "episode",
                 "turn": "turn", "length": "length"}
@@ -46,22 +46,6 @@ _ROW_OPTIONS = {"group": "group", "rewards": "returns", "agent": "agent", "episo
 
 class NonFiniteError(RuntimeError):
     """Too many consecutive updates had a non-finite loss or gradient."""
-
-
-def kl_penalty(logp: Tensor, ref_logp: Tensor, kind: str = "k3") -> Tensor:
-    """Per-token estimate of KL(pi || pi_ref) from tokens sampled from pi, ``[n, T]``.
-
-    With ``log r = ref_logp - logp``: k1 = -log r, k2 = (log r)^2 / 2, k3 = (r - 1) - log r.
-    Source: J. Schulman, "Approximating KL divergence" (2020).
-    """
-    lr = ref_logp - logp
-    if kind == "k1":
-        return -lr
-    if kind == "k2":
-        return 0.5 * lr**2
-    if kind == "k3":
-        return torch.expm1(lr) - lr
-    raise ValueError(f"unknown KL estimator {kind!r}; known: {', '.join(KL_ESTIMATORS)}")
 
 
 def apply_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
@@ -254,7 +238,7 @@ class Learner:
             stats["_tok/ratio"] += float((ratio * mf).sum())
             stats["_ntok"] += float(mf.sum())
         if ref_r is not None:
-            kl_tok = kl_penalty(logp, ref_r, a.kl.estimator)
+            kl_tok = KL_ESTIMATORS[a.kl.estimator](logp, ref_r)
             with torch.no_grad():
                 stats["_tok/kl"] += float((kl_tok * mf).sum())
             if a.kl.coef > 0:

@@ -83,20 +83,24 @@ def episode_counts(cfg: Config) -> list[int]:
     return out
 
 
+def make_arena(cfg: Config) -> Arena:
+    """The arena of ``cfg.rollout``: sampling, prompts, invalid-action policy, turn budget."""
+    r = cfg.rollout
+    return Arena(
+        sampling=SamplingParams(temperature=r.temperature, max_new_tokens=r.max_new_tokens),
+        prompt=PromptConfig(history=r.history, last_k=r.last_k,
+                            max_prompt_tokens=r.max_prompt_tokens, system_prompt=r.system_prompt),
+        invalid=InvalidActionPolicy(r.invalid_action, r.invalid_penalty, r.max_retries),
+        max_turns=r.max_turns)
+
+
 class Rollouts:
     """The rollout function and its state (the opponent pool) for one run."""
 
     def __init__(self, cfg: Config, policy: HFPolicy, run_dir: Path):
         self.cfg, self.policy, self.run_dir = cfg, policy, Path(run_dir)
         r = cfg.rollout
-        self.sampling = SamplingParams(temperature=r.temperature, max_new_tokens=r.max_new_tokens)
-        self.arena = Arena(
-            sampling=self.sampling,
-            prompt=PromptConfig(history=r.history, last_k=r.last_k,
-                                max_prompt_tokens=r.max_prompt_tokens,
-                                system_prompt=r.system_prompt),
-            invalid=InvalidActionPolicy(r.invalid_action, r.invalid_penalty, r.max_retries),
-            max_turns=r.max_turns)
+        self.arena = make_arena(cfg)
         self.learner = ModelPlayer(policy, name="learner", train=True)
         self.pool = OpponentPool(mode=r.pool_mode, max_checkpoints=r.pool_max,
                                  seed=cfg.train.seed, loader=self._load_snapshot)
@@ -107,6 +111,7 @@ class Rollouts:
             check_opponents(spec)
         self.bots = {name: BOTS[name](cfg.train.seed) for s in cfg.envs for name in s.opponents
                      if name in BOTS}
+        self.num_seats = [make(s.name, **s.options).num_seats for s in cfg.envs]  # per spec
 
     def attach_learner(self, learner: Any) -> None:
         """Called by the training loop: evaluation can then score the learner's magnet."""
@@ -159,7 +164,7 @@ class Rollouts:
         self._snapshot(step)
         episodes: list[Episode] = []
         group = 0
-        for spec, n in zip(self.cfg.envs, episode_counts(self.cfg)):
+        for spec, n, num_seats in zip(self.cfg.envs, episode_counts(self.cfg), self.num_seats):
             kinds = spec.opponents or ["self"]
             n_groups = n // spec.group_size
             for k, kind in enumerate(kinds):
@@ -172,13 +177,11 @@ class Rollouts:
                                           group_offset=group)
                 if kind == "self":
                     kw["seat_players"] = self.learner
+                elif kind == "pool":
+                    kw["players_fn"] = self.pool.players_fn(self.learner, num_seats)
                 else:
-                    num_seats = make(spec.name, **spec.options).num_seats
-                    if kind == "pool":
-                        kw["players_fn"] = self.pool.players_fn(self.learner, num_seats)
-                    else:
-                        bot = BotPlayer(self.bots[kind], name=kind)
-                        kw["players_fn"] = _rotating(self.learner, bot, num_seats)
+                    bot = BotPlayer(self.bots[kind], name=kind)
+                    kw["players_fn"] = _rotating(self.learner, bot, num_seats)
                 episodes += self.arena.play(spec.name, dict(spec.options), **kw)
                 group += g
         return episodes
@@ -204,8 +207,8 @@ def make_eval_fn(cfg: Config, rollouts: Rollouts) -> Callable[[int], dict[str, A
     e = cfg.eval
     sampling = SamplingParams(temperature=cfg.rollout.temperature, greedy=e.greedy,
                               max_new_tokens=cfg.rollout.max_new_tokens)
-    games = [s for s in dict.fromkeys(s.name for s in cfg.envs)
-             if make(s, **_options(cfg, s)).num_seats >= 2]
+    games = list(dict.fromkeys(s.name for s, seats in zip(cfg.envs, rollouts.num_seats)
+                               if seats >= 2))
 
     def eval_fn(step: int) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -214,25 +217,26 @@ def make_eval_fn(cfg: Config, rollouts: Rollouts) -> Callable[[int], dict[str, A
                 if opp not in BOTS:
                     raise ValueError(f"eval.opponents: unknown {opp!r}; allowed: {', '.join(BOTS)}")
                 res = evaluate_vs_bot(rollouts.arena, rollouts.policy, sampling, name,
-                                      _options(cfg, name), BOTS[opp](10_000 + step), e.games,
+                                      env_options(cfg, name), BOTS[opp](10_000 + step), e.games,
                                       seed=cfg.train.seed + 1_000_000)
                 out.update({f"{name}/{opp}/{k}": v for k, v in res.items()})
             if e.exploitability and name in ("kuhn_poker", "leduc"):
                 from sparring.train.eval_games import policy_exploitability
 
                 out[f"{name}/exploitability"] = policy_exploitability(
-                    rollouts.arena, rollouts.policy, name, _options(cfg, name))
+                    rollouts.arena, rollouts.policy, name, env_options(cfg, name))
                 avg = rollouts.average_policy()
                 if avg is not None:
                     out[f"{name}/exploitability_average"] = policy_exploitability(
-                        rollouts.arena, avg, name, _options(cfg, name))
+                        rollouts.arena, avg, name, env_options(cfg, name))
         return out
 
     return eval_fn
 
 
-def _options(cfg: Config, name: str) -> dict[str, Any]:
-    return next(dict(s.options) for s in cfg.envs if s.name == name)
+def env_options(cfg: Config, name: str) -> dict[str, Any]:
+    """The options of env ``name`` in ``cfg`` (its first spec), {} when it is not there."""
+    return next((dict(s.options) for s in cfg.envs if s.name == name), {})
 
 
 class EstimatorState:

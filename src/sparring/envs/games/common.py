@@ -50,7 +50,10 @@ class ChoiceGame:
 
 
 class TwoPlayerBoardGame(ChoiceGame):
-    """A two-seat win/draw/loss board game: ``self.turn`` (0 or 1) is the seat to move."""
+    """A two-seat alternating game: ``self.turn`` (0 or 1) is the seat to move."""
+
+    def current_seat(self) -> int | None:
+        return None if self.done else self.turn
 
     def _after_move(self, won: bool, board_full: bool) -> StepResult:
         """End the game (+1 / -1 for a win, 0 for a draw) or pass the move on."""

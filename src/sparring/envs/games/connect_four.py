@@ -35,9 +35,6 @@ class ConnectFour(TwoPlayerBoardGame):
         self.done = False
         self._returns = [0.0, 0.0]
 
-    def current_seat(self) -> int | None:
-        return None if self.done else self.turn
-
     def legal_actions(self, seat: int) -> list[str]:
         if self.done or seat != self.turn:
             return []

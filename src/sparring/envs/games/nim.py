@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from sparring.envs import register_env
 from sparring.envs.base import StepResult
-from sparring.envs.games.common import ChoiceGame
+from sparring.envs.games.common import TwoPlayerBoardGame
 
 
-class Nim(ChoiceGame):
+class Nim(TwoPlayerBoardGame):
     name = "nim"
     num_seats = 2
 
@@ -34,9 +34,6 @@ class Nim(ChoiceGame):
         self.turn = 0
         self.done = False
         self._returns = [0.0, 0.0]
-
-    def current_seat(self) -> int | None:
-        return None if self.done else self.turn
 
     def legal_actions(self, seat: int) -> list[str]:
         if self.done or seat != self.turn:
