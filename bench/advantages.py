@@ -14,6 +14,7 @@ speed-up, and the largest difference between the two results.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
@@ -101,7 +102,7 @@ def main() -> None:
     batch = synthetic_batch(a.groups, a.rollouts, a.tokens, a.turns, a.agents, layout=a.layout)
     print(f"batch: {a.groups} groups x {a.rollouts} rollouts x {a.agents} agents x {a.turns} "
           f"turns = {batch.n_rows} rows x {a.tokens} tokens; torch {torch.__version__}, "
-          f"{a.threads} threads")
+          f"{a.threads} threads, THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE')}")
     list_estimators()
     rows, skipped = [], []
     for e in ESTIMATORS:

@@ -1,5 +1,6 @@
 """The contract every registered estimator keeps (checked on the raw function, because
-`compute` relies on it): shape [n, T], finite, exactly zero outside the action mask, on a
+`compute` relies on it): shape [n, T], finite, exactly zero outside the action mask, its
+own storage (no view of a batch field), on a
 multi-turn, multi-agent batch with padding and every optional field present."""
 
 import sys
@@ -28,6 +29,11 @@ def test_raw_estimator_is_finite_and_zero_outside_the_mask(name, groups, rollout
     assert out.shape == b.action_mask.shape
     assert torch.isfinite(out).all()
     assert (out[~b.action_mask] == 0).all()
+    # the result is the caller's to overwrite (`shaping.shaped` writes shapers into it)
+    fields = [v for v in vars(b).values() if isinstance(v, torch.Tensor)]
+    fields += [v for v in b.extras.values() if isinstance(v, torch.Tensor)]
+    assert all(out.untyped_storage().data_ptr() != f.untyped_storage().data_ptr()
+               for f in fields if f.numel())
 
 
 def test_every_estimator_is_covered():

@@ -32,10 +32,11 @@ def _right_padded(seqs):
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
-def test_generation_logprobs_match_forward_recompute(tiny, temperature):
+@pytest.mark.parametrize("copies", [1, 3])  # 3: equal prompts share one prefill
+def test_generation_logprobs_match_forward_recompute(tiny, temperature, copies):
     model, tok = tiny
     pol = HFPolicy(model, tok, seed=0)
-    prompts = _prompts(tok)
+    prompts = [p for p in _prompts(tok) for _ in range(copies)]
     gens = pol.generate(prompts, SamplingParams(temperature=temperature, max_new_tokens=10,
                                                 with_entropy=True))
     ids, mask = _right_padded([p + g.token_ids for p, g in zip(prompts, gens)])
@@ -56,7 +57,7 @@ def test_greedy_batched_equals_uncached_reference(tiny):
     """Left-padded batched greedy == a plain argmax loop re-running the full sequence."""
     model, tok = tiny
     pol = HFPolicy(model, tok)
-    prompts = _prompts(tok)
+    prompts = _prompts(tok) + _prompts(tok)[::-1]  # each prompt twice: a shared prefill
     gens = pol.generate(prompts, SamplingParams(greedy=True, max_new_tokens=6))
     for p, g in zip(prompts, gens):
         seq = list(p)

@@ -150,3 +150,19 @@ def test_shaper_estimators_keep_base_rows_and_cli_lists(capsys):
                  "igpo", "matchtir", "gated", "ucas", "canon", "entropy_shaping",
                  "overlong_penalty", "kl_in_reward"):
         assert name in out
+
+
+@pytest.mark.parametrize("name", ["ucas", "canon", "entropy_shaping"])
+def test_advantage_shapers_in_place_equal_out_of_place(name):
+    """`shaped` writes shapers into the estimator's result (out=adv): same numbers as a
+    fresh result, and a call without ``out`` leaves its input alone."""
+    b = batch()
+    A = base_adv(b)
+    before = A.clone()
+    fresh = SHAPERS[name](A, b)
+    assert torch.equal(A, before)
+    inplace = SHAPERS[name](A, b, out=A)  # out aliases the input, as in `shaped`
+    assert inplace.data_ptr() == A.data_ptr()
+    assert torch.allclose(inplace, fresh, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="out has shape"):
+        SHAPERS[name](before, b, out=torch.empty(1, 1))

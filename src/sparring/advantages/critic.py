@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from sparring.advantages import estimator
-from sparring.advantages.rowblock import masked_row_sum, row_blocks, row_count
+from sparring.advantages.rowblock import keep_where, masked_row_sum, row_blocks, row_count
 from sparring.advantages.scan import from_grid, reverse_scan, to_grid, to_tokens
 from sparring.advantages.token_scan import last_index, spans, token_gae
 from sparring.advantages.turn import keep_rows, turn_rewards
@@ -51,7 +51,7 @@ def _whiten(A: Tensor, m: Tensor, min_count: int) -> Tensor:
           ).sqrt() if cnt > 1 else torch.zeros((), dtype=torch.float64)
     mu_, den = mu.to(A.dtype), (sd + 1e-8).to(A.dtype)
     for b in row_blocks(*A.shape):
-        torch.where(m[b], (A[b] - mu_) / den, torch.zeros((), dtype=A.dtype), out=A[b])
+        keep_where(m[b], (A[b] - mu_) / den, out=A[b])
     return A
 
 

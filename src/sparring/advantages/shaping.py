@@ -5,10 +5,12 @@ Two kinds of shaper, both pure:
 * reward-level ``fn(batch, **opts) -> TurnBatch`` with new ``reward`` (per row) and ``returns``
   (per trajectory, kept consistent): `overlong_penalty`, `kl_in_reward`. They run *before*
   the estimator.
-* advantage-level ``fn(adv [n, T], batch, **opts) -> adv [n, T]``: `ucas`, `canon`,
-  `entropy_shaping`. They run *after* the estimator, in the order given. Contract (as for
-  estimators): given ``adv`` zero outside ``batch.action_mask``, the result is too, so
-  `shaped` does not mask again (tests/test_estimator_contract.py checks each wrapper).
+* advantage-level ``fn(adv [n, T], batch, *, out=None, **opts) -> adv [n, T]``: `ucas`,
+  `canon`, `entropy_shaping`. They run *after* the estimator, in the order given. Contract
+  (as for estimators): given ``adv`` zero outside ``batch.action_mask``, the result is too,
+  so `shaped` does not mask again (tests/test_estimator_contract.py checks each wrapper).
+  ``out`` may be ``adv`` itself: `shaped` writes each shaper into the estimator's result,
+  which the caller owns (estimator contract), so shaping allocates no second ``[n, T]``.
 
 Row statistics and the element-wise passes walk the rows in memory blocks
 (`rowblock.row_blocks`), so no full ``[n, T]`` temporary is allocated besides the output.
@@ -30,7 +32,7 @@ from torch import Tensor
 
 from sparring.advantages import ESTIMATORS, compute, estimator
 from sparring.advantages.normalize import check_choice, scope_ids
-from sparring.advantages.rowblock import masked_row_mean, row_blocks, row_count
+from sparring.advantages.rowblock import keep_where, masked_row_mean, row_blocks, row_count
 from sparring.data import TurnBatch
 from sparring.registry import Registry
 from sparring.segments import compact_ids, segment_mean, segment_median, segment_sum
@@ -79,7 +81,8 @@ def shaped(batch: TurnBatch, estimator_name: str, options: Mapping | None = None
     adv, keep = compute(estimator_name, batch, **dict(options or {}))
     for e, o in entries:
         if e.family == "advantage":
-            adv = e.fn(adv, batch, **o)  # zero outside the mask by the shaper contract
+            own = adv.dtype in (torch.float32, torch.float64)  # else promoted: a new tensor
+            adv = e.fn(adv, batch, out=adv if own else None, **o)  # zero off-mask (contract)
     return adv, keep
 
 
@@ -89,9 +92,21 @@ def _with_row_delta(batch: TurnBatch, delta: Tensor) -> TurnBatch:
     return batch.with_fields(reward=batch.reward + delta, returns=batch.returns + per_traj)
 
 
+def _out(out: Tensor | None, adv: Tensor, dtype: torch.dtype) -> Tensor:
+    """The result tensor of an advantage shaper: ``out`` (checked) or a new one."""
+    want = torch.promote_types(adv.dtype, dtype)
+    if out is None:
+        return torch.empty(adv.shape, dtype=want, device=adv.device)
+    if out.shape != adv.shape or out.dtype != want:
+        raise ValueError(f"out has shape {tuple(out.shape)} and dtype {out.dtype}; "
+                         f"expected {tuple(adv.shape)} and {want}")
+    return out
+
+
 @shaper("ucas", kind="advantage", needs=("logprobs",),
         source="Uncertainty-aware Advantage Shaping (UCAS), 2025")
-def ucas(adv: Tensor, batch: TurnBatch, *, alpha: float = 0.5, beta: float = 0.1) -> Tensor:
+def ucas(adv: Tensor, batch: TurnBatch, *, alpha: float = 0.5, beta: float = 0.1,
+         out: Tensor | None = None) -> Tensor:
     """``A' = A (1 + alpha (1 - c))`` where A > 0, ``A' = A (1 + alpha c) - beta p_t`` where A < 0.
 
     c = exp(mean_t old_logp): the response's self-confidence (geometric-mean token
@@ -104,15 +119,18 @@ def ucas(adv: Tensor, batch: TurnBatch, *, alpha: float = 0.5, beta: float = 0.1
     m = batch.action_mask
     n, T = m.shape
     lp_all = batch.old_logp
-    out = torch.empty(n, T, dtype=torch.promote_types(adv.dtype, torch.float32),
-                      device=adv.device)
+    out = _out(out, adv, torch.float32)
     cnt = row_count(m).clamp(min=1)
     for b in row_blocks(n, T):  # per row block: all of it is row-local
-        mb, a, lp = m[b], adv[b], lp_all[b].float()
-        c = (torch.where(mb, lp, 0.0).sum(1) / cnt[b]).exp()[:, None]
-        neg = lp.exp().mul_(-beta).addcmul_(a, 1 + alpha * c)  # A (1 + alpha c) - beta p
-        # A = 0 off the action tokens (shaper contract), so the A >= 0 branch keeps them 0
-        torch.where(a < 0, neg, a * (1 + alpha * (1 - c)), out=out[b])
+        mb, lp = m[b], lp_all[b].float()
+        a = adv[b].to(out.dtype)
+        c = (keep_where(mb, lp).sum(1) / cnt[b]).exp()[:, None]
+        # A (1 + alpha (1 - c)) where A >= 0; A (1 + alpha c) - beta p where A < 0. A = 0 off
+        # the action tokens (shaper contract), so the first term keeps them 0. Every input
+        # is read before out[b] (which may be adv[b]) is written.
+        neg, pen = a.clamp(max=0), keep_where(a < 0, lp.exp()).mul_(beta)
+        o = torch.mul(a.clamp(min=0), 1 + alpha * (1 - c), out=out[b])
+        o.addcmul_(neg, 1 + alpha * c).sub_(pen)
     return out
 
 
@@ -122,7 +140,7 @@ METRICS = ("entropy", "length")
 @shaper("canon", kind="advantage", needs=("group", "entropies|length"),
         source="Conditional Advantage Estimation (CANON), 2025")
 def canon(adv: Tensor, batch: TurnBatch, *, metric: str = "entropy", weight: float = 2.0,
-          scope: str = "group") -> Tensor:
+          scope: str = "group", out: Tensor | None = None) -> Tensor:
     """Split each group at the median of a metric; re-weight inter- vs intra-half signal.
 
     With a_i the row's mean advantage, h(i) its half (metric > group median or not):
@@ -142,24 +160,23 @@ def canon(adv: Tensor, batch: TurnBatch, *, metric: str = "entropy", weight: flo
     a = masked_row_mean(adv.float(), m)
     ids, n = scope_ids(batch, scope)
     if n == 0:
-        return adv
+        return adv if out is None else out.copy_(adv)
     high = x > segment_median(x, ids, n)[ids]
     hid, hn = compact_ids(ids, high.long())
     mh, mg = segment_mean(a, hid, hn)[hid], segment_mean(a, ids, n)[ids]
     new = (a - mh) + weight * (mh - mg)
     delta = new - a
-    out = torch.empty(m.shape, dtype=torch.promote_types(adv.dtype, delta.dtype),
-                      device=adv.device)
-    zero = torch.zeros((), dtype=out.dtype, device=out.device)
+    out = _out(out, adv, delta.dtype)
+    d = delta.to(out.dtype)[:, None]
     for b in row_blocks(*m.shape):  # A + delta on action tokens, A elsewhere
-        torch.where(m[b], delta[b, None].to(out.dtype), zero, out=out[b]).add_(adv[b])
+        out[b].copy_(adv[b]).add_(keep_where(m[b], d[b]))
     return out
 
 
 @shaper("entropy_shaping", kind="advantage", needs=("entropies",),
         source="MSSR: Stable and Efficient Single-Rollout RL, 2025")
 def entropy_shaping(adv: Tensor, batch: TurnBatch, *, lo: float = 0.5, hi: float = 2.0,
-                    eps: float = 1e-6) -> Tensor:
+                    eps: float = 1e-6, out: Tensor | None = None) -> Tensor:
     """``A' = A * clip(H_i / mean_batch H, lo, hi)``, H_i the row's mean token entropy.
 
     Low-entropy (confident) responses get smaller updates, high-entropy ones larger, which
@@ -173,7 +190,8 @@ def entropy_shaping(adv: Tensor, batch: TurnBatch, *, lo: float = 0.5, hi: float
     H = masked_row_mean(batch.entropy.float(), batch.action_mask)
     has = row_count(batch.action_mask) > 0
     ref = H[has].mean() if bool(has.any()) else torch.ones(())
-    return adv * ((H / (ref + eps)).clamp(lo, hi))[:, None]
+    scale = (H / (ref + eps)).clamp(lo, hi)[:, None]
+    return torch.mul(adv, scale, out=_out(out, adv, scale.dtype))
 
 
 @shaper("overlong_penalty", kind="reward", needs=("length",), source="DAPO (2025)")
@@ -207,9 +225,14 @@ def token_kl(batch: TurnBatch, kind: str = "k1") -> Tensor:
     check_choice("kind", kind, KL_KINDS)
     if batch.ref_logp is None:
         raise ValueError("kl_in_reward needs batch.ref_logp (reference-model log-probs)")
-    d = (batch.old_logp - batch.ref_logp).float()
-    k = d if kind == "k1" else (0.5 * d * d if kind == "k2" else torch.expm1(-d) + d)
-    return k * batch.action_mask
+    n, T = batch.action_mask.shape
+    out = torch.empty(n, T, dtype=torch.float32, device=batch.action_mask.device)
+    for b in row_blocks(n, T):
+        d = (batch.old_logp[b] - batch.ref_logp[b]).float()
+        k = d if kind == "k1" else (d.square_().mul_(0.5) if kind == "k2"
+                                    else torch.expm1(-d).add_(d))
+        keep_where(batch.action_mask[b], k, out=out[b])
+    return out
 
 
 @shaper("kl_in_reward", kind="reward", needs=("ref_logp",), source="PPO-RLHF practice "

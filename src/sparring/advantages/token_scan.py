@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from sparring.advantages.rowblock import row_blocks
+from sparring.advantages.rowblock import float_mask, keep_where, mask_bits, row_blocks
 
 _MAX_CHUNKS = 128  # chunks per row before the chunk length doubles
 _TINY = 1e-30  # weights below this are flushed to 0 (no denormals in the matmuls)
@@ -97,7 +97,7 @@ def spans(mask: Tensor) -> tuple[Tensor, Tensor, Tensor, bool]:
     for b in row_blocks(n, T):
         if T == 0:
             break
-        mf = mask[b].to(dt)
+        mf = float_mask(mask[b], dt)
         torch.sum(mf, 1, out=count[b])
         torch.mv(mf, ar, out=pos[b])
         torch.sum(torch.sub(mf[:, 1:], mf[:, :-1]).clamp_(min=0), 1, out=starts[b])
@@ -168,25 +168,29 @@ def _span_gae(V: Tensor, mask: Tensor, first: Tensor, last: Tensor, count: Tenso
     zero = torch.zeros((), dtype=V.dtype, device=V.device)
     has = count > 0
     r_last = torch.where(has, r_last.to(V.dtype), zero)
-    keep_f = None if keep is None or bool(keep.all()) else keep.to(V.dtype)[:, None]
+    partial = keep is not None and not bool(keep.all())  # some rows dropped
     A = torch.empty(n, T, dtype=V.dtype, device=V.device)
     fa = torch.zeros(n, dtype=V.dtype, device=V.device)
     for b in row_blocks(n, Tp):
         mb = mask[b]
         B = mb.shape[0]
-        Vm = torch.where(mb, V[b], zero)
-        X = torch.zeros(B, Tp, dtype=V.dtype, device=V.device)
+        bits = mask_bits(mb, V.dtype)
+        Vm = keep_where(mb, V[b], bits=bits)
+        X = torch.empty(B, Tp, dtype=V.dtype, device=V.device)  # delta, 0 past the last token
         if T > 1:
             torch.mul(Vm[:, 1:], gamma, out=X[:, :T - 1])
+        X[:, max(T - 1, 0):].zero_()
         X[:, :T].sub_(Vm)
         if token_rewards is not None:
-            X[:, :T].add_(torch.where(mb, token_rewards[b].to(V.dtype), zero))
+            X[:, :T].add_(keep_where(mb, token_rewards[b].to(V.dtype), bits=bits))
         rows = torch.arange(B, device=V.device)
         X[rows, last[b]] += r_last[b]
         S = _scan_block(X, *mats)
         fa[b] = S[rows, first[b]]
-        mf = mb.to(V.dtype) if keep_f is None else mb.to(V.dtype).mul_(keep_f[b])
-        A[b] = S[:, :T].mul_(mf)
+        if partial:
+            keep_where(mb & keep[b, None], S[:, :T], out=A[b])
+        else:
+            keep_where(mb, S[:, :T], out=A[b], bits=bits)
     fv = torch.where(has, V.gather(1, first[:, None]).squeeze(1), zero) if T else fa.clone()
     c = bootstrap(fa, fv) if bootstrap is not None else None
     if c is not None:  # A_t += g^(last - t) c on the kept action tokens
@@ -195,6 +199,6 @@ def _span_gae(V: Tensor, mask: Tensor, first: Tensor, last: Tensor, count: Tenso
         for b in row_blocks(n, T):
             d = (last[b, None] - ar).clamp(min=0).to(V.dtype)
             add = torch.pow(gt, d).mul_(c[b, None].to(V.dtype))
-            mf = mask[b].to(V.dtype) if keep_f is None else mask[b].to(V.dtype).mul_(keep_f[b])
-            A[b].addcmul_(add, mf)
+            mk = mask[b] & keep[b, None] if partial else mask[b]
+            A[b].add_(keep_where(mk, add))
     return A, fa, fv

@@ -18,6 +18,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from sparring.policy.prefix import Prefixes, shared_prefix_logits, to_rows
+
 Allowed = Sequence[dict[int, list[int]] | None]
 
 
@@ -74,10 +76,23 @@ def _restrict(lg: Tensor, ids: Tensor, allowed: Allowed, lp: Tensor, ent: Tensor
 
 def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor,
                    temperature: float = 1.0, with_entropy: bool = False,
-                   allowed: Allowed | None = None) -> tuple[Tensor, Tensor | None]:
+                   allowed: Allowed | None = None, prefixes: Prefixes | None = None
+                   ) -> tuple[Tensor, Tensor | None]:
     """Forward ``model`` on right-padded ``input_ids [n, T]``; returns log-probs ``[n, T]``.
 
     ``allowed``: per row ``{position: allowed token ids}`` from constrained decoding
-    (``TurnBatch.allowed``), or None."""
-    out = model(input_ids=input_ids, attention_mask=attention_mask.long(), use_cache=False)
-    return logprobs_from_logits(out.logits, input_ids, temperature, with_entropy, allowed)
+    (``TurnBatch.allowed``), or None. ``prefixes``: `prefix.find_prefixes` of the rows to run
+    each distinct prefix once (`prefix.shared_prefix_logits`); positions before a row's
+    prefix end then get 0 (they are never action tokens)."""
+    if prefixes is None:
+        out = model(input_ids=input_ids, attention_mask=attention_mask.long(), use_cache=False)
+        return logprobs_from_logits(out.logits, input_ids, temperature, with_entropy, allowed)
+    logits, targets, pos = shared_prefix_logits(model, input_ids, attention_mask, prefixes)
+    shifted = None
+    if allowed is not None:  # position t of row i -> t - plen_i + 1 of the shared logits
+        pl = prefixes.plen.tolist()
+        shifted = [None if d is None else {t - pl[i] + 1: a for t, a in d.items()}
+                   for i, d in enumerate(allowed)]
+    lp, ent = logprobs_from_logits(logits, targets, temperature, with_entropy, shifted)
+    T = input_ids.shape[1]
+    return to_rows(lp, pos, T), None if ent is None else to_rows(ent, pos, T)

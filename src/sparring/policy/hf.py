@@ -86,9 +86,19 @@ class HFPolicy:
             mask[i, L - len(p):] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
-                         logits_to_keep=1)
-        cache = out.past_key_values
+        # equal prompts (a group's samples, episodes from one start) are prefilled once and
+        # their KV cache copied out to every row that holds them
+        first, inverse = _distinct(prompts)
+        if len(first) < B:
+            f = torch.as_tensor(first, device=self.device)
+            out = self.model(input_ids=ids[f], attention_mask=mask[f], position_ids=pos[f],
+                             use_cache=True, logits_to_keep=1)
+            cache = _select_rows(out.past_key_values, torch.as_tensor(inverse, device=self.device))
+            z_next = out.logits[:, -1][torch.as_tensor(inverse, device=self.device)]
+        else:
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                             logits_to_keep=1)
+            cache, z_next = out.past_key_values, out.logits[:, -1]
         next_pos = mask.sum(-1)
 
         rows = list(range(B))  # original index of each live batch row
@@ -99,7 +109,7 @@ class HFPolicy:
         finish = ["length"] * B
         eos = set(self.eos_ids)
         for _ in range(sp.max_new_tokens):
-            z = out.logits[:, -1].float() / sp.temperature
+            z = z_next.float() / sp.temperature
             cons = [k for k, r in enumerate(rows) if tries[r] is not None]
             if cons:
                 keep = torch.zeros_like(z, dtype=torch.bool)
@@ -146,7 +156,7 @@ class HFPolicy:
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             out = self.model(input_ids=tok[:, None], attention_mask=mask,
                              position_ids=next_pos[:, None], past_key_values=cache, use_cache=True)
-            cache = out.past_key_values
+            cache, z_next = out.past_key_values, out.logits[:, -1]
             next_pos = next_pos + 1
 
         return [Generation(
@@ -173,6 +183,19 @@ def _hit_stop(tokenizer: Any, toks: list[int], stop: Sequence[str]) -> bool:
     longest = max(len(s) for s in stop)
     tail = tokenizer.decode(toks[-(longest + 8):], skip_special_tokens=False)
     return any(s in tail for s in stop)
+
+
+def _distinct(prompts: Sequence[Sequence[int]]) -> tuple[list[int], list[int]]:
+    """(index of the first prompt of each distinct one, distinct index of every prompt)."""
+    seen: dict[tuple[int, ...], int] = {}
+    first: list[int] = []
+    inverse: list[int] = []
+    for i, p in enumerate(prompts):
+        j = seen.setdefault(tuple(p), len(first))
+        if j == len(first):
+            first.append(i)
+        inverse.append(j)
+    return first, inverse
 
 
 def _select_rows(cache: Any, sel: Tensor) -> Any:

@@ -33,6 +33,7 @@ from sparring.objectives import _load_families as _load_objectives
 from sparring.objectives import loss as objective_loss
 from sparring.objectives.kl import KL_ESTIMATORS
 from sparring.policy.forward import token_logprobs
+from sparring.policy.prefix import Prefixes, find_prefixes, first_action_positions
 from sparring.train.config import Config, LoraConfig
 from sparring.train.schedule import LRSchedule
 from sparring.train.value_head import Critic, capture_hidden
@@ -131,15 +132,25 @@ class Learner:
             return self.model.disable_adapter()
         return nullcontext()
 
-    def _forward(self, ids: Tensor, att: Tensor, *, with_values: bool, allowed=None
-                 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    def _prefixes(self, ids: Tensor, att: Tensor, amask: Tensor | None) -> Prefixes | None:
+        """The rows' distinct prompts when sharing them pays (`train.share_prefix`, at most
+        half of the rows distinct), else None."""
+        if amask is None or not self.cfg.train.share_prefix or ids.shape[0] < 2:
+            return None
+        pre = find_prefixes(ids, first_action_positions(amask, att.sum(1)))
+        return pre if 2 * pre.count <= ids.shape[0] else None
+
+    def _forward(self, ids: Tensor, att: Tensor, *, with_values: bool, allowed=None,
+                 amask: Tensor | None = None) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """Policy log-probs, entropies and (when asked) critic values, ``[n, T]`` each.
-        ``allowed``: the rows' constrained-decoding restrictions (``TurnBatch.allowed``)."""
+        ``allowed``: the rows' constrained-decoding restrictions (``TurnBatch.allowed``);
+        ``amask``: their action masks (to share prompts, see `_prefixes`)."""
         shared = with_values and self.critic is not None and self.critic.kind == "head"
         ctx = capture_hidden(self.model) if shared else nullcontext([])
+        pre = None if shared else self._prefixes(ids, att, amask)
         with ctx as hs:
             logp, ent = token_logprobs(self.model, ids, att, self.temperature, with_entropy=True,
-                                       allowed=allowed)
+                                       allowed=allowed, prefixes=pre)
         values = None
         if with_values and self.critic is not None:
             values = (self.critic.values_from_hidden(hs[-1]) if shared
@@ -176,12 +187,15 @@ class Learner:
                         model = self.ref_model if self.ref_model is not None else self.model
                         out[rows, :L] = token_logprobs(
                             model, ids, att, self.temperature,
-                            allowed=self._allowed(batch, rows))[0].float()
+                            allowed=self._allowed(batch, rows),
+                            prefixes=self._prefixes(ids, att, batch.action_mask[rows, :L])
+                        )[0].float()
                 elif what == "values":
                     out[rows, :L] = self._forward(ids, att, with_values=True)[2].float()
                 else:
-                    out[rows, :L] = self._forward(ids, att, with_values=False,
-                                                  allowed=self._allowed(batch, rows))[0].float()
+                    out[rows, :L] = self._forward(
+                        ids, att, with_values=False, allowed=self._allowed(batch, rows),
+                        amask=batch.action_mask[rows, :L])[0].float()
         finally:
             self.model.train(was_training)
         return out * batch.action_mask
@@ -212,7 +226,8 @@ class Learner:
         ids, att, L = self._micro_slices(batch, rows)
         m = mask[rows, :L]
         logp, ent, values = self._forward(ids, att, with_values=self.critic is not None,
-                                          allowed=self._allowed(batch, rows))
+                                          allowed=self._allowed(batch, rows),
+                                          amask=batch.action_mask[rows, :L])
         old_r, adv_r = old[rows, :L], adv[rows, :L]
         ref_r = None if ref is None else ref[rows, :L]
         row_opts = {k: getattr(batch, f)[rows] for k, f in _ROW_OPTIONS.items()

@@ -1,0 +1,112 @@
+"""Shared-prefix forward passes: rows that start with the same prompt run it once.
+
+GRPO-style groups are G samples of one prompt, and self-play episodes of one group start
+from the same observation, so a batch often holds each prompt many times. Here each
+distinct prefix is run once (left-padded, with its KV cache), the cache and the prefix's
+last logits are indexed out to the rows that share it, and only the rest of each row (its
+"continuation") runs per row. Indexing is differentiable, so the gradient through the
+shared prefix is the sum of the rows' gradients: the same loss and gradient as running
+every row in full (tests/test_prefix.py checks both to float tolerance), for fewer FLOPs.
+
+Shapes: ``ids``, ``att`` ``[n, T]`` right-padded; ``plen [n]`` the prefix length of each row
+(``1 <= plen <= len``), usually the position of its first action token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Prefixes:
+    """Distinct prefixes of a batch: ``first [k]`` a row holding each, ``inverse [n]`` the
+    prefix of each row, ``plen [n]`` the rows' prefix lengths."""
+
+    first: Tensor
+    inverse: Tensor
+    plen: Tensor
+
+    @property
+    def count(self) -> int:
+        return int(self.first.numel())
+
+
+def find_prefixes(ids: Tensor, plen: Tensor) -> Prefixes:
+    """Group rows by their prefix ``ids[i, :plen[i]]`` (exact token equality)."""
+    n = ids.shape[0]
+    plen_l = plen.tolist()
+    rows = ids[:, :max(plen_l, default=0)].tolist()
+    seen: dict[tuple[int, ...], int] = {}
+    first: list[int] = []
+    inverse: list[int] = []
+    for i in range(n):
+        key = tuple(rows[i][:plen_l[i]])
+        j = seen.get(key)
+        if j is None:
+            j = seen[key] = len(first)
+            first.append(i)
+        inverse.append(j)
+    dev = ids.device
+    return Prefixes(torch.tensor(first, dtype=torch.long, device=dev),
+                    torch.tensor(inverse, dtype=torch.long, device=dev), plen)
+
+
+def first_action_positions(action_mask: Tensor, lengths: Tensor) -> Tensor:
+    """Prefix lengths for `shared_prefix_logits`: each row's first action position; rows
+    without action tokens use their whole length (at least 1)."""
+    has = action_mask.any(1)
+    first = action_mask.to(torch.uint8).argmax(1)
+    return torch.where(has, first, lengths).clamp(min=1)
+
+
+def shared_prefix_logits(model: torch.nn.Module, ids: Tensor, att: Tensor, pre: Prefixes,
+                         pad_id: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+    """(logits ``[n, 1 + C, V]``, targets ``[n, 1 + C]``, positions ``[n, C]``).
+
+    ``logits[:, s]`` predicts the token at original position ``plen + s`` of the row, which is
+    ``targets[:, s + 1]`` (``targets[:, 0]`` is a placeholder); so `logprobs_from_logits
+    (logits, targets)` gives at ``[:, s + 1]`` the log-prob of the row's token at ``plen + s``.
+    ``positions[:, s] = plen + s`` (``T`` where the row has ended); C = longest continuation.
+    """
+    n, T = ids.shape
+    dev = ids.device
+    lens = att.sum(1)
+    plen = pre.plen.to(dev)
+    # 1. the distinct prefixes, left-padded so that each ends at the last column
+    p_first = plen[pre.first]
+    P = int(p_first.max())
+    col = torch.arange(P, device=dev)
+    src = (col[None, :] - (P - p_first)[:, None])  # prefix position of each column
+    pre_att = src >= 0
+    pre_ids = torch.where(pre_att, ids[pre.first].gather(1, src.clamp(min=0)), pad_id)
+    pre_pos = src.clamp(min=0)
+    out = model(input_ids=pre_ids, attention_mask=pre_att.long(), position_ids=pre_pos,
+                use_cache=True, logits_to_keep=1)
+    cache = out.past_key_values
+    cache.batch_select_indices(pre.inverse)  # differentiable: gradients add up per prefix
+    last = out.logits[:, -1][pre.inverse]  # [n, V]: predicts the token at plen
+    # 2. every row's continuation, attending to its prefix through the cache
+    C = int((lens - plen).max()) if n else 0
+    if C == 0:
+        return last[:, None], torch.full((n, 1), pad_id, dtype=ids.dtype, device=dev), \
+            torch.full((n, 0), T, dtype=torch.long, device=dev)
+    pos = plen[:, None] + torch.arange(C, device=dev)
+    valid = pos < lens[:, None]
+    cont = torch.where(valid, ids.gather(1, pos.clamp(max=T - 1)), pad_id)
+    full_att = torch.cat([pre_att[pre.inverse], valid], 1).long()
+    out2 = model(input_ids=cont, attention_mask=full_att, position_ids=pos.clamp(max=T - 1),
+                 past_key_values=cache, use_cache=True)
+    logits = torch.cat([last[:, None], out2.logits], 1)
+    targets = torch.cat([torch.full((n, 1), pad_id, dtype=ids.dtype, device=dev), cont], 1)
+    return logits, targets, torch.where(valid, pos, T)
+
+
+def to_rows(x: Tensor, positions: Tensor, T: int) -> Tensor:
+    """Continuation values ``x [n, 1 + C]`` (from `logprobs_from_logits` on the shared
+    logits) back to the rows' positions ``[n, T]``; 0 elsewhere. Differentiable in ``x``."""
+    n = x.shape[0]
+    out = torch.zeros(n, T + 1, dtype=x.dtype, device=x.device)
+    return out.scatter(1, positions, x[:, 1:])[:, :T]
