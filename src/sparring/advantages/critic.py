@@ -81,7 +81,7 @@ def gae_advantages(batch: TurnBatch, *, gamma: float = 1.0, lam: float = 0.95,
                    ) -> tuple[Tensor, Tensor]:
     """(advantages, returns) ``[n_rows, T]`` of multi-turn token GAE (see the module doc)."""
     A = _gae(batch, gamma, lam, token_rewards, add_return, None)
-    return A, torch.where(batch.action_mask, A + _values(batch, "gae"), 0.0)
+    return A, keep_where(batch.action_mask, A + _values(batch, "gae"))
 
 
 @estimator("gae", family="critic", needs=("values", "reward"), layout="any",
@@ -128,7 +128,7 @@ def bilevel_gae(batch: TurnBatch, *, gamma: float = 1.0, lam: float = 0.95,
                 add_return: bool = False) -> tuple[Tensor, Tensor]:
     """(advantages, returns) ``[n_rows, T]`` of bi-level GAE (see `turn_gae`)."""
     A = _bilevel(batch, gamma, lam, high_gamma, high_lam, add_return, None)
-    return A, torch.where(batch.action_mask, A + _values(batch, "turn_gae"), 0.0)
+    return A, keep_where(batch.action_mask, A + _values(batch, "turn_gae"))
 
 
 @estimator("turn_gae", family="critic", needs=("values", "turn", "reward"), layout="turn",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from sparring.advantages.rowblock import keep_where
 from sparring.data import TurnBatch
 
 _MATRIX_MAX_K = 512
@@ -91,4 +92,4 @@ def rtg(batch: TurnBatch, r: Tensor, gamma: float = 1.0) -> Tensor:
 
 def to_tokens(x: Tensor, batch: TurnBatch) -> Tensor:
     """Broadcast a per-row value ``[n]`` to the row's action tokens ``[n, T]``."""
-    return x[:, None].to(torch.float32) * batch.action_mask
+    return keep_where(batch.action_mask, x[:, None].to(torch.float32))

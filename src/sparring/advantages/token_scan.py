@@ -151,7 +151,7 @@ def token_gae(V: Tensor, mask: Tensor, r_last: Tensor, gamma: float, lam: float,
     A, fa, fv = _span_gae(V.gather(1, idx), packed, torch.zeros_like(first),
                           (count - 1).clamp(min=0), count, r_last, gamma, lam, tr, keep,
                           bootstrap)
-    return torch.where(mask, A.gather(1, pos.clamp(max=max(T - 1, 0))), 0.0), fa, fv
+    return keep_where(mask, A.gather(1, pos.clamp(max=max(T - 1, 0)))), fa, fv
 
 
 def _span_gae(V: Tensor, mask: Tensor, first: Tensor, last: Tensor, count: Tensor,

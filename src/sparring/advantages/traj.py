@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from sparring.advantages.rowblock import keep_where
 from sparring.data import TurnBatch
 from sparring.segments import segment_count, segment_first, segment_sum
 
@@ -78,7 +79,7 @@ def traj_view(batch: TurnBatch, by_agent: bool = False) -> TrajView:
 def to_tokens(batch: TurnBatch, view: TrajView, a: Tensor) -> Tensor:
     """Broadcast per-trajectory advantages ``a`` [n_traj] to ``[n_rows, T]`` (0 off-mask)."""
     a_rows = a.to(batch.returns.dtype)[view.tid]
-    return torch.where(batch.action_mask, a_rows[:, None], 0.0)  # one pass over [n, T]
+    return keep_where(batch.action_mask, a_rows[:, None])  # one pass over [n, T]
 
 
 def segment_order(x: Tensor, seg: Tensor, n_seg: int, descending: bool = False):
