@@ -27,15 +27,15 @@ def test_first_action_positions():
     assert got.tolist() == [2, 3, 1]  # no action tokens: whole length; never below 1
 
 
-def _batch(seed: int):
+def _batch(seed: int, longest: int = 6):
     """12 right-padded rows: 3 distinct prompts (lengths 3, 5, 2) x 4, continuations of
-    1-6 tokens, one row with no action token."""
+    1 to ``longest`` tokens, one row with no action token."""
     g = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(3, 60, (k,), generator=g) for k in (3, 5, 2)]
     rows, plens = [], []
     for i in range(12):
         p = prompts[i % 3]
-        c = torch.randint(3, 60, (1 + i % 6,), generator=g)
+        c = torch.randint(3, 60, (1 + i % longest,), generator=g)
         rows.append(torch.cat([p, c]))
         plens.append(len(p))
     T = max(len(r) for r in rows)
@@ -50,12 +50,12 @@ def _batch(seed: int):
     return ids, att, amask
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_shared_prefix_equals_full_forward(temperature):
+@pytest.mark.parametrize("temperature,longest", [(1.0, 6), (0.7, 6), (1.0, 1)])
+def test_shared_prefix_equals_full_forward(temperature, longest):
     torch.manual_seed(0)
     model, _ = build_tiny_model(SMALL)
     model.float()
-    ids, att, amask = _batch(1)
+    ids, att, amask = _batch(1, longest)
     plen = first_action_positions(amask, att.sum(1))
     pre = find_prefixes(ids, plen)
     assert pre.count == 4  # 3 prompts, and row 7's whole row is its own prefix
@@ -63,7 +63,8 @@ def test_shared_prefix_equals_full_forward(temperature):
     allowed = [None] * 12
     p0 = int(plen[0])
     allowed[0] = {p0: [int(ids[0, p0]), 9, 11]}
-    allowed[4] = {int(plen[4]) + 1: [20, 21]}
+    if longest > 1:
+        allowed[4] = {int(plen[4]) + 1: [20, 21]}
     w = torch.randn(ids.shape)
     results = []
     for prefixes in (None, pre):

@@ -259,3 +259,44 @@ def test_recompute_old_logp_makes_the_first_ratio_one():
     fresh = Learner(th.tiny_qwen(11), make_cfg(algorithm__recompute_old_logp=True)).update(batch, adv)
     assert fresh["approx_kl"] == pytest.approx(0.0, abs=1e-6)
     assert fresh["ratio"] == pytest.approx(1.0, abs=1e-6) and fresh["clip_frac"] == 0.0
+
+
+def shared_prompt_batch(seed=0, prompts=3, samples=4):
+    """GRPO-shaped: each prompt (lengths 1-3) sampled ``samples`` times, actions 1-4 tokens."""
+    g = torch.Generator().manual_seed(seed)
+    eps = []
+    for k in range(prompts):
+        prompt = torch.randint(1, th.VOCAB, (1 + k % 3,), generator=g).tolist()
+        for j in range(samples):
+            a_len = 1 + (k + j) % 4
+            act = torch.randint(1, th.VOCAB, (a_len,), generator=g).tolist()
+            old = (-3.7 + 0.3 * torch.randn(a_len, generator=g)).tolist()
+            t = Turn(agent=0, prompt_ids=prompt, action_ids=act, logprobs=old)
+            eps.append(Episode(env="toy", seed=k, group=k, num_agents=1, turns=[t],
+                               returns=[float(torch.randn(1, generator=g))]))
+    batch = collate(eps)
+    adv = torch.randn(batch.input_ids.shape, generator=g) * batch.action_mask
+    return batch, adv
+
+
+@pytest.mark.parametrize("micro", [0, 5])
+def test_shared_prompts_give_the_hand_loss_gradient(micro):
+    """train.share_prefix runs each prompt once; the gradient is still the full one."""
+    batch, adv = shared_prompt_batch()
+    model0 = th.tiny_qwen(2)
+    expected = reference_grads(model0, copy.deepcopy(model0), batch, adv, "token-mean", 0.0,
+                               0.01)
+    for share in (True, False):
+        model = copy.deepcopy(model0)
+        cfg = make_cfg(algorithm__entropy_coef=0.01, train__microbatch_size=micro,
+                       train__share_prefix=share)
+        learner = Learner(model, cfg)
+        calls = []
+        hook = model.register_forward_pre_hook(
+            lambda _m, _a, k, seen=calls: seen.append(k["input_ids"].shape), with_kwargs=True)
+        learner.update(batch, adv)
+        hook.remove()
+        for g, e in zip(first_step_grads(learner), expected):
+            torch.testing.assert_close(g, e, atol=2e-6, rtol=1e-4)
+        # shared: the 3 prompts run once (a [3, P] prefill) before the continuations
+        assert (calls[0][0] == 3) == (share and micro == 0)

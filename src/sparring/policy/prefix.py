@@ -66,10 +66,12 @@ def shared_prefix_logits(model: torch.nn.Module, ids: Tensor, att: Tensor, pre: 
                          pad_id: int = 0) -> tuple[Tensor, Tensor, Tensor]:
     """(logits ``[n, 1 + C, V]``, targets ``[n, 1 + C]``, positions ``[n, C]``).
 
-    ``logits[:, s]`` predicts the token at original position ``plen + s`` of the row, which is
-    ``targets[:, s + 1]`` (``targets[:, 0]`` is a placeholder); so `logprobs_from_logits
-    (logits, targets)` gives at ``[:, s + 1]`` the log-prob of the row's token at ``plen + s``.
-    ``positions[:, s] = plen + s`` (``T`` where the row has ended); C = longest continuation.
+    ``logits[:, s]`` (s < C) predicts the token at original position ``plen + s`` of the row,
+    which is ``targets[:, s + 1]`` (``targets[:, 0]`` and ``logits[:, C]`` are placeholders);
+    so `logprobs_from_logits(logits, targets)` gives at ``[:, s + 1]`` the log-prob of the
+    row's token at ``plen + s``. ``positions[:, s] = plen + s`` (``T`` where the row has
+    ended); C = the longest ``len - plen``. A row's last token is never an input (nothing
+    after it is scored), so the continuation pass runs C - 1 positions.
     """
     n, T = ids.shape
     dev = ids.device
@@ -82,26 +84,27 @@ def shared_prefix_logits(model: torch.nn.Module, ids: Tensor, att: Tensor, pre: 
     src = (col[None, :] - (P - p_first)[:, None])  # prefix position of each column
     pre_att = src >= 0
     pre_ids = torch.where(pre_att, ids[pre.first].gather(1, src.clamp(min=0)), pad_id)
-    pre_pos = src.clamp(min=0)
-    out = model(input_ids=pre_ids, attention_mask=pre_att.long(), position_ids=pre_pos,
+    out = model(input_ids=pre_ids, attention_mask=pre_att.long(), position_ids=src.clamp(min=0),
                 use_cache=True, logits_to_keep=1)
-    cache = out.past_key_values
-    cache.batch_select_indices(pre.inverse)  # differentiable: gradients add up per prefix
     last = out.logits[:, -1][pre.inverse]  # [n, V]: predicts the token at plen
-    # 2. every row's continuation, attending to its prefix through the cache
     C = int((lens - plen).max()) if n else 0
-    if C == 0:
-        return last[:, None], torch.full((n, 1), pad_id, dtype=ids.dtype, device=dev), \
-            torch.full((n, 0), T, dtype=torch.long, device=dev)
-    pos = plen[:, None] + torch.arange(C, device=dev)
+    pos = plen[:, None] + torch.arange(max(C, 1), device=dev)
     valid = pos < lens[:, None]
-    cont = torch.where(valid, ids.gather(1, pos.clamp(max=T - 1)), pad_id)
-    full_att = torch.cat([pre_att[pre.inverse], valid], 1).long()
-    out2 = model(input_ids=cont, attention_mask=full_att, position_ids=pos.clamp(max=T - 1),
-                 past_key_values=cache, use_cache=True)
-    logits = torch.cat([last[:, None], out2.logits], 1)
-    targets = torch.cat([torch.full((n, 1), pad_id, dtype=ids.dtype, device=dev), cont], 1)
-    return logits, targets, torch.where(valid, pos, T)
+    targets = torch.where(valid, ids.gather(1, pos.clamp(max=T - 1)), pad_id)[:, :max(C, 0)]
+    parts = [last[:, None]]
+    if C > 1:  # 2. the rest of every row, attending to its prefix through the cache
+        cache = out.past_key_values
+        cache.batch_select_indices(pre.inverse)  # differentiable: gradients add per prefix
+        inp_valid = valid[:, 1:C]  # input at plen + s is needed iff a token follows it
+        full_att = torch.cat([pre_att[pre.inverse], inp_valid], 1).long()
+        out2 = model(input_ids=targets[:, :C - 1], attention_mask=full_att,
+                     position_ids=pos[:, :C - 1].clamp(max=T - 1), past_key_values=cache,
+                     use_cache=True)
+        parts.append(out2.logits)
+    parts.append(torch.zeros_like(last)[:, None])  # placeholder, sliced off by the caller
+    pad = torch.full((n, 1), pad_id, dtype=ids.dtype, device=dev)
+    return torch.cat(parts, 1), torch.cat([pad, targets], 1), \
+        torch.where(valid, pos, T)[:, :max(C, 0)]
 
 
 def to_rows(x: Tensor, positions: Tensor, T: int) -> Tensor:
