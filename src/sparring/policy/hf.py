@@ -24,6 +24,8 @@ from torch import Tensor
 
 from sparring.policy.sampling import Generation, SamplingParams, TokenTrie, filter_logits
 
+_CACHE_SIZE = 4096  # entries of each of HFPolicy's encoding caches
+
 
 class HFPolicy:
     """Wraps ``model`` and ``tokenizer``; ``generate`` is the whole interface."""
@@ -40,6 +42,8 @@ class HFPolicy:
         self.eos_ids = _eos_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self._tries: dict[tuple[str, ...], TokenTrie] = {}
+        self._encoded: dict[str, list[int]] = {}
 
     @classmethod
     def from_pretrained(cls, path: str | Path, *, trust_remote_code: bool = False,
@@ -58,9 +62,26 @@ class HFPolicy:
         self.model.eval()
 
     def encode_actions(self, actions: Sequence[str]) -> TokenTrie:
-        """The trie of ``encode(a) + [EOS]`` over legal actions ``a``."""
-        eos = self.eos_ids[0]
-        return TokenTrie([self.tokenizer.encode(a, add_special_tokens=False) + [eos] for a in actions])
+        """The trie of ``encode(a) + [EOS]`` over legal actions ``a``. Tries are immutable
+        and cached per action list (games repeat their legal-move sets constantly), as are
+        the token ids of each action string; both caches are bounded."""
+        key = tuple(actions)
+        trie = self._tries.get(key)
+        if trie is None:
+            eos = self.eos_ids[0]
+            trie = TokenTrie([self._action_ids(a) + [eos] for a in key])
+            if len(self._tries) >= _CACHE_SIZE:
+                self._tries.clear()
+            self._tries[key] = trie
+        return trie
+
+    def _action_ids(self, action: str) -> list[int]:
+        ids = self._encoded.get(action)
+        if ids is None:
+            if len(self._encoded) >= _CACHE_SIZE:
+                self._encoded.clear()
+            ids = self._encoded[action] = self.tokenizer.encode(action, add_special_tokens=False)
+        return ids
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams | None = None,

@@ -73,6 +73,9 @@ class Rendered:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
+_CACHE_SIZE = 8192  # entries of each of PromptBuilder's caches (cleared when full)
+
+
 class PromptBuilder:
     """Renders (system, past exchanges, current user text) to token ids for one tokenizer."""
 
@@ -83,13 +86,30 @@ class PromptBuilder:
         eos = tokenizer.eos_token_id
         self.eos_id = eos
         self.eos_text = tokenizer.eos_token or ""
+        self._encoded: dict[str, list[int]] = {}
+        self._rendered: dict[tuple, str] = {}
 
     def _encode(self, text: str) -> list[int]:
-        return self.tok.encode(text, add_special_tokens=False) if text else []
+        if not text:
+            return []
+        ids = self._encoded.get(text)
+        if ids is None:
+            if len(self._encoded) >= _CACHE_SIZE:
+                self._encoded.clear()
+            ids = self._encoded[text] = self.tok.encode(text, add_special_tokens=False)
+        return list(ids)
 
     def _chat(self, messages: list[dict[str, str]], gen: bool) -> str:
-        return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen,
-                                            chat_template=self.template)
+        """The template's text; cached, since concurrent episodes render the same
+        observations over and over (Jinja rendering costs more than the rest of a turn)."""
+        key = (gen, *((m["role"], m["content"]) for m in messages))
+        text = self._rendered.get(key)
+        if text is None:
+            if len(self._rendered) >= _CACHE_SIZE:
+                self._rendered.clear()
+            text = self._rendered[key] = self.tok.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=gen, chat_template=self.template)
+        return text
 
     def _render(self, system: str, history: list[Exchange], user: str) -> Rendered:
         msgs = [{"role": "system", "content": system}]
