@@ -101,13 +101,21 @@ def perturbed_archer(cfg):
     return model, arc
 
 
-def test_td_targets_and_critic_loss_match_a_hand_computation():
-    model, arc = perturbed_archer(cfg_of())
+@pytest.mark.parametrize("kind", ["head", "separate"])
+def test_td_targets_and_critic_loss_match_a_hand_computation(kind):
+    cfg = cfg_of()
+    cfg.algorithm.critic = kind
+    cfg.train.microbatch_size = 1  # the separate body's update runs one row per chunk
+    model, arc = perturbed_archer(cfg)
+
+    def by_hand(critic, _model, ids, v_pos, q_pos):  # the critic's body, else the policy
+        return heads(critic, critic.body or model, ids, v_pos, q_pos)
+
     batch = collate([two_turn_episode()])
-    on0 = heads(arc.online, model, ROW0, 1, 3)
-    on1 = heads(arc.online, model, ROW1, 4, 5)
-    tg0 = heads(arc.target, model, ROW0, 1, 3)
-    tg1 = heads(arc.target, model, ROW1, 4, 5)
+    on0 = by_hand(arc.online, model, ROW0, 1, 3)
+    on1 = by_hand(arc.online, model, ROW1, 4, 5)
+    tg0 = by_hand(arc.target, model, ROW0, 1, 3)
+    tg1 = by_hand(arc.target, model, ROW1, 4, 5)
     y = [0.5 + 0.5 * min(tg1["v1"], tg1["v2"]), 1.0]  # turn 1 is the last: done
     z = [min(tg0["q1"], tg0["q2"]), min(tg1["q1"], tg1["q2"])]
     on = [on0, on1]
@@ -126,8 +134,8 @@ def test_td_targets_and_critic_loss_match_a_hand_computation():
     assert m["critic/buffer_turns"] == 2.0
     # annotate: extras from the updated online critic, v_target from the target's V at s
     out, td = arc.annotate(batch)
-    now = [heads(arc.online, model, ROW0, 1, 3), heads(arc.online, model, ROW1, 4, 5)]
-    tnow = [heads(arc.target, model, ROW0, 1, 3), heads(arc.target, model, ROW1, 4, 5)]
+    now = [by_hand(arc.online, model, ROW0, 1, 3), by_hand(arc.online, model, ROW1, 4, 5)]
+    tnow = [by_hand(arc.target, model, ROW0, 1, 3), by_hand(arc.target, model, ROW1, 4, 5)]
     for k in ("q1", "q2", "v1", "v2"):
         assert out.extras[k].tolist() == pytest.approx([r[k] for r in now], abs=1e-5)
     assert out.extras["v_target"].tolist() == pytest.approx(
@@ -135,6 +143,8 @@ def test_td_targets_and_critic_loss_match_a_hand_computation():
     y_now = [0.5 + 0.5 * min(tnow[1]["v1"], tnow[1]["v2"]), 1.0]
     err = sum(abs(min(now[i]["q1"], now[i]["q2"]) - y_now[i]) for i in range(2)) / 2
     assert td["critic/td_error"] == pytest.approx(err, rel=1e-4)
+    with pytest.raises(ValueError, match="just given to observe"):
+        arc.annotate(collate([two_turn_episode(), two_turn_episode()]))
 
 
 def test_truncated_last_turn_has_no_q_target_in_the_loss():

@@ -47,10 +47,11 @@ from torch import Tensor, nn
 from sparring.advantages.critic import archer_q_target, archer_td_targets, archer_v_target
 from sparring.data import TurnBatch
 from sparring.train.config import Config
-from sparring.train.replay import TurnReplay, action_span
+from sparring.train.replay import TurnReplay
 from sparring.train.value_head import ValueHead, critic_body, last_hidden, output_embedding
 
 HEADS = ("q1", "q2", "v1", "v2")
+DEFAULT_CHUNK = 64  # rows per critic forward when train.microbatch_size is 0
 
 
 def uses_archer(cfg: Config) -> bool:
@@ -58,7 +59,7 @@ def uses_archer(cfg: Config) -> bool:
 
 
 class UtteranceCritic(nn.Module):
-    """Twin Q(s, a) and twin V(s) heads on a shared body (see the module doc)."""
+    """Twin Q(s, a) and twin V(s) heads on a body (see the module doc)."""
 
     def __init__(self, policy: nn.Module, kind: str = "head", width: int = 64):
         super().__init__()
@@ -67,22 +68,24 @@ class UtteranceCritic(nn.Module):
         hidden = output_embedding(policy).in_features
         self.heads = nn.ModuleDict({k: ValueHead(hidden, width) for k in HEADS})
 
-    def hidden(self, policy: nn.Module, ids: Tensor, att: Tensor) -> Tensor:
-        """Last hidden state ``[k, L, H]``: the policy's (no grad) or the own body's."""
-        if self.body is None:
-            with torch.no_grad():
-                return last_hidden(policy, ids, att)
-        return last_hidden(self.body, ids, att)
+    def heads_on(self, h_v: Tensor, h_q: Tensor) -> dict[str, Tensor]:
+        """``{q1, q2: Q heads on h_q; v1, v2: V heads on h_v}``, ``h [k, H]`` -> ``[k]``."""
+        return {k: head(h_q if k[0] == "q" else h_v) for k, head in self.heads.items()}
 
-    def heads_at(self, hidden: Tensor, a_first: Tensor, a_last: Tensor) -> dict[str, Tensor]:
-        """``{q1, q2: at a_last; v1, v2: at a_first - 1}``, each ``[k]``."""
-        ar = torch.arange(hidden.shape[0], device=hidden.device)
-        at = {"q": hidden[ar, a_last], "v": hidden[ar, a_first - 1]}
-        return {k: head(at[k[0]]) for k, head in self.heads.items()}
+
+Features = tuple[Tensor, Tensor]  # (h_v, h_q) [k, H]: hidden at the last prompt / action token
 
 
 class Archer:
-    """The critic, its target copy, replay buffer and optimizer of one ArCHer run."""
+    """The critic, its target copy, replay buffer and optimizer of one ArCHer run.
+
+    With ``critic=head`` the features of every buffered turn are computed once per step
+    (the trunk does not change during the critic updates), so the ``updates`` critic steps
+    cost only the heads. With ``separate`` each update runs the online body (with grad) on
+    the sampled turns and the target body on them and their next turns. Forwards go in
+    chunks of ``train.microbatch_size`` rows (64 when 0), sorted by length and trimmed to
+    each chunk's longest row.
+    """
 
     def __init__(self, policy: nn.Module, cfg: Config):
         a, o = cfg.algorithm, cfg.optim
@@ -98,39 +101,45 @@ class Archer:
                                            weight_decay=o.weight_decay)
         self.gen = torch.Generator().manual_seed(cfg.train.seed + 7_777)
         self.steps_seen = 0
+        self._cache: Features | None = None  # head kind: features of all buffered turns
 
-    # ------------------------------------------------------------ forwards
+    # ------------------------------------------------------------ features
 
-    def _chunk(self) -> int:
-        return self.cfg.train.microbatch_size or 1 << 30
+    def _chunks(self, pos: Tensor) -> list[Tensor]:
+        """Indices into ``pos`` in chunks of similar length (shortest first)."""
+        order = self.replay.rows["length"][pos].argsort(stable=True)
+        c = self.cfg.train.microbatch_size or DEFAULT_CHUNK
+        return [order[s:s + c] for s in range(0, len(pos), c)]
 
-    def _outputs(self, critic: UtteranceCritic, ids: Tensor, att: Tensor, a_first: Tensor,
-                 a_last: Tensor) -> dict[str, Tensor]:
-        ids, att = ids.to(self.device), att.to(self.device)
-        h = critic.hidden(self.policy, ids, att)
-        return critic.heads_at(h, a_first.to(self.device), a_last.to(self.device))
+    def _pool(self, model: nn.Module, pos: Tensor) -> Features:
+        """One forward of buffer turns ``pos`` through ``model`` (grad as the caller says)."""
+        ids, att, first, last = (t.to(self.device) for t in self.replay.tensors(pos))
+        h = last_hidden(model, ids, att).float()
+        ar = torch.arange(len(pos), device=self.device)
+        return h[ar, first - 1], h[ar, last]
 
     @torch.no_grad()
-    def _eval(self, critic: UtteranceCritic, ids: Tensor, att: Tensor, a_first: Tensor,
-              a_last: Tensor) -> dict[str, Tensor]:
-        """``_outputs`` without grad, in micro-batches, with dropout off."""
-        was = (self.policy.training, critic.training)
-        self.policy.eval()
-        critic.eval()
+    def _pooled(self, model: nn.Module, pos: Tensor) -> Features:
+        """`_pool` over all of ``pos`` in sorted chunks, no grad, dropout off."""
+        H = output_embedding(self.policy).in_features
+        h_v = torch.zeros(len(pos), H, device=self.device)
+        h_q = torch.zeros_like(h_v)
+        was = model.training
+        model.eval()
         try:
-            parts = [self._outputs(critic, ids[s:s + c], att[s:s + c], a_first[s:s + c],
-                                   a_last[s:s + c])
-                     for c in [self._chunk()] for s in range(0, ids.shape[0], c)]
+            for idx in self._chunks(pos):
+                i = idx.to(self.device)
+                h_v[i], h_q[i] = self._pool(model, pos[idx])
         finally:
-            self.policy.train(was[0])
-            critic.train(was[1])
-        return {k: torch.cat([p[k] for p in parts]) if parts else
-                torch.zeros(0, device=self.device) for k in HEADS}
+            model.train(was)
+        return h_v, h_q
 
-    def _replay_eval(self, critic: UtteranceCritic, pos: Tensor) -> dict[str, Tensor]:
-        if len(pos) == 0:
-            return {k: torch.zeros(0, device=self.device) for k in HEADS}
-        return self._eval(critic, *self.replay.tensors(pos))
+    def _features(self, critic: UtteranceCritic, pos: Tensor) -> Features:
+        """No-grad features of buffer turns ``pos`` for ``critic`` (its body or the trunk)."""
+        if critic.body is None and self._cache is not None:
+            i = pos.to(self.device)
+            return self._cache[0][i], self._cache[1][i]
+        return self._pooled(self.policy if critic.body is None else critic.body, pos)
 
     # ------------------------------------------------------------ training
 
@@ -139,53 +148,49 @@ class Archer:
         r = self.replay.rows
         nxt = self.replay.next_of(pos)
         has = nxt >= 0
-        tn = self._replay_eval(self.target, nxt[has])
-        v_next = torch.zeros(len(pos), device=self.device)
-        v_next[has.to(self.device)] = torch.minimum(tn["v1"], tn["v2"])
-        y = archer_q_target(r["reward"][pos].to(self.device), r["done"][pos].to(self.device),
-                            v_next, self.ac.gamma)
-        tq = self._replay_eval(self.target, pos)
+        with torch.no_grad():
+            tn = self.target.heads_on(*self._features(self.target, nxt[has]))
+            v_next = torch.zeros(len(pos), device=self.device)
+            v_next[has.to(self.device)] = torch.minimum(tn["v1"], tn["v2"])
+            y = archer_q_target(r["reward"][pos].to(self.device),
+                                r["done"][pos].to(self.device), v_next, self.ac.gamma)
+            tq = self.target.heads_on(*self._features(self.target, pos))
         return y, archer_v_target(tq["q1"], tq["q2"])
 
     def _update_once(self, stats: dict[str, float]) -> None:
-        n = len(self.replay)
-        k = self.ac.batch_turns or int((self.replay.rows["step"] == self.replay.newest_step).sum())
-        pos = self.replay.sample(min(k, n), self.gen)
+        r, newest = self.replay.rows, self.replay.newest_step
+        k = self.ac.batch_turns or int((r["step"] == newest).sum())
+        pos = self.replay.sample(min(k, len(self.replay)), self.gen)
         y, z = self.targets(pos)
-        r = self.replay.rows
         qm = r["valid"][pos].to(self.device)
-        vm = (r["step"][pos] == self.replay.newest_step).to(self.device)
+        vm = (r["step"][pos] == newest).to(self.device)  # V: the newest policy's actions
         nq, nv = max(int(qm.sum()), 1), max(int(vm.sum()), 1)
         self.optimizer.zero_grad(set_to_none=True)
         self.online.train()
-        was = self.policy.training
-        self.policy.eval()  # the shared trunk only gives features here
-        c = self._chunk()
         sums = dict.fromkeys(("q_loss", "v_loss", "q_mean", "v_mean"), 0.0)
         finite = True
-        try:
-            for s in range(0, len(pos), c):
-                sl = slice(s, s + c)
-                out = self._outputs(self.online, *self.replay.tensors(pos[sl]))
-                lq = 0.5 * ((out["q1"] - y[sl]) ** 2 + (out["q2"] - y[sl]) ** 2)
-                lv = 0.5 * ((out["v1"] - z[sl]) ** 2 + (out["v2"] - z[sl]) ** 2)
-                lq = torch.where(qm[sl], lq, 0.0).sum() / nq
-                lv = torch.where(vm[sl], lv, 0.0).sum() / nv
-                loss = lq + lv
-                if not torch.isfinite(loss):
-                    finite = False
-                    break
-                loss.backward()
-                with torch.no_grad():
-                    sums["q_loss"] += float(lq)
-                    sums["v_loss"] += float(lv)
-                    sums["q_mean"] += float((out["q1"] + out["q2"]).sum()) / 2
-                    sums["v_mean"] += float((out["v1"] + out["v2"]).sum()) / 2
-        finally:
-            self.policy.train(was)
+        shared = self.online.body is None
+        for idx in [torch.arange(len(pos))] if shared else self._chunks(pos):
+            i = idx.to(self.device)
+            feats = self._features(self.online, pos[idx]) if shared else \
+                self._pool(self.online.body, pos[idx])
+            out = self.online.heads_on(*feats)
+            lq = 0.5 * ((out["q1"] - y[i]) ** 2 + (out["q2"] - y[i]) ** 2)
+            lv = 0.5 * ((out["v1"] - z[i]) ** 2 + (out["v2"] - z[i]) ** 2)
+            lq = torch.where(qm[i], lq, 0.0).sum() / nq
+            lv = torch.where(vm[i], lv, 0.0).sum() / nv
+            loss = lq + lv
+            if not torch.isfinite(loss):
+                finite = False
+                break
+            loss.backward()
+            sums["q_loss"] += float(lq.detach())
+            sums["v_loss"] += float(lv.detach())
+            sums["q_mean"] += float((out["q1"] + out["q2"]).detach().sum()) / 2
+            sums["v_mean"] += float((out["v1"] + out["v2"]).detach().sum()) / 2
         gn = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optim.max_grad_norm
                                                    or math.inf)) if finite else math.nan
-        if not (finite and math.isfinite(gn)):
+        if not math.isfinite(gn):
             self.optimizer.zero_grad(set_to_none=True)
             stats["critic/skipped_updates"] += 1
             return
@@ -210,6 +215,9 @@ class Archer:
         """Add ``batch``'s turns to the buffer and take ``updates`` critic updates; metrics."""
         self.replay.add(batch, self.steps_seen)
         self.steps_seen += 1
+        self._cache = None
+        if self.online.body is None and len(self.replay):
+            self._cache = self._pooled(self.policy, torch.arange(len(self.replay)))
         stats: dict[str, float] = {"critic/skipped_updates": 0.0, "_done": 0.0}
         for k in ("q_loss", "v_loss", "q_mean", "v_mean", "td_target_mean", "grad_norm"):
             stats[f"critic/{k}"] = 0.0
@@ -222,13 +230,20 @@ class Archer:
         return out
 
     def annotate(self, batch: TurnBatch) -> tuple[TurnBatch, dict[str, float]]:
-        """``batch`` with extras q1, q2, v1, v2 (online) and v_target (target V at s), and the
-        critic's TD error on it (``|min(Q1, Q2) - y|`` over turns with a target)."""
+        """``batch`` (the one just given to `observe`) with extras q1, q2, v1, v2 (online)
+        and v_target (target V at s), and the critic's TD error on it (``|min(Q1, Q2) - y|``
+        over turns with a target)."""
         if batch.n_rows == 0:
             return batch, {}
-        first, last = action_span(batch.action_mask)
-        on = self._eval(self.online, batch.input_ids, batch.attention_mask, first, last)
-        tg = self._eval(self.target, batch.input_ids, batch.attention_mask, first, last)
+        n, N = batch.n_rows, len(self.replay)
+        r = self.replay.rows
+        pos = torch.arange(N - n, N)
+        if int((r["step"] == self.replay.newest_step).sum()) != n or not torch.equal(
+                r["length"][pos], batch.attention_mask.sum(1).cpu()):
+            raise ValueError("annotate takes the batch that was just given to observe")
+        with torch.no_grad():
+            on = self.online.heads_on(*self._features(self.online, pos))
+            tg = self.target.heads_on(*self._features(self.target, pos))
         dev = batch.device
         ex = {**batch.extras, **{k: on[k].float().to(dev) for k in HEADS},
               "v_target": torch.minimum(tg["v1"], tg["v2"]).float().to(dev)}
@@ -251,4 +266,4 @@ class Archer:
         self.replay.load_state_dict(st["replay"])
         self.gen.set_state(st["gen"])
         self.steps_seen = int(st["steps_seen"])
-
+        self._cache = None
