@@ -124,7 +124,8 @@ class AlgorithmConfig:
     kl: KLConfig = opt(KLConfig(), "KL regularisation towards a reference policy")
     entropy_coef: float = opt(0.0, "entropy bonus weight (subtracted from the loss)", ge=0)
     value: Literal["auto", "on", "off"] = opt(
-        "auto", "train a value function: 'auto' when the estimator needs values")
+        "auto", "train a value function: 'auto' when the estimator needs values (for "
+        "archer_targets: ArCHer's utterance critic)")
     critic: Literal["head", "separate"] = opt(
         "head", "'head': a small MLP on the policy's last hidden state; 'separate': a copy "
         "of the initial model with its own head")
