@@ -97,6 +97,20 @@ class KLConfig:
 
 
 @dataclass
+class ArcherConfig:
+    gamma: float = opt(0.95, "discount per turn of the critic's TD target "
+                       "Q <- r + gamma (1 - done) V_target(s')", ge=0, le=1)
+    tau: float = opt(0.1, "Polyak rate of the target critic after each critic update: "
+                     "target <- (1 - tau) target + tau online", gt=0, le=1)
+    buffer_steps: int = opt(4, "replay buffer: the turns of the last N training steps", ge=1)
+    updates: int = opt(4, "critic gradient updates per training step, each on a replay sample",
+                       ge=1)
+    batch_turns: int = opt(0, "turns sampled from the buffer per critic update (0: as many as "
+                           "the newest step has)", ge=0)
+    lr: float | None = opt(None, "critic learning rate (null: optim.lr)", gt=0)
+
+
+@dataclass
 class AlgorithmConfig:
     estimator: str = opt("grpo", "advantage estimator (see `sparring list estimators`)")
     estimator_options: dict[str, Any] = opt({}, "keyword options of the estimator")
@@ -110,7 +124,8 @@ class AlgorithmConfig:
     kl: KLConfig = opt(KLConfig(), "KL regularisation towards a reference policy")
     entropy_coef: float = opt(0.0, "entropy bonus weight (subtracted from the loss)", ge=0)
     value: Literal["auto", "on", "off"] = opt(
-        "auto", "train a value function: 'auto' when the estimator needs values")
+        "auto", "train a value function: 'auto' when the estimator needs values (for "
+        "archer_targets: ArCHer's utterance critic)")
     critic: Literal["head", "separate"] = opt(
         "head", "'head': a small MLP on the policy's last hidden state; 'separate': a copy "
         "of the initial model with its own head")
@@ -120,6 +135,8 @@ class AlgorithmConfig:
     value_hidden: int = opt(64, "hidden width of the value MLP", ge=1)
     recompute_old_logp: bool = opt(
         False, "recompute old log-probs with the current model before the update")
+    archer: ArcherConfig = opt(ArcherConfig(), "ArCHer's utterance critic: twin Q/V heads, "
+                               "target copies, replay (used with estimator archer_targets)")
 
 
 @dataclass
@@ -267,6 +284,9 @@ def validate(cfg: Config) -> Config:
         _registry_check("env", env.name, f"envs.{i}.name")
         _options_check("estimator", a.estimator, env.estimator_options,
                        f"envs.{i}.estimator_options")
+    if a.estimator == "archer_targets" and a.value == "off":
+        raise ConfigError("algorithm.value: archer_targets needs the utterance critic the "
+                          "learner trains (twin Q/V heads); set algorithm.value to auto or on")
     if len(cfg.optim.betas) != 2 or not all(0 <= b < 1 for b in cfg.optim.betas):
         raise ConfigError(f"optim.betas: expected two numbers in [0, 1), got {cfg.optim.betas}")
     if cfg.train.microbatch_size and cfg.train.minibatch_size \
@@ -320,7 +340,7 @@ def commented_yaml(cls: type = Config, indent: int = 0) -> str:
     return "\n".join(out)
 
 
-__all__ = ["AlgorithmConfig", "CheckpointConfig", "Config", "ConfigError", "EnvSpec",
+__all__ = ["AlgorithmConfig", "ArcherConfig", "CheckpointConfig", "Config", "ConfigError", "EnvSpec",
            "EvalConfig", "KLConfig", "LoggingConfig", "LoraConfig", "ModelConfig",
            "OptimConfig", "RolloutConfig", "TrainConfig", "apply_override", "commented_yaml",
            "from_dict", "load_config", "save_config", "to_dict", "validate"]

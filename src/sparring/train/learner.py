@@ -34,6 +34,7 @@ from sparring.objectives import loss as objective_loss
 from sparring.objectives.kl import KL_ESTIMATORS
 from sparring.policy.forward import token_logprobs
 from sparring.policy.prefix import Prefixes, find_prefixes, first_action_positions
+from sparring.train.archer import Archer, uses_archer
 from sparring.train.config import Config, LoraConfig
 from sparring.train.schedule import LRSchedule
 from sparring.train.value_head import Critic, capture_hidden
@@ -100,8 +101,10 @@ class Learner:
             self.ref_model = copy.deepcopy(model).eval()
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
+        # ArCHer's utterance critic has its own optimizer (sparring.train.archer)
+        self.archer = Archer(model, cfg) if uses_archer(cfg) else None
         self.critic: Critic | None = None
-        if self._wants_values():
+        if self.archer is None and self._wants_values():
             self.critic = Critic(model, a.critic, a.value_hidden)
         params = [p for p in model.parameters() if p.requires_grad]
         if self.critic is not None:
@@ -374,6 +377,8 @@ class Learner:
             "total_skips": self.total_skips}
         if self.critic is not None:
             st["critic"] = self.critic.state_dict()
+        if self.archer is not None:
+            st["archer"] = self.archer.state_dict()
         if self.ref_model is not None and self.cfg.algorithm.kl.reference == "magnet":
             train = {k for k, p in self.model.named_parameters() if p.requires_grad}
             st["magnet"] = {k: p for k, p in self.ref_model.named_parameters() if k in train}
@@ -387,6 +392,10 @@ class Learner:
         self.total_skips = int(st["total_skips"])
         if self.critic is not None:
             self.critic.load_state_dict(st["critic"])
+        if self.archer is not None:
+            if "archer" not in st:
+                raise KeyError("this run trains ArCHer's critic but the checkpoint holds none")
+            self.archer.load_state_dict(st["archer"])
         if "magnet" in st:
             if self.ref_model is None:
                 raise KeyError("checkpoint has magnet weights but this run has no magnet")

@@ -3,7 +3,9 @@
 ``train(cfg, model, rollout_fn, eval_fn)`` runs ``cfg.train.steps`` steps; each step
 
 1. ``episodes = rollout_fn(step)`` (the caller's rollouts, sampled from ``model``),
-2. ``batch = collate(episodes)`` (critic values filled when the estimator needs them),
+2. ``batch = collate(episodes)`` (critic values filled when the estimator needs them;
+   for ArCHer the utterance critic is updated from its replay buffer, then its per-turn
+   outputs go into ``batch.extras``, see `sparring.train.archer`),
 3. ``adv, keep = advantages.compute(estimator, batch, **options)`` (per-env options),
    then each shaping ``compute(name, batch, advantages=adv, **options)`` in order,
 4. ``learner.update(batch, adv, keep)``,
@@ -192,8 +194,14 @@ def train(cfg: Config, model: nn.Module, rollout_fn: RolloutFn, eval_fn: EvalFn 
             batch = collate(episodes, layout=layout, pad_id=pad_id).to(learner.device)
             if learner.critic is not None:
                 batch = batch.with_fields(values=learner.values(batch))
+            critic_metrics: dict[str, float] = {}
+            if learner.archer is not None:  # critic updates first, then its outputs as extras
+                critic_metrics = learner.archer.observe(batch)
+                batch, td = learner.archer.annotate(batch)
+                critic_metrics.update(td)
             adv, keep = advantages(batch, cfg, extra)
             metrics = rollout_metrics(episodes, batch, adv, keep)
+            metrics.update(critic_metrics)
             metrics.update(learner.update(batch, adv, keep))
             t2 = time.perf_counter()
             n_tok = sum(len(t.action_ids) for ep in episodes for t in ep.turns)

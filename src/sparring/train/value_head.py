@@ -1,4 +1,6 @@
-"""Value functions for estimators that need ``batch.values`` (gae, turn_gae, archer_targets).
+"""Value functions for estimators that need ``batch.values`` (gae, turn_gae); the pieces
+(`ValueHead`, `critic_body`, `last_hidden`) are shared with ArCHer's utterance critic
+(`sparring.train.archer`).
 
 * ``head``: a small MLP on the policy's last hidden state (shared trunk; the value loss
   also trains the trunk).
@@ -58,21 +60,34 @@ def shift_values(v: Tensor) -> Tensor:
     return out
 
 
+def critic_body(policy: nn.Module, kind: str) -> nn.Module | None:
+    """The critic's own model for ``kind='separate'`` (a trainable copy of ``policy``: all its
+    weights train, even when the policy uses LoRA), None for ``kind='head'``."""
+    if kind not in ("head", "separate"):
+        raise ValueError(f"unknown critic kind {kind!r}; known: head, separate")
+    if kind == "head":
+        return None
+    body = copy.deepcopy(policy)
+    for p in body.parameters():
+        p.requires_grad_(True)
+    return body
+
+
+def last_hidden(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """``model``'s last hidden state ``[n, T, H]`` (the input of its lm_head)."""
+    with capture_hidden(model) as hs:
+        model(input_ids=input_ids, attention_mask=attention_mask.long(), use_cache=False)
+    return hs[-1]
+
+
 class Critic(nn.Module):
     """A value head on the policy (``kind='head'``) or on its own model copy (``'separate'``)."""
 
     def __init__(self, policy: nn.Module, kind: str = "head", width: int = 64):
         super().__init__()
-        if kind not in ("head", "separate"):
-            raise ValueError(f"unknown critic kind {kind!r}; known: head, separate")
+        self.body = critic_body(policy, kind)
         self.kind = kind
-        hidden = output_embedding(policy).in_features
-        self.head = ValueHead(hidden, width)
-        # a separate critic trains all its weights, even when the policy uses LoRA
-        self.body = copy.deepcopy(policy) if kind == "separate" else None
-        if self.body is not None:
-            for p in self.body.parameters():
-                p.requires_grad_(True)
+        self.head = ValueHead(output_embedding(policy).in_features, width)
 
     def values_from_hidden(self, hidden: Tensor) -> Tensor:
         return shift_values(self.head(hidden))
@@ -80,6 +95,4 @@ class Critic(nn.Module):
     def separate_values(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """Values from the separate model (``kind='separate'`` only)."""
         assert self.body is not None
-        with capture_hidden(self.body) as hs:
-            self.body(input_ids=input_ids, attention_mask=attention_mask.long(), use_cache=False)
-        return self.values_from_hidden(hs[-1])
+        return self.values_from_hidden(last_hidden(self.body, input_ids, attention_mask))
