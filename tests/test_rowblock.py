@@ -39,3 +39,18 @@ def test_float_mask_and_masked_row_sum():
     assert float_mask(m, torch.float64).tolist() == [[1.0, 0.0, 1.0], [0.0, 0.0, 0.0]]
     x = torch.tensor([[1.0, float("nan"), 2.5], [4.0, 5.0, 6.0]])
     assert masked_row_sum(x, m).tolist() == [3.5, 0.0]
+
+
+def test_keep_where_large_goes_by_row_blocks_and_matches_where():
+    from sparring.advantages.rowblock import BLOCK_ELEMS
+
+    g = torch.Generator().manual_seed(1)
+    n = 3 * BLOCK_ELEMS // 100 + 7  # several blocks of 100-wide rows, a ragged last one
+    m = torch.rand(n, 100, generator=g) < 0.5
+    col = torch.randn(n, 1, generator=g)
+    full = torch.randn(n, 100, generator=g)
+    for x in (col, full):
+        want = torch.where(m, x, torch.zeros(()))
+        assert torch.equal(keep_where(m, x), want)
+        out = torch.empty(n, 100)
+        assert keep_where(m, x, out=out) is out and torch.equal(out, want)
