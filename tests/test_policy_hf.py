@@ -8,7 +8,7 @@ import torch
 from sparring.data import Episode, Turn, collate
 from sparring.policy.forward import token_logprobs
 from sparring.policy.hf import HFPolicy
-from sparring.policy.sampling import SamplingParams, filter_logits
+from sparring.policy.sampling import SamplingParams, TokenTrie, filter_logits
 from sparring.policy.tiny import build_tiny_model
 
 
@@ -188,3 +188,39 @@ def test_from_pretrained_folder(tmp_path, tiny):
     a = pol.generate(_prompts(tok), SamplingParams(greedy=True, max_new_tokens=5))
     b = HFPolicy(model, tok).generate(_prompts(tok), SamplingParams(greedy=True, max_new_tokens=5))
     assert [g.token_ids for g in a] == [g.token_ids for g in b]
+
+
+def test_forced_tails_skip_the_model(tiny):
+    """A move that can only end one way ('4' -> EOS; 'ab' after 'a') is finished without
+    more forwards: with single-character moves generate runs the prefill only."""
+    model, tok = tiny
+    pol = HFPolicy(model, tok, seed=0)
+    calls = []
+    hook = model.register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        gens = pol.generate(_prompts(tok), SamplingParams(max_new_tokens=4),
+                            allowed=[["1", "4", "7"]] * 3)
+        assert len(calls) == 1
+        for g in gens:
+            assert g.text in ("1", "4", "7") and g.finish_reason == "eos"
+            assert g.logprobs[1] == 0.0 and g.allowed_ids[1] == [tok.eos_token_id]
+        calls.clear()
+        g = pol.generate(_prompts(tok)[:1], SamplingParams(max_new_tokens=4),
+                         allowed=[["ab", "cd"]])[0]
+        assert len(calls) == 1 and g.text in ("ab", "cd") and g.logprobs[1:] == [0.0, 0.0]
+        # a tail longer than max_new_tokens is not forced: the row stops at the limit
+        g = pol.generate(_prompts(tok)[:1], SamplingParams(max_new_tokens=2),
+                         allowed=[["abc"]])[0]
+        assert g.finish_reason == "length" and len(g.token_ids) == 2
+    finally:
+        hook.remove()
+
+
+def test_token_trie_forced_tail():
+    trie = TokenTrie([[1, 2, 0], [1, 3, 0], [4, 0], [5, 6, 7, 0]])
+    assert trie.forced_tail(0) is None  # a choice at the root
+    n1 = trie.step(0, 1)
+    assert trie.forced_tail(n1) is None  # 2 or 3
+    assert trie.forced_tail(trie.step(0, 4)) == [0]
+    assert trie.forced_tail(trie.step(0, 5)) == [6, 7, 0]
+    assert trie.forced_tail(trie.step(trie.step(0, 4), 0)) is None  # at a leaf

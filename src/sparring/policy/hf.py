@@ -129,7 +129,7 @@ class HFPolicy:
         alw: list[list[list[int]]] = [[] for _ in range(B)]
         finish = ["length"] * B
         eos = set(self.eos_ids)
-        for _ in range(sp.max_new_tokens):
+        for step in range(sp.max_new_tokens):
             z = z_next.float() / sp.temperature
             cons = [k for k, r in enumerate(rows) if tries[r] is not None]
             if cons:
@@ -161,13 +161,14 @@ class HFPolicy:
                     ents[r].append(ent[k])
                 if tries[r] is not None:
                     nodes[r] = tries[r].step(nodes[r], t)
+                    t = self._forced_tail(tries[r], r, t, nodes, toks, lps, ents, alw, sp, ent)
                 if t in eos:
                     finish[r] = "eos"
                 elif sp.stop and _hit_stop(self.tokenizer, toks[r], sp.stop):
                     finish[r] = "stop"
                 else:
                     live.append(k)
-            if not live or len(toks[rows[0]]) >= sp.max_new_tokens:
+            if not live or step + 1 >= sp.max_new_tokens:
                 break
             if len(live) < len(rows):
                 sel = torch.as_tensor(live, device=self.device)
@@ -185,6 +186,27 @@ class HFPolicy:
             text=self.tokenizer.decode(toks[i], skip_special_tokens=True),
             finish_reason=finish[i], entropies=ents[i] if sp.with_entropy else None,
             allowed_ids=alw[i] if tries[i] is not None else None) for i in range(B)]
+
+
+    @staticmethod
+    def _forced_tail(trie: TokenTrie, r: int, t: int, nodes: list[int], toks, lps, ents, alw,
+                     sp: SamplingParams, ent) -> int:
+        """When constrained decoding leaves row ``r`` a single way to finish (one child per
+        node down to a leaf, which ends in EOS), append that tail without running the
+        model: each forced token has probability 1 under the restricted distribution
+        (log-prob 0, entropy 0, allowed ids [token]), exactly what the learner recomputes.
+        Returns the row's last token (EOS when the tail was appended, else ``t``)."""
+        tail = trie.forced_tail(nodes[r])
+        if not tail or len(toks[r]) + len(tail) > sp.max_new_tokens:
+            return t
+        for c in tail:
+            toks[r].append(c)
+            lps[r].append(0.0)
+            if ent is not None:
+                ents[r].append(0.0)
+            alw[r].append([c])
+            nodes[r] = trie.step(nodes[r], c)
+        return tail[-1]
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> list[int]:

@@ -113,5 +113,14 @@ class TokenTrie:
     def step(self, node: int, tok: int) -> int:
         return self.children[node][tok]
 
+    def forced_tail(self, node: int) -> list[int] | None:
+        """The tokens from ``node`` to a leaf when every node on the way has one child
+        (the only way to finish), else None (also at a leaf)."""
+        tail: list[int] = []
+        while len(self.children[node]) == 1:
+            (tok, node), = self.children[node].items()
+            tail.append(tok)
+        return tail if tail and not self.children[node] else None
+
     def is_leaf(self, node: int) -> bool:
         return not self.children[node]
