@@ -17,8 +17,13 @@ def tiny():
     return build_tiny_model({"seed": 1})
 
 
-def _prompts(tok):
-    return [tok.encode(s, add_special_tokens=False) for s in ("hi", "a longer prompt here", "x.o\n")]
+def _prompts(tok, shared: str = ""):
+    """Three prompts; ``shared`` (a system-prompt-like common prefix) starts each of them."""
+    return [tok.encode(shared + s, add_special_tokens=False)
+            for s in ("hi", "a longer prompt here", "x.o\n")]
+
+
+SYSTEM = "You play tic-tac-toe. Answer with a digit.\n"  # > SHARED_PREFIX_MIN tokens
 
 
 def _right_padded(seqs):
@@ -33,10 +38,11 @@ def _right_padded(seqs):
 
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
 @pytest.mark.parametrize("copies", [1, 3])  # 3: equal prompts share one prefill
-def test_generation_logprobs_match_forward_recompute(tiny, temperature, copies):
+@pytest.mark.parametrize("shared", ["", SYSTEM])  # SYSTEM: the common prefix runs once
+def test_generation_logprobs_match_forward_recompute(tiny, temperature, copies, shared):
     model, tok = tiny
     pol = HFPolicy(model, tok, seed=0)
-    prompts = [p for p in _prompts(tok) for _ in range(copies)]
+    prompts = [p for p in _prompts(tok, shared) for _ in range(copies)]
     gens = pol.generate(prompts, SamplingParams(temperature=temperature, max_new_tokens=10,
                                                 with_entropy=True))
     ids, mask = _right_padded([p + g.token_ids for p, g in zip(prompts, gens)])
@@ -53,12 +59,22 @@ def test_generation_logprobs_match_forward_recompute(tiny, temperature, copies):
             assert g.finish_reason == "length" and n == 10
 
 
-def test_greedy_batched_equals_uncached_reference(tiny):
+@pytest.mark.parametrize("shared", ["", SYSTEM])
+def test_greedy_batched_equals_uncached_reference(tiny, shared):
     """Left-padded batched greedy == a plain argmax loop re-running the full sequence."""
     model, tok = tiny
     pol = HFPolicy(model, tok)
-    prompts = _prompts(tok) + _prompts(tok)[::-1]  # each prompt twice: a shared prefill
-    gens = pol.generate(prompts, SamplingParams(greedy=True, max_new_tokens=6))
+    prompts = _prompts(tok, shared) + _prompts(tok, shared)[::-1]  # each twice: one prefill
+    shapes = []
+    hook = model.register_forward_pre_hook(
+        lambda _m, _a, kw: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True)
+    try:
+        gens = pol.generate(prompts, SamplingParams(greedy=True, max_new_tokens=6))
+    finally:
+        hook.remove()
+    # the common prefix alone (1 row), then the 3 distinct remainders, then decode steps
+    n_sys = len(tok.encode(SYSTEM, add_special_tokens=False))
+    assert shapes[0] == ((1, n_sys) if shared else (3, max(len(p) for p in prompts)))
     for p, g in zip(prompts, gens):
         seq = list(p)
         ref = []

@@ -25,6 +25,7 @@ from torch import Tensor
 from sparring.policy.sampling import Generation, SamplingParams, TokenTrie, filter_logits
 
 _CACHE_SIZE = 4096  # entries of each of HFPolicy's encoding caches
+SHARED_PREFIX_MIN = 8  # tokens: a batch's common prompt prefix shorter than this is not split off
 
 
 class HFPolicy:
@@ -99,28 +100,7 @@ class HFPolicy:
         tries = [None if a is None else self.encode_actions(a) for a in (allowed or [None] * B)]
         nodes = [0] * B
 
-        L = max(len(p) for p in prompts)
-        ids = torch.full((B, L), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((B, L), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, L - len(p):] = torch.as_tensor(list(p), dtype=torch.long)
-            mask[i, L - len(p):] = 1
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        # equal prompts (a group's samples, episodes from one start) are prefilled once and
-        # their KV cache copied out to every row that holds them
-        first, inverse = _distinct(prompts)
-        if len(first) < B:
-            f = torch.as_tensor(first, device=self.device)
-            out = self.model(input_ids=ids[f], attention_mask=mask[f], position_ids=pos[f],
-                             use_cache=True, logits_to_keep=1)
-            cache = _select_rows(out.past_key_values, torch.as_tensor(inverse, device=self.device))
-            z_next = out.logits[:, -1][torch.as_tensor(inverse, device=self.device)]
-        else:
-            out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
-                             logits_to_keep=1)
-            cache, z_next = out.past_key_values, out.logits[:, -1]
-        next_pos = mask.sum(-1)
+        cache, z_next, mask, next_pos = self._prefill(prompts)
 
         rows = list(range(B))  # original index of each live batch row
         toks: list[list[int]] = [[] for _ in range(B)]
@@ -188,6 +168,46 @@ class HFPolicy:
             allowed_ids=alw[i] if tries[i] is not None else None) for i in range(B)]
 
 
+    def _prefill(self, prompts: Sequence[Sequence[int]]) -> tuple[Any, Tensor, Tensor, Tensor]:
+        """Run the prompts; (KV cache, next-token logits ``[B, V]``, attention mask ``[B, L]``,
+        next position ``[B]``), every row as if its prompt had been run alone.
+
+        Equal prompts (a group's samples, episodes from one start) run once, and the
+        prompts' longest common prefix (a system prompt) runs once when it is at least
+        `SHARED_PREFIX_MIN` tokens: its KV cache is copied to every distinct prompt, whose
+        remainder then runs left-padded after it (the padding is masked, positions go on
+        from the prefix). Caches and logits are indexed out to the rows that share them.
+        """
+        dev = self.device
+        first, inverse = _distinct(prompts)
+        uniq = [list(prompts[i]) for i in first]
+        k = len(uniq)
+        P0 = min(_common_prefix_len(uniq), min(len(u) for u in uniq) - 1) if k > 1 else 0
+        if P0 < SHARED_PREFIX_MIN:
+            P0 = 0
+        cache = None
+        if P0:
+            out = self.model(input_ids=torch.as_tensor([uniq[0][:P0]], device=dev),
+                             use_cache=True, logits_to_keep=1)
+            cache = _select_rows(out.past_key_values, torch.zeros(k, dtype=torch.long, device=dev))
+        L = max(len(u) for u in uniq) - P0
+        ids = torch.full((k, L), self.pad_id, dtype=torch.long)
+        rest = torch.zeros((k, L), dtype=torch.long)
+        for i, u in enumerate(uniq):
+            ids[i, L - len(u) + P0:] = torch.as_tensor(u[P0:], dtype=torch.long)
+            rest[i, L - len(u) + P0:] = 1
+        ids, rest = ids.to(dev), rest.to(dev)
+        mask = torch.cat([torch.ones((k, P0), dtype=torch.long, device=dev), rest], 1)
+        pos = P0 + (rest.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+        cache, z = out.past_key_values, out.logits[:, -1]
+        next_pos = P0 + rest.sum(-1)
+        if k < len(prompts):
+            inv = torch.as_tensor(inverse, device=dev)
+            cache, z, mask, next_pos = _select_rows(cache, inv), z[inv], mask[inv], next_pos[inv]
+        return cache, z, mask, next_pos
+
     @staticmethod
     def _forced_tail(trie: TokenTrie, r: int, t: int, nodes: list[int], toks, lps, ents, alw,
                      sp: SamplingParams, ent) -> int:
@@ -226,6 +246,18 @@ def _hit_stop(tokenizer: Any, toks: list[int], stop: Sequence[str]) -> bool:
     longest = max(len(s) for s in stop)
     tail = tokenizer.decode(toks[-(longest + 8):], skip_special_tokens=False)
     return any(s in tail for s in stop)
+
+
+def _common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
+    """Length of the longest prefix shared by every sequence."""
+    n = min(len(q) for q in seqs)
+    ref = seqs[0]
+    for q in seqs[1:]:
+        j = 0
+        while j < n and q[j] == ref[j]:
+            j += 1
+        n = j
+    return n
 
 
 def _distinct(prompts: Sequence[Sequence[int]]) -> tuple[list[int], list[int]]:
