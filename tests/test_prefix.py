@@ -27,11 +27,12 @@ def test_first_action_positions():
     assert got.tolist() == [2, 3, 1]  # no action tokens: whole length; never below 1
 
 
-def _batch(seed: int, longest: int = 6):
-    """12 right-padded rows: 3 distinct prompts (lengths 3, 5, 2) x 4, continuations of
-    1 to ``longest`` tokens, one row with no action token."""
+def _batch(seed: int, longest: int = 6, shared: int = 0):
+    """12 right-padded rows: 3 distinct prompts (lengths 3, 5, 2 after ``shared`` common
+    tokens) x 4, continuations of 1 to ``longest`` tokens, one row with no action token."""
     g = torch.Generator().manual_seed(seed)
-    prompts = [torch.randint(3, 60, (k,), generator=g) for k in (3, 5, 2)]
+    start = torch.randint(3, 60, (shared,), generator=g)
+    prompts = [torch.cat([start, torch.randint(3, 60, (k,), generator=g)]) for k in (3, 5, 2)]
     rows, plens = [], []
     for i in range(12):
         p = prompts[i % 3]
@@ -50,12 +51,13 @@ def _batch(seed: int, longest: int = 6):
     return ids, att, amask
 
 
-@pytest.mark.parametrize("temperature,longest", [(1.0, 6), (0.7, 6), (1.0, 1)])
-def test_shared_prefix_equals_full_forward(temperature, longest):
+@pytest.mark.parametrize("temperature,longest,shared", [(1.0, 6, 0), (0.7, 6, 0), (1.0, 1, 0),
+                                                        (1.0, 6, 12)])  # 12: a common start
+def test_shared_prefix_equals_full_forward(temperature, longest, shared):
     torch.manual_seed(0)
     model, _ = build_tiny_model(SMALL)
     model.float()
-    ids, att, amask = _batch(1, longest)
+    ids, att, amask = _batch(1, longest, shared)
     plen = first_action_positions(amask, att.sum(1))
     pre = find_prefixes(ids, plen)
     assert pre.count == 4  # 3 prompts, and row 7's whole row is its own prefix

@@ -22,10 +22,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from sparring.policy.prefix import run_prompts
 from sparring.policy.sampling import Generation, SamplingParams, TokenTrie, filter_logits
 
 _CACHE_SIZE = 4096  # entries of each of HFPolicy's encoding caches
-SHARED_PREFIX_MIN = 8  # tokens: a batch's common prompt prefix shorter than this is not split off
 
 
 class HFPolicy:
@@ -169,42 +169,15 @@ class HFPolicy:
 
 
     def _prefill(self, prompts: Sequence[Sequence[int]]) -> tuple[Any, Tensor, Tensor, Tensor]:
-        """Run the prompts; (KV cache, next-token logits ``[B, V]``, attention mask ``[B, L]``,
-        next position ``[B]``), every row as if its prompt had been run alone.
-
-        Equal prompts (a group's samples, episodes from one start) run once, and the
-        prompts' longest common prefix (a system prompt) runs once when it is at least
-        `SHARED_PREFIX_MIN` tokens: its KV cache is copied to every distinct prompt, whose
-        remainder then runs left-padded after it (the padding is masked, positions go on
-        from the prefix). Caches and logits are indexed out to the rows that share them.
-        """
-        dev = self.device
+        """Run the prompts: (KV cache, next-token logits ``[B, V]``, attention mask ``[B, L]``,
+        next position ``[B]``). Equal prompts (a group's samples, episodes from one start)
+        run once and their common start once (`prefix.run_prompts`); caches and logits are
+        then indexed out to the rows that share them."""
         first, inverse = _distinct(prompts)
-        uniq = [list(prompts[i]) for i in first]
-        k = len(uniq)
-        P0 = min(_common_prefix_len(uniq), min(len(u) for u in uniq) - 1) if k > 1 else 0
-        if P0 < SHARED_PREFIX_MIN:
-            P0 = 0
-        cache = None
-        if P0:
-            out = self.model(input_ids=torch.as_tensor([uniq[0][:P0]], device=dev),
-                             use_cache=True, logits_to_keep=1)
-            cache = _select_rows(out.past_key_values, torch.zeros(k, dtype=torch.long, device=dev))
-        L = max(len(u) for u in uniq) - P0
-        ids = torch.full((k, L), self.pad_id, dtype=torch.long)
-        rest = torch.zeros((k, L), dtype=torch.long)
-        for i, u in enumerate(uniq):
-            ids[i, L - len(u) + P0:] = torch.as_tensor(u[P0:], dtype=torch.long)
-            rest[i, L - len(u) + P0:] = 1
-        ids, rest = ids.to(dev), rest.to(dev)
-        mask = torch.cat([torch.ones((k, P0), dtype=torch.long, device=dev), rest], 1)
-        pos = P0 + (rest.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
-                         past_key_values=cache, use_cache=True, logits_to_keep=1)
-        cache, z = out.past_key_values, out.logits[:, -1]
-        next_pos = P0 + rest.sum(-1)
-        if k < len(prompts):
-            inv = torch.as_tensor(inverse, device=dev)
+        cache, z, mask, next_pos = run_prompts(self.model, [prompts[i] for i in first],
+                                               self.pad_id, self.device)
+        if len(first) < len(prompts):
+            inv = torch.as_tensor(inverse, device=self.device)
             cache, z, mask, next_pos = _select_rows(cache, inv), z[inv], mask[inv], next_pos[inv]
         return cache, z, mask, next_pos
 
@@ -246,18 +219,6 @@ def _hit_stop(tokenizer: Any, toks: list[int], stop: Sequence[str]) -> bool:
     longest = max(len(s) for s in stop)
     tail = tokenizer.decode(toks[-(longest + 8):], skip_special_tokens=False)
     return any(s in tail for s in stop)
-
-
-def _common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
-    """Length of the longest prefix shared by every sequence."""
-    n = min(len(q) for q in seqs)
-    ref = seqs[0]
-    for q in seqs[1:]:
-        j = 0
-        while j < n and q[j] == ref[j]:
-            j += 1
-        n = j
-    return n
 
 
 def _distinct(prompts: Sequence[Sequence[int]]) -> tuple[list[int], list[int]]:

@@ -14,7 +14,9 @@ Shapes: ``ids``, ``att`` ``[n, T]`` right-padded; ``plen [n]`` the prefix length
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -62,6 +64,55 @@ def first_action_positions(action_mask: Tensor, lengths: Tensor) -> Tensor:
     return torch.where(has, first, lengths).clamp(min=1)
 
 
+SHARED_PREFIX_MIN = 8  # tokens: a common prompt start shorter than this is not split off
+
+
+def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
+    """Length of the longest prefix shared by every sequence."""
+    n = min(len(q) for q in seqs)
+    ref = seqs[0]
+    for q in seqs[1:]:
+        j = 0
+        while j < n and q[j] == ref[j]:
+            j += 1
+        n = j
+    return n
+
+
+def run_prompts(model: torch.nn.Module, prompts: Sequence[Sequence[int]], pad_id: int,
+                device: torch.device | str) -> tuple[Any, Tensor, Tensor, Tensor]:
+    """Run ``k`` distinct prompts: (KV cache, next-token logits ``[k, V]``, attention mask
+    ``[k, L]``, next position ``[k]``), each row as if its prompt had run alone.
+
+    The prompts' longest common prefix (a system prompt, a template header) runs once when
+    it has at least `SHARED_PREFIX_MIN` tokens; its cache is copied to every prompt, whose
+    remainder then runs left-padded after it (the padding is masked and positions go on
+    from the prefix). Autograd flows as the caller's context allows (indexing a cache is
+    differentiable: the shared prefix gets the sum of its rows' gradients).
+    """
+    k = len(prompts)
+    P0 = min(common_prefix_len(prompts), min(len(q) for q in prompts) - 1) if k > 1 else 0
+    if P0 < SHARED_PREFIX_MIN:
+        P0 = 0
+    cache = None
+    if P0:
+        out = model(input_ids=torch.as_tensor([list(prompts[0][:P0])], device=device),
+                    use_cache=True, logits_to_keep=1)
+        cache = out.past_key_values
+        cache.batch_select_indices(torch.zeros(k, dtype=torch.long, device=device))
+    L = max(len(q) for q in prompts) - P0
+    ids = torch.full((k, L), pad_id, dtype=torch.long)
+    rest = torch.zeros((k, L), dtype=torch.long)
+    for i, q in enumerate(prompts):
+        ids[i, L - len(q) + P0:] = torch.as_tensor(list(q[P0:]), dtype=torch.long)
+        rest[i, L - len(q) + P0:] = 1
+    ids, rest = ids.to(device), rest.to(device)
+    mask = torch.cat([torch.ones((k, P0), dtype=torch.long, device=device), rest], 1)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=P0 + (rest.cumsum(-1) - 1)
+                .clamp(min=0), past_key_values=cache, use_cache=True, logits_to_keep=1)
+    return out.past_key_values, out.logits[:, -1], mask, P0 + rest.sum(-1)
+
+
 def shared_prefix_logits(model: torch.nn.Module, ids: Tensor, att: Tensor, pre: Prefixes,
                          pad_id: int = 0) -> tuple[Tensor, Tensor, Tensor]:
     """(logits ``[n, 1 + C, V]``, targets ``[n, 1 + C]``, positions ``[n, C]``).
@@ -77,23 +128,18 @@ def shared_prefix_logits(model: torch.nn.Module, ids: Tensor, att: Tensor, pre: 
     dev = ids.device
     lens = att.sum(1)
     plen = pre.plen.to(dev)
-    # 1. the distinct prefixes, left-padded so that each ends at the last column
-    p_first = plen[pre.first]
-    P = int(p_first.max())
-    col = torch.arange(P, device=dev)
-    src = (col[None, :] - (P - p_first)[:, None])  # prefix position of each column
-    pre_att = src >= 0
-    pre_ids = torch.where(pre_att, ids[pre.first].gather(1, src.clamp(min=0)), pad_id)
-    out = model(input_ids=pre_ids, attention_mask=pre_att.long(), position_ids=src.clamp(min=0),
-                use_cache=True, logits_to_keep=1)
-    last = out.logits[:, -1][pre.inverse]  # [n, V]: predicts the token at plen
+    # 1. the distinct prefixes (their common start once), left-padded to end together
+    plen_l = plen.tolist()
+    rows = ids[pre.first, :int(plen[pre.first].max())].tolist()
+    cache, last, pre_att, _ = run_prompts(
+        model, [r[:plen_l[f]] for r, f in zip(rows, pre.first.tolist())], pad_id, dev)
+    last = last[pre.inverse]  # [n, V]: predicts the token at plen
     C = int((lens - plen).max()) if n else 0
     pos = plen[:, None] + torch.arange(max(C, 1), device=dev)
     valid = pos < lens[:, None]
     targets = torch.where(valid, ids.gather(1, pos.clamp(max=T - 1)), pad_id)[:, :max(C, 0)]
     parts = [last[:, None]]
     if C > 1:  # 2. the rest of every row, attending to its prefix through the cache
-        cache = out.past_key_values
         cache.batch_select_indices(pre.inverse)  # differentiable: gradients add per prefix
         inp_valid = valid[:, 1:C]  # input at plen + s is needed iff a token follows it
         full_att = torch.cat([pre_att[pre.inverse], inp_valid], 1).long()
