@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from sparring.policy.prefix import run_prompts
+from sparring.policy.prefix import run_prompts, select_rows
 from sparring.policy.sampling import Generation, SamplingParams, TokenTrie, filter_logits
 
 _CACHE_SIZE = 4096  # entries of each of HFPolicy's encoding caches
@@ -152,7 +152,7 @@ class HFPolicy:
                 break
             if len(live) < len(rows):
                 sel = torch.as_tensor(live, device=self.device)
-                cache = _select_rows(cache, sel)
+                cache = select_rows(cache, sel)
                 mask, next_pos, tok = mask[sel], next_pos[sel], tok[sel]
                 rows = [rows[k] for k in live]
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
@@ -178,7 +178,7 @@ class HFPolicy:
                                                self.pad_id, self.device)
         if len(first) < len(prompts):
             inv = torch.as_tensor(inverse, device=self.device)
-            cache, z, mask, next_pos = _select_rows(cache, inv), z[inv], mask[inv], next_pos[inv]
+            cache, z, mask, next_pos = select_rows(cache, inv), z[inv], mask[inv], next_pos[inv]
         return cache, z, mask, next_pos
 
     @staticmethod
@@ -232,11 +232,3 @@ def _distinct(prompts: Sequence[Sequence[int]]) -> tuple[list[int], list[int]]:
             first.append(i)
         inverse.append(j)
     return first, inverse
-
-
-def _select_rows(cache: Any, sel: Tensor) -> Any:
-    """Keep batch rows ``sel`` of a KV cache (DynamicCache or legacy tuples)."""
-    if hasattr(cache, "batch_select_indices"):
-        cache.batch_select_indices(sel)
-        return cache
-    return tuple(tuple(t[sel] for t in layer) for layer in cache)

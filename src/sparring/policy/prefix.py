@@ -64,6 +64,15 @@ def first_action_positions(action_mask: Tensor, lengths: Tensor) -> Tensor:
     return torch.where(has, first, lengths).clamp(min=1)
 
 
+def select_rows(cache: Any, sel: Tensor) -> Any:
+    """Rows ``sel`` of a KV cache (a transformers Cache, or legacy per-layer (k, v) tuples);
+    differentiable."""
+    if hasattr(cache, "batch_select_indices"):
+        cache.batch_select_indices(sel)
+        return cache
+    return tuple(tuple(t[sel] for t in layer) for layer in cache)
+
+
 SHARED_PREFIX_MIN = 8  # tokens: a common prompt start shorter than this is not split off
 
 
@@ -98,8 +107,7 @@ def run_prompts(model: torch.nn.Module, prompts: Sequence[Sequence[int]], pad_id
     if P0:
         out = model(input_ids=torch.as_tensor([list(prompts[0][:P0])], device=device),
                     use_cache=True, logits_to_keep=1)
-        cache = out.past_key_values
-        cache.batch_select_indices(torch.zeros(k, dtype=torch.long, device=device))
+        cache = select_rows(out.past_key_values, torch.zeros(k, dtype=torch.long, device=device))
     L = max(len(q) for q in prompts) - P0
     ids = torch.full((k, L), pad_id, dtype=torch.long)
     rest = torch.zeros((k, L), dtype=torch.long)
@@ -140,7 +148,7 @@ def shared_prefix_logits(model: torch.nn.Module, ids: Tensor, att: Tensor, pre: 
     targets = torch.where(valid, ids.gather(1, pos.clamp(max=T - 1)), pad_id)[:, :max(C, 0)]
     parts = [last[:, None]]
     if C > 1:  # 2. the rest of every row, attending to its prefix through the cache
-        cache.batch_select_indices(pre.inverse)  # differentiable: gradients add per prefix
+        cache = select_rows(cache, pre.inverse)  # differentiable: gradients add per prefix
         inp_valid = valid[:, 1:C]  # input at plen + s is needed iff a token follows it
         full_att = torch.cat([pre_att[pre.inverse], inp_valid], 1).long()
         out2 = model(input_ids=targets[:, :C - 1], attention_mask=full_att,
