@@ -261,12 +261,14 @@ def test_recompute_old_logp_makes_the_first_ratio_one():
     assert fresh["ratio"] == pytest.approx(1.0, abs=1e-6) and fresh["clip_frac"] == 0.0
 
 
-def shared_prompt_batch(seed=0, prompts=3, samples=4):
-    """GRPO-shaped: each prompt (lengths 1-3) sampled ``samples`` times, actions 1-4 tokens."""
+def shared_prompt_batch(seed=0, prompts=3, samples=4, start=0):
+    """GRPO-shaped: each prompt (``start`` common tokens, then 1-3 of its own) sampled
+    ``samples`` times, actions 1-4 tokens."""
     g = torch.Generator().manual_seed(seed)
+    common = torch.randint(1, th.VOCAB, (start,), generator=g).tolist()
     eps = []
     for k in range(prompts):
-        prompt = torch.randint(1, th.VOCAB, (1 + k % 3,), generator=g).tolist()
+        prompt = common + torch.randint(1, th.VOCAB, (1 + k % 3,), generator=g).tolist()
         for j in range(samples):
             a_len = 1 + (k + j) % 4
             act = torch.randint(1, th.VOCAB, (a_len,), generator=g).tolist()
@@ -279,10 +281,12 @@ def shared_prompt_batch(seed=0, prompts=3, samples=4):
     return batch, adv
 
 
-@pytest.mark.parametrize("micro", [0, 5])
-def test_shared_prompts_give_the_hand_loss_gradient(micro):
-    """train.share_prefix runs each prompt once; the gradient is still the full one."""
-    batch, adv = shared_prompt_batch()
+@pytest.mark.parametrize("micro,start,samples", [(0, 0, 4), (5, 0, 4), (0, 10, 1)])
+def test_shared_prompts_give_the_hand_loss_gradient(micro, start, samples):
+    """train.share_prefix runs each prompt once (and, start=10, the common start once); the
+    gradient is still the full one."""
+    batch, adv = shared_prompt_batch(prompts=6 if samples == 1 else 3, samples=samples,
+                                     start=start)
     model0 = th.tiny_qwen(2)
     expected = reference_grads(model0, copy.deepcopy(model0), batch, adv, "token-mean", 0.0,
                                0.01)
@@ -298,5 +302,7 @@ def test_shared_prompts_give_the_hand_loss_gradient(micro):
         hook.remove()
         for g, e in zip(first_step_grads(learner), expected):
             torch.testing.assert_close(g, e, atol=2e-6, rtol=1e-4)
-        # shared: the 3 prompts run once (a [3, P] prefill) before the continuations
-        assert (calls[0][0] == 3) == (share and micro == 0)
+        if start:  # all 6 prompts distinct: the 10-token common start runs alone first
+            assert (calls[0] == (1, 10)) == share
+        else:  # the 3 prompts run once (a [3, P] prefill) before the continuations
+            assert (calls[0][0] == 3) == (share and micro == 0)

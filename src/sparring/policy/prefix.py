@@ -25,11 +25,13 @@ from torch import Tensor
 @dataclass
 class Prefixes:
     """Distinct prefixes of a batch: ``first [k]`` a row holding each, ``inverse [n]`` the
-    prefix of each row, ``plen [n]`` the rows' prefix lengths."""
+    prefix of each row, ``plen [n]`` the rows' prefix lengths, ``common`` the length of the
+    start all of them share (0 for a single prefix)."""
 
     first: Tensor
     inverse: Tensor
     plen: Tensor
+    common: int = 0
 
     @property
     def count(self) -> int:
@@ -52,8 +54,10 @@ def find_prefixes(ids: Tensor, plen: Tensor) -> Prefixes:
             first.append(i)
         inverse.append(j)
     dev = ids.device
+    keys = list(seen)
     return Prefixes(torch.tensor(first, dtype=torch.long, device=dev),
-                    torch.tensor(inverse, dtype=torch.long, device=dev), plen)
+                    torch.tensor(inverse, dtype=torch.long, device=dev), plen,
+                    common_prefix_len(keys) if len(keys) > 1 else 0)
 
 
 def first_action_positions(action_mask: Tensor, lengths: Tensor) -> Tensor:

@@ -160,9 +160,10 @@ class TrainConfig:
     epochs: int = opt(1, "passes over each batch", ge=1)
     minibatch_size: int = opt(0, "rows per optimizer step (0: the whole batch)", ge=0)
     microbatch_size: int = opt(0, "rows per forward/backward (0: the whole mini-batch)", ge=0)
-    share_prefix: bool = opt(True, "run a prompt shared by several rows once per forward "
-                             "(same loss and gradient, fewer FLOPs; used when at most half "
-                             "the rows' prompts are distinct)")
+    share_prefix: bool = opt(True, "run a prompt shared by several rows, and the start all "
+                             "prompts share, once per forward (same loss and gradient, fewer "
+                             "FLOPs; used when at most half the rows' prompts are distinct or "
+                             "they share 8+ leading tokens)")
     seed: int = opt(0, "seed of python, numpy and torch")
     max_skipped_updates: int = opt(
         5, "stop after this many consecutive updates skipped for non-finite values", ge=1)

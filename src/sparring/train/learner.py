@@ -33,7 +33,12 @@ from sparring.objectives import _load_families as _load_objectives
 from sparring.objectives import loss as objective_loss
 from sparring.objectives.kl import KL_ESTIMATORS
 from sparring.policy.forward import token_logprobs
-from sparring.policy.prefix import Prefixes, find_prefixes, first_action_positions
+from sparring.policy.prefix import (
+    SHARED_PREFIX_MIN,
+    Prefixes,
+    find_prefixes,
+    first_action_positions,
+)
 from sparring.train.archer import Archer, uses_archer
 from sparring.train.config import Config, LoraConfig
 from sparring.train.schedule import LRSchedule
@@ -136,12 +141,15 @@ class Learner:
         return nullcontext()
 
     def _prefixes(self, ids: Tensor, att: Tensor, amask: Tensor | None) -> Prefixes | None:
-        """The rows' distinct prompts when sharing them pays (`train.share_prefix`, at most
-        half of the rows distinct), else None."""
+        """The rows' prompts, to run each distinct one and their common start once, when
+        that pays (`train.share_prefix`): at most half of the rows' prompts are distinct, or
+        they all start with the same `SHARED_PREFIX_MIN` or more tokens (a system prompt, a
+        chat-template header). Else None (a plain forward)."""
         if amask is None or not self.cfg.train.share_prefix or ids.shape[0] < 2:
             return None
         pre = find_prefixes(ids, first_action_positions(amask, att.sum(1)))
-        return pre if 2 * pre.count <= ids.shape[0] else None
+        pays = 2 * pre.count <= ids.shape[0] or pre.common >= SHARED_PREFIX_MIN
+        return pre if pays else None
 
     def _forward(self, ids: Tensor, att: Tensor, *, with_values: bool, allowed=None,
                  amask: Tensor | None = None) -> tuple[Tensor, Tensor | None, Tensor | None]:
