@@ -30,7 +30,7 @@ if __name__ == "__main__" and "--thp" in sys.argv:
 
 import torch  # noqa: E402
 
-from loop_reference import LOOP_REFERENCES  # noqa: E402
+from loop_reference import LOOP_REFERENCES, writing_into  # noqa: E402
 from sparring.advantages import ESTIMATORS, compute, list_estimators  # noqa: E402
 from sparring.data import TurnBatch  # noqa: E402
 
@@ -126,23 +126,42 @@ def main() -> None:
             skipped.append((e.name, f"{type(exc).__name__}: {exc}"))
             continue
         sec = best_time(lambda n=e.name, o=opts: compute(n, batch, **o), a.repeat)
-        loop_sec = diff = None
+        loop_sec = diff = buf_sec = loop_buf_sec = None
         ref = LOOP_REFERENCES.get(e.name)
         if ref is not None and not a.no_loop:
             t0 = time.perf_counter()
             want = ref(batch, **opts)
             loop_sec = time.perf_counter() - t0
             diff = float((compute(e.name, batch, **opts)[0] - want).abs().max())
-        rows.append((e.name, e.family, sec, loop_sec, diff))
+            # both sides again, each writing into its own preallocated [n, T] buffer
+            del want
+            buf = torch.zeros(batch.action_mask.shape)  # pages touched before timing
+            buf_sec = best_time(lambda n=e.name, o=opts, b=buf: compute(n, batch, out=b, **o),
+                                a.repeat)
+            loop_buf = torch.zeros(batch.action_mask.shape)
+            with writing_into(loop_buf):
+                t0 = time.perf_counter()
+                ref(batch, **opts)
+                loop_buf_sec = time.perf_counter() - t0
+            diff = max(diff, float((buf - loop_buf).abs().max()))
+            del buf, loop_buf
+        rows.append((e.name, e.family, sec, loop_sec, diff, buf_sec, loop_buf_sec))
     base = next((r[2] for r in rows if r[0] == "grpo"), None)
+    print("fresh: each side allocates its [n, T] result; buffer: each writes into a "
+          "preallocated one (compute(..., out=buf))")
     print(f"{'estimator':24} {'family':10} {'seconds':>9} {'x grpo':>7} {'loop s':>9} "
-          f"{'speed-up':>9} {'max |diff|':>10}")
-    for name, fam, sec, loop_sec, diff in rows:
+          f"{'speed-up':>9} {'buffer s':>9} {'loop buf s':>10} {'speed-up':>9} {'max |diff|':>10}")
+
+    def col(x, fmt, width):
+        return format(x, fmt) if x is not None else "-".rjust(width)
+
+    for name, fam, sec, loop_sec, diff, buf_sec, loop_buf_sec in rows:
         ratio = f"{sec / base:7.2f}" if base else "      -"
-        ls = f"{loop_sec:9.3f}" if loop_sec is not None else "        -"
         su = f"{loop_sec / sec:8.1f}x" if loop_sec is not None else "        -"
-        df = f"{diff:10.1e}" if diff is not None else "         -"
-        print(f"{name:24} {fam:10} {sec:9.4f} {ratio} {ls} {su} {df}")
+        sub = f"{loop_buf_sec / buf_sec:8.1f}x" if buf_sec else "        -"
+        print(f"{name:24} {fam:10} {sec:9.4f} {ratio} {col(loop_sec, '9.3f', 9)} {su} "
+              f"{col(buf_sec, '9.4f', 9)} {col(loop_buf_sec, '10.3f', 10)} {sub} "
+              f"{col(diff, '10.1e', 10)}")
     for name, why in skipped:
         print(f"skipped {name}: {why}")
 

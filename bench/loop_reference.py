@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor
@@ -29,9 +30,23 @@ def _collect(batch, by_agent=False):
     return ret, length, rows, groups
 
 
+_TARGETS: list[Tensor] = []  # buffers given by `writing_into`, innermost last
+
+
+@contextmanager
+def writing_into(buf: Tensor):
+    """Inside, the references write their result into ``buf`` (zeroed first) instead of a
+    fresh tensor: the loop side of bench/advantages.py's preallocated-output comparison."""
+    _TARGETS.append(buf)
+    try:
+        yield buf
+    finally:
+        _TARGETS.pop()
+
+
 def _finish(batch, adv_traj: dict, rows: dict) -> Tensor:
     """Per group of rows (here: per trajectory's group), write A onto the action tokens."""
-    out = torch.zeros(batch.action_mask.shape)
+    out = _TARGETS[-1].zero_() if _TARGETS else torch.zeros(batch.action_mask.shape)
     by_group = defaultdict(list)
     for t in adv_traj:
         by_group[int(batch.group[rows[t][0]])].append(t)
@@ -115,7 +130,7 @@ def a_grae(batch, factor=0.5, step=None, total_steps=None, factor_start=1.0, fac
     if step is not None:
         factor = factor_start + (factor_end - factor_start) * min(max(step / total_steps, 0), 1)
     adv = grpo(batch, eps=eps, by_agent=by_agent)
-    return torch.where(adv > 0, adv * factor, adv)
+    return torch.where(adv > 0, adv * factor, adv, out=adv if _TARGETS else None)
 
 
 def opo(batch, by_agent=False, **_):

@@ -38,3 +38,26 @@ def test_raw_estimator_is_finite_and_zero_outside_the_mask(name, groups, rollout
 
 def test_every_estimator_is_covered():
     assert len(NAMES) >= 28
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_compute_into_out_equals_a_fresh_result(name):
+    """compute(out=buf) returns buf holding exactly the fresh result (estimators with an
+    ``out`` argument write into it, the others are copied)."""
+    from sparring.advantages import compute
+
+    b = synthetic_batch(3, 4, 9, 2, 2, seed=5)
+    opts = OPTIONS.get(name, {})
+    fresh, keep = compute(name, b, **opts)
+    buf = torch.full(b.action_mask.shape, float("nan"))
+    got, keep2 = compute(name, b, out=buf, **opts)
+    assert got.data_ptr() == buf.data_ptr()
+    assert torch.equal(got, fresh) and torch.equal(keep, keep2)
+    with pytest.raises(ValueError, match="out has shape"):
+        compute(name, b, out=torch.empty(1, 1), **opts)
+
+
+def test_trajectory_estimators_write_into_out_directly():
+    writes = {e.name for e in list_estimators() if e.extra.get("writes_out")}
+    assert {"grpo", "rloo", "reinforce", "dr_grpo", "mc_grpo", "bnpo", "ngrpo", "a_grae",
+            "opo", "reinforce_pp", "reinforce_pp_baseline", "gpg", "remax"} <= writes

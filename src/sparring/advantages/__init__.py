@@ -9,6 +9,7 @@ exclude rows from the loss (``mc_grpo``'s pivot, group filters): they register a
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -42,8 +43,12 @@ def estimator(
     ``needs``: what the batch must carry (group, agent, turn, state_key, logprobs,
     entropies, values, references, ...), shown by ``sparring list estimators``.
     """
-    return ESTIMATORS.register(name, family=family, needs=needs, layout=layout,
-                               source=source, keep=keep)
+    def deco(fn: Callable) -> Callable:
+        writes_out = "out" in inspect.signature(fn).parameters
+        return ESTIMATORS.register(name, family=family, needs=needs, layout=layout,
+                                   source=source, keep=keep, writes_out=writes_out)(fn)
+
+    return deco
 
 
 def _load_families() -> None:
@@ -63,15 +68,29 @@ def _batch_for(
     return TurnBatch.from_scalars(data, group=group, agent=agent, lengths=lengths), True
 
 
-def compute(name: str, batch: TurnBatch, **options: Any) -> tuple[Tensor, Tensor]:
+def compute(name: str, batch: TurnBatch, *, out: Tensor | None = None,
+            **options: Any) -> tuple[Tensor, Tensor]:
     """Advantages ``[n, T]`` (zero outside the action mask) and the rows kept for the loss
-    ``Bool[n]``."""
+    ``Bool[n]``.
+
+    ``out``: a float ``[n, T]`` tensor to write the advantages into (and return), e.g. a
+    buffer a trainer reuses across steps so that no fresh ``[n, T]`` result is paged in.
+    Estimators that take an ``out`` argument (the trajectory-level ones) write into it
+    directly; for the others the result is copied into it."""
     _load_families()
     entry = ESTIMATORS.get(name)
     if entry.layout not in ("any", batch.layout):
         raise ValueError(f"estimator {name!r} needs layout={entry.layout!r}, "
                          f"got a batch collated with layout={batch.layout!r}")
-    adv = entry.fn(batch, **options)
+    if out is not None and (out.shape != batch.action_mask.shape or not out.is_floating_point()):
+        raise ValueError(f"out has shape {tuple(out.shape)} and dtype {out.dtype}; expected "
+                         f"a float tensor of shape {tuple(batch.action_mask.shape)}")
+    if out is not None and entry.extra.get("writes_out"):
+        adv = entry.fn(batch, out=out, **options)
+    else:
+        adv = entry.fn(batch, **options)
+        if out is not None:
+            adv = out.copy_(adv)
     keep_fn = entry.extra.get("keep")
     keep = (keep_fn(batch, **options) if keep_fn is not None
             else torch.ones(batch.n_rows, dtype=torch.bool, device=batch.device))

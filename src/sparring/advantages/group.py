@@ -63,28 +63,31 @@ def grpo_advantage(v: TrajView, scale: bool, std_over: str, unbiased: bool, eps:
 
 @estimator("reinforce", family=FAMILY, needs=(), source="Williams 1992, Simple statistical "
            "gradient-following algorithms for connectionist reinforcement learning")
-def reinforce(batch: TurnBatch, *, baseline: float = 0.0, by_agent: bool = False) -> Tensor:
+def reinforce(batch: TurnBatch, *, baseline: float = 0.0, by_agent: bool = False,
+              out: Tensor | None = None) -> Tensor:
     """A_i = R_i - b with a constant b (default 0). No statistics, so ``by_agent`` has no
     effect. Shapes: [n_rows, T]. Source: Williams (1992)."""
     v = traj_view(batch, by_agent)
-    return to_tokens(batch, v, v.R - float(baseline))
+    return to_tokens(batch, v, v.R - float(baseline), out)
 
 
 @estimator("rloo", family=FAMILY, needs=("group",),
            source="Back to Basics: Revisiting REINFORCE Style Optimization (RLOO), 2024")
-def rloo(batch: TurnBatch, *, by_agent: bool = False) -> Tensor:
+def rloo(batch: TurnBatch, *, by_agent: bool = False,
+         out: Tensor | None = None) -> Tensor:
     """A_i = R_i - mean_{j != i, j in g} R_j = G/(G-1) (R_i - mean_g R); 0 when G = 1.
     Shapes: [n_rows, T]. Source: Ahmadian et al. (2024), REINFORCE leave-one-out."""
     v = traj_view(batch, by_agent)
     G = v.count()[v.seg]
     a = torch.where(G > 1, centred(v) * G / (G - 1).clamp(min=1), torch.zeros_like(v.R))
-    return to_tokens(batch, v, a)
+    return to_tokens(batch, v, a, out)
 
 
 @estimator("grpo", family=FAMILY, needs=("group",), source="DeepSeekMath: Pushing the Limits "
            "of Mathematical Reasoning in Open Language Models (2024)")
 def grpo(batch: TurnBatch, *, scale: bool = True, std_over: str = "group", unbiased: bool = True,
-         eps: float = 1e-6, by_agent: bool = False) -> Tensor:
+         eps: float = 1e-6, by_agent: bool = False,
+         out: Tensor | None = None) -> Tensor:
     """A_i = (R_i - mean_g R) / (std R + eps).
 
     ``scale=False`` drops the division; ``std_over="batch"`` takes the std of R over the
@@ -92,16 +95,17 @@ def grpo(batch: TurnBatch, *, scale: bool = True, std_over: str = "group", unbia
     (default True, as ``torch.std``) divides the squared deviations by G-1 (by G if False;
     a group of one has std 0). Shapes: [n_rows, T]. Source: DeepSeekMath (2024)."""
     v = traj_view(batch, by_agent)
-    return to_tokens(batch, v, grpo_advantage(v, scale, std_over, unbiased, eps))
+    return to_tokens(batch, v, grpo_advantage(v, scale, std_over, unbiased, eps), out)
 
 
 @estimator("dr_grpo", family=FAMILY, needs=("group",),
            source="Understanding R1-Zero-Like Training: A Critical Perspective (Dr. GRPO)")
-def dr_grpo(batch: TurnBatch, *, by_agent: bool = False) -> Tensor:
+def dr_grpo(batch: TurnBatch, *, by_agent: bool = False,
+            out: Tensor | None = None) -> Tensor:
     """A_i = R_i - mean_g R (no std). Pair with aggregation ``seq-mean-token-sum-norm``.
     Shapes: [n_rows, T]. Source: Understanding R1-Zero-Like Training (Dr. GRPO)."""
     v = traj_view(batch, by_agent)
-    return to_tokens(batch, v, centred(v))
+    return to_tokens(batch, v, centred(v), out)
 
 
 def _mc_pivot(batch: TurnBatch, by_agent: bool) -> tuple[TrajView, Tensor]:
@@ -123,7 +127,8 @@ def mc_grpo_keep(batch: TurnBatch, *, by_agent: bool = False, **_: object) -> Te
            source="MC-GRPO: Median-Centered Group Relative Policy Optimization for "
            "Small-Rollout Reinforcement Learning")
 def mc_grpo(batch: TurnBatch, *, scale: bool = False, unbiased: bool = True, eps: float = 1e-6,
-            by_agent: bool = False) -> Tensor:
+            by_agent: bool = False,
+            out: Tensor | None = None) -> Tensor:
     """A_i = R_i - median_g R (optionally / (std_g R + eps) with ``scale=True``, our reading).
 
     Sample G+1 rollouts per group: in an odd-sized group exactly one rollout, the pivot
@@ -136,7 +141,7 @@ def mc_grpo(batch: TurnBatch, *, scale: bool = False, unbiased: bool = True, eps
     a = centred(v, segment_median(v.R, v.seg, v.n_seg))
     if scale:
         a = a / (segment_std(v.R, v.seg, v.n_seg, unbiased)[v.seg] + eps)
-    return to_tokens(batch, v, a)
+    return to_tokens(batch, v, a, out)
 
 
 def beta_params(p: Tensor, alpha: float | None, beta: float | None) -> tuple[float, float]:
@@ -160,7 +165,8 @@ def beta_params(p: Tensor, alpha: float | None, beta: float | None) -> tuple[flo
 @estimator("bnpo", family=FAMILY, needs=("group",),
            source="BNPO: Beta Normalization Policy Optimization")
 def bnpo(batch: TurnBatch, *, alpha: float | None = None, beta: float | None = None,
-         eps: float = 1e-6, by_agent: bool = False) -> Tensor:
+         eps: float = 1e-6, by_agent: bool = False,
+         out: Tensor | None = None) -> Tensor:
     """A_i = (R_i - p_g) / max(f(p_g; a, b), eps), f the Beta(a, b) density (our reading).
 
     Rewards must lie in [0, 1] (binary success); p_g = mean_g R is the group's success
@@ -176,13 +182,14 @@ def bnpo(batch: TurnBatch, *, alpha: float | None = None, beta: float | None = N
     log_b = math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
     pc = p.clamp(1e-12, 1 - 1e-12)
     dens = torch.exp((a - 1) * pc.log() + (b - 1) * (1 - pc).log() - log_b)
-    return to_tokens(batch, v, centred(v, p) / dens.clamp(min=eps)[v.seg])
+    return to_tokens(batch, v, centred(v, p) / dens.clamp(min=eps)[v.seg], out)
 
 
 @estimator("ngrpo", family=FAMILY, needs=("group",),
            source="NGRPO: Negative-enhanced Group Relative Policy Optimization")
 def ngrpo(batch: TurnBatch, *, max_reward: float | None = 1.0, unbiased: bool = True,
-          eps: float = 1e-6, by_agent: bool = False) -> Tensor:
+          eps: float = 1e-6, by_agent: bool = False,
+          out: Tensor | None = None) -> Tensor:
     """Advantage calibration: a virtual sample with reward r_max joins each group.
 
     mu = (sum_g R + r_max) / (G+1);  s^2 = (sum_g (R-mu)^2 + (r_max-mu)^2) / (G or G+1)
@@ -200,7 +207,7 @@ def ngrpo(batch: TurnBatch, *, max_reward: float | None = 1.0, unbiased: bool = 
     std = (ss / (cnt if unbiased else cnt + 1)).sqrt()
     at_max = ~has_spread(v.R, v.seg, v.n_seg) & (segment_mean(v.R, v.seg, v.n_seg) == r_max)
     a = (v.R - mu[v.seg]) / (std[v.seg] + eps)
-    return to_tokens(batch, v, torch.where(at_max[v.seg], torch.zeros_like(a), a))
+    return to_tokens(batch, v, torch.where(at_max[v.seg], torch.zeros_like(a), a), out)
 
 
 def schedule_factor(factor: float | None, step: int | None, total_steps: int | None,
@@ -226,7 +233,8 @@ def schedule_factor(factor: float | None, step: int | None, total_steps: int | N
 def a_grae(batch: TurnBatch, *, factor: float | None = None, step: int | None = None,
            total_steps: int | None = None, factor_start: float = 1.0, factor_end: float = 0.5,
            scale: bool = True, std_over: str = "group", unbiased: bool = True,
-           eps: float = 1e-6, by_agent: bool = False) -> Tensor:
+           eps: float = 1e-6, by_agent: bool = False,
+           out: Tensor | None = None) -> Tensor:
     """A_i = lam * A_i^grpo if A_i^grpo > 0 else A_i^grpo, lam in [0, 1] (our reading).
 
     lam is ``factor`` or follows `schedule_factor` (step/total_steps). Only the asymmetric
@@ -235,12 +243,13 @@ def a_grae(batch: TurnBatch, *, factor: float | None = None, step: int | None = 
     lam = schedule_factor(factor, step, total_steps, factor_start, factor_end)
     v = traj_view(batch, by_agent)
     a = grpo_advantage(v, scale, std_over, unbiased, eps)
-    return to_tokens(batch, v, torch.where(a > 0, a * lam, a))
+    return to_tokens(batch, v, torch.where(a > 0, a * lam, a), out)
 
 
 @estimator("opo", family=FAMILY, needs=("group", "lengths"),
            source="On-Policy RL with Optimal Reward Baseline (OPO)")
-def opo(batch: TurnBatch, *, by_agent: bool = False) -> Tensor:
+def opo(batch: TurnBatch, *, by_agent: bool = False,
+        out: Tensor | None = None) -> Tensor:
     """A_i = R_i - b_g, b_g = sum_g len_i R_i / sum_g len_i, len_i the trajectory's action
     tokens (``batch.length`` summed over its rows); plain mean if a group has no tokens.
     Shapes: [n_rows, T]. Source: On-Policy RL with Optimal Reward Baseline (OPO)."""
@@ -249,7 +258,7 @@ def opo(batch: TurnBatch, *, by_agent: bool = False) -> Tensor:
     num = segment_sum(ln * v.R, v.seg, v.n_seg)
     den = segment_sum(ln, v.seg, v.n_seg)
     b = torch.where(den > 0, num / den.clamp(min=1), segment_mean(v.R, v.seg, v.n_seg))
-    return to_tokens(batch, v, centred(v, b))
+    return to_tokens(batch, v, centred(v, b), out)
 
 
 def _whiten(x: Tensor, v: TrajView, eps: float) -> Tensor:
@@ -262,40 +271,44 @@ def _whiten(x: Tensor, v: TrajView, eps: float) -> Tensor:
 
 @estimator("reinforce_pp", family=FAMILY, needs=(),
            source="REINFORCE++: A Simple and Efficient Approach for Aligning LLMs")
-def reinforce_pp(batch: TurnBatch, *, eps: float = 1e-6, by_agent: bool = False) -> Tensor:
+def reinforce_pp(batch: TurnBatch, *, eps: float = 1e-6, by_agent: bool = False,
+                 out: Tensor | None = None) -> Tensor:
     """A_i = (R_i - mean_B R) / (std_B R + eps) over all trajectories of the batch B (per
     agent with ``by_agent``; std unbiased). Whitening is over trajectories, not tokens
     (our choice). Shapes: [n_rows, T]. Source: REINFORCE++."""
     _check_eps(eps)
     v = traj_view(batch, by_agent)
-    return to_tokens(batch, v, _whiten(v.R, v, eps))
+    return to_tokens(batch, v, _whiten(v.R, v, eps), out)
 
 
 @estimator("reinforce_pp_baseline", family=FAMILY, needs=("group",),
            source="REINFORCE++: A Simple and Efficient Approach for Aligning LLMs")
-def reinforce_pp_baseline(batch: TurnBatch, *, eps: float = 1e-6, by_agent: bool = False) -> Tensor:
+def reinforce_pp_baseline(batch: TurnBatch, *, eps: float = 1e-6, by_agent: bool = False,
+                          out: Tensor | None = None) -> Tensor:
     """c_i = R_i - mean_g R, then A_i = (c_i - mean_B c) / (std_B c + eps) over the batch
     (std unbiased; mean_B c = 0 when every group is whole). Shapes: [n_rows, T].
     Source: REINFORCE++ (the group-baseline variant)."""
     _check_eps(eps)
     v = traj_view(batch, by_agent)
-    return to_tokens(batch, v, _whiten(centred(v), v, eps))
+    return to_tokens(batch, v, _whiten(centred(v), v, eps), out)
 
 
 @estimator("gpg", family=FAMILY, needs=("group",),
            source="GPG: A Simple and Strong Reinforcement Learning Baseline for Model Reasoning")
-def gpg(batch: TurnBatch, *, by_agent: bool = False) -> Tensor:
+def gpg(batch: TurnBatch, *, by_agent: bool = False,
+        out: Tensor | None = None) -> Tensor:
     """A_i = (R_i - mean_g R) / f, f = (groups with non-zero reward variance) / (groups);
     no std. Shapes: [n_rows, T]. Source: GPG (Group Policy Gradient)."""
     v = traj_view(batch, by_agent)
     f = has_spread(v.R, v.seg, v.n_seg).double().mean() if v.n_seg else v.R.new_ones(())
-    return to_tokens(batch, v, centred(v) / f.clamp(min=1.0 / max(v.n_seg, 1)))
+    return to_tokens(batch, v, centred(v) / f.clamp(min=1.0 / max(v.n_seg, 1)), out)
 
 
 @estimator("remax", family=FAMILY, needs=("greedy_reward",),
            source="ReMax: A Simple, Effective, and Efficient Reinforcement Learning Method "
            "for Aligning Large Language Models")
-def remax(batch: TurnBatch, *, baseline: Tensor | None = None, by_agent: bool = False) -> Tensor:
+def remax(batch: TurnBatch, *, baseline: Tensor | None = None, by_agent: bool = False,
+          out: Tensor | None = None) -> Tensor:
     """A_i = R_i - b_i, b_i the reward of the greedy rollout of i's prompt: option
     ``baseline`` [n_rows] or ``batch.extras["greedy_reward"]`` (read at the trajectory's
     first row). ``by_agent`` has no effect. Shapes: [n_rows, T]. Source: ReMax."""
@@ -311,4 +324,4 @@ def remax(batch: TurnBatch, *, baseline: Tensor | None = None, by_agent: bool = 
     b = b[v.first]
     if not torch.isfinite(b).all():
         raise ValueError("remax: the greedy-rollout baseline is missing (NaN) for some rows")
-    return to_tokens(batch, v, v.R - b)
+    return to_tokens(batch, v, v.R - b, out)

@@ -76,10 +76,13 @@ def traj_view(batch: TurnBatch, by_agent: bool = False) -> TrajView:
     return TrajView(tid, n, first, R, group, agent, seg, n_seg, by_agent)
 
 
-def to_tokens(batch: TurnBatch, view: TrajView, a: Tensor) -> Tensor:
-    """Broadcast per-trajectory advantages ``a`` [n_traj] to ``[n_rows, T]`` (0 off-mask)."""
+def to_tokens(batch: TurnBatch, view: TrajView, a: Tensor, out: Tensor | None = None) -> Tensor:
+    """Broadcast per-trajectory advantages ``a`` [n_traj] to ``[n_rows, T]`` (0 off-mask),
+    into ``out`` when given (see `advantages.compute`)."""
     a_rows = a.to(batch.returns.dtype)[view.tid]
-    return keep_where(batch.action_mask, a_rows[:, None])  # one pass over [n, T]
+    if out is not None:
+        a_rows = a_rows.to(out.dtype)
+    return keep_where(batch.action_mask, a_rows[:, None], out=out)  # one pass over [n, T]
 
 
 def segment_order(x: Tensor, seg: Tensor, n_seg: int, descending: bool = False):

@@ -256,7 +256,7 @@ def _options_check(kind: str, name: str, options: dict[str, Any], key: str) -> N
     """Options must be keyword options of the registered function (clear error otherwise)."""
     if kind == "estimator":
         from sparring.advantages import ESTIMATORS as reg
-        internal: tuple[str, ...] = ("advantages",)
+        internal: tuple[str, ...] = ("advantages", "out")
     else:
         from sparring.objectives import OBJECTIVES as reg
         internal = ("ref_logp", "group", "rewards", "agent", "episode", "turn", "length")
