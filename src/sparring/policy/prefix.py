@@ -1,10 +1,12 @@
 """Shared-prefix forward passes: rows that start with the same prompt run it once.
 
 GRPO-style groups are G samples of one prompt, and self-play episodes of one group start
-from the same observation, so a batch often holds each prompt many times. Here each
-distinct prefix is run once (left-padded, with its KV cache), the cache and the prefix's
-last logits are indexed out to the rows that share it, and only the rest of each row (its
-"continuation") runs per row. Indexing is differentiable, so the gradient through the
+from the same observation, so a batch often holds each prompt many times; and distinct
+prompts often start alike (a system prompt, a chat-template header). Here the start all
+distinct prefixes share runs once (`run_prompts`, used by the sampler's prefill too), then
+each distinct prefix's remainder once (left-padded, with its KV cache), the cache and the
+prefix's last logits are indexed out to the rows that share it, and only the rest of each
+row (its "continuation") runs per row. Indexing is differentiable, so the gradient through the
 shared prefix is the sum of the rows' gradients: the same loss and gradient as running
 every row in full (tests/test_prefix.py checks both to float tolerance), for fewer FLOPs.
 
