@@ -9,13 +9,8 @@ import torch
 
 from sparring.data import Episode, Turn, collate
 from sparring.train.config import from_dict
-from sparring.train.learner import (
-    Learner,
-    NonFiniteError,
-    apply_lora,
-    load_trainable_state,
-    trainable_state,
-)
+from sparring.train.learner import Learner, NonFiniteError
+from sparring.train.lora import apply_lora, load_trainable_state, trainable_state
 from tests import train_helpers as th
 
 pytestmark = pytest.mark.usefixtures("train_doubles")

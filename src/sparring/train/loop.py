@@ -43,13 +43,8 @@ from sparring.train.checkpoint import (
     step_dirs,
 )
 from sparring.train.config import Config, load_config, save_config
-from sparring.train.learner import (
-    Learner,
-    apply_lora,
-    is_peft,
-    load_trainable_state,
-    trainable_state,
-)
+from sparring.train.learner import Learner
+from sparring.train.lora import apply_lora, is_peft, load_trainable_state, trainable_state
 from sparring.train.metrics import MetricsLogger, truncate_metrics
 
 RolloutFn = Callable[[int], Sequence[Episode]]

@@ -12,7 +12,7 @@ from pathlib import Path
 from sparring.policy.hf import HFPolicy
 from sparring.train.checkpoint import latest_checkpoint, load_weights
 from sparring.train.config import Config, load_config
-from sparring.train.learner import apply_lora, load_trainable_state
+from sparring.train.lora import apply_lora, load_trainable_state
 from sparring.train.setup import load_model
 
 
