@@ -167,7 +167,6 @@ class HFPolicy:
             finish_reason=finish[i], entropies=ents[i] if sp.with_entropy else None,
             allowed_ids=alw[i] if tries[i] is not None else None) for i in range(B)]
 
-
     def _prefill(self, prompts: Sequence[Sequence[int]]) -> tuple[Any, Tensor, Tensor, Tensor]:
         """Run the prompts: (KV cache, next-token logits ``[B, V]``, attention mask ``[B, L]``,
         next position ``[B]``). Equal prompts (a group's samples, episodes from one start)
