@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-# ~1 MB of float32 (2 MB of int64) per temporary: below the 2 MiB from which torch backs a
-# CPU allocation with huge pages (THP_MEM_ALLOC_ENABLE, set by `sparring`), so block
-# temporaries recycle the heap instead of faulting fresh pages in on every block.
+# ~1 MB of float32 (2 MB of int64) per temporary: small enough to stay in cache and to be
+# recycled by the heap, and below the 2 MiB from which torch backs a CPU allocation with
+# huge pages when THP_MEM_ALLOC_ENABLE=1 (bench/advantages.py --thp).
 BLOCK_ELEMS = (1 << 18) - (1 << 10)
 
 

@@ -168,8 +168,9 @@ def canon(adv: Tensor, batch: TurnBatch, *, metric: str = "entropy", weight: flo
     delta = new - a
     out = _out(out, adv, delta.dtype)
     d = delta.to(out.dtype)[:, None]
+    in_place = out.data_ptr() == adv.data_ptr()
     for b in row_blocks(*m.shape):  # A + delta on action tokens, A elsewhere
-        out[b].copy_(adv[b]).add_(keep_where(m[b], d[b]))
+        (out[b] if in_place else out[b].copy_(adv[b])).add_(keep_where(m[b], d[b]))
     return out
 
 

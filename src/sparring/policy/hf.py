@@ -22,7 +22,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from sparring.policy.prefix import run_prompts, select_rows
+from sparring.memo import BoundedMemo
+from sparring.policy.prefix import distinct, run_prompts, select_rows
 from sparring.policy.sampling import Generation, SamplingParams, TokenTrie, filter_logits
 
 _CACHE_SIZE = 4096  # entries of each of HFPolicy's encoding caches
@@ -43,8 +44,8 @@ class HFPolicy:
         self.eos_ids = _eos_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
-        self._tries: dict[tuple[str, ...], TokenTrie] = {}
-        self._encoded: dict[str, list[int]] = {}
+        self._tries = BoundedMemo(_CACHE_SIZE)  # action list -> TokenTrie
+        self._encoded = BoundedMemo(_CACHE_SIZE)  # action string -> token ids
 
     @classmethod
     def from_pretrained(cls, path: str | Path, *, trust_remote_code: bool = False,
@@ -67,22 +68,13 @@ class HFPolicy:
         and cached per action list (games repeat their legal-move sets constantly), as are
         the token ids of each action string; both caches are bounded."""
         key = tuple(actions)
-        trie = self._tries.get(key)
-        if trie is None:
-            eos = self.eos_ids[0]
-            trie = TokenTrie([self._action_ids(a) + [eos] for a in key])
-            if len(self._tries) >= _CACHE_SIZE:
-                self._tries.clear()
-            self._tries[key] = trie
-        return trie
+        eos = self.eos_ids[0]
+        return self._tries.get_or(key, lambda: TokenTrie([self._action_ids(a) + [eos]
+                                                          for a in key]))
 
     def _action_ids(self, action: str) -> list[int]:
-        ids = self._encoded.get(action)
-        if ids is None:
-            if len(self._encoded) >= _CACHE_SIZE:
-                self._encoded.clear()
-            ids = self._encoded[action] = self.tokenizer.encode(action, add_special_tokens=False)
-        return ids
+        return self._encoded.get_or(
+            action, lambda: self.tokenizer.encode(action, add_special_tokens=False))
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams | None = None,
@@ -172,7 +164,7 @@ class HFPolicy:
         next position ``[B]``). Equal prompts (a group's samples, episodes from one start)
         run once and their common start once (`prefix.run_prompts`); caches and logits are
         then indexed out to the rows that share them."""
-        first, inverse = _distinct(prompts)
+        first, inverse = distinct([tuple(p) for p in prompts])
         cache, z, mask, next_pos = run_prompts(self.model, [prompts[i] for i in first],
                                                self.pad_id, self.device)
         if len(first) < len(prompts):
@@ -218,16 +210,3 @@ def _hit_stop(tokenizer: Any, toks: list[int], stop: Sequence[str]) -> bool:
     longest = max(len(s) for s in stop)
     tail = tokenizer.decode(toks[-(longest + 8):], skip_special_tokens=False)
     return any(s in tail for s in stop)
-
-
-def _distinct(prompts: Sequence[Sequence[int]]) -> tuple[list[int], list[int]]:
-    """(index of the first prompt of each distinct one, distinct index of every prompt)."""
-    seen: dict[tuple[int, ...], int] = {}
-    first: list[int] = []
-    inverse: list[int] = []
-    for i, p in enumerate(prompts):
-        j = seen.setdefault(tuple(p), len(first))
-        if j == len(first):
-            first.append(i)
-        inverse.append(j)
-    return first, inverse

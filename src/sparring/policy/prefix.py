@@ -16,7 +16,7 @@ Shapes: ``ids``, ``att`` ``[n, T]`` right-padded; ``plen [n]`` the prefix length
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,26 +40,30 @@ class Prefixes:
         return int(self.first.numel())
 
 
-def find_prefixes(ids: Tensor, plen: Tensor) -> Prefixes:
-    """Group rows by their prefix ``ids[i, :plen[i]]`` (exact token equality)."""
-    n = ids.shape[0]
-    plen_l = plen.tolist()
-    rows = ids[:, :max(plen_l, default=0)].tolist()
-    seen: dict[tuple[int, ...], int] = {}
+def distinct(keys: Sequence[Hashable]) -> tuple[list[int], list[int]]:
+    """(index of the first occurrence of each distinct key, distinct index of every key)."""
+    seen: dict[Hashable, int] = {}
     first: list[int] = []
     inverse: list[int] = []
-    for i in range(n):
-        key = tuple(rows[i][:plen_l[i]])
-        j = seen.get(key)
-        if j is None:
-            j = seen[key] = len(first)
+    for i, key in enumerate(keys):
+        j = seen.setdefault(key, len(first))
+        if j == len(first):
             first.append(i)
         inverse.append(j)
+    return first, inverse
+
+
+def find_prefixes(ids: Tensor, plen: Tensor) -> Prefixes:
+    """Group rows by their prefix ``ids[i, :plen[i]]`` (exact token equality)."""
+    plen_l = plen.tolist()
+    rows = ids[:, :max(plen_l, default=0)].tolist()
+    keys = [tuple(r[:p]) for r, p in zip(rows, plen_l)]
+    first, inverse = distinct(keys)
+    uniq = [keys[i] for i in first]
     dev = ids.device
-    keys = list(seen)
     return Prefixes(torch.tensor(first, dtype=torch.long, device=dev),
                     torch.tensor(inverse, dtype=torch.long, device=dev), plen,
-                    common_prefix_len(keys) if len(keys) > 1 else 0)
+                    common_prefix_len(uniq) if len(uniq) > 1 else 0)
 
 
 def first_action_positions(action_mask: Tensor, lengths: Tensor) -> Tensor:
@@ -95,7 +99,8 @@ def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
 
 
 def run_prompts(model: torch.nn.Module, prompts: Sequence[Sequence[int]], pad_id: int,
-                device: torch.device | str) -> tuple[Any, Tensor, Tensor, Tensor]:
+                device: torch.device | str, common: int | None = None
+                ) -> tuple[Any, Tensor, Tensor, Tensor]:
     """Run ``k`` distinct prompts: (KV cache, next-token logits ``[k, V]``, attention mask
     ``[k, L]``, next position ``[k]``), each row as if its prompt had run alone.
 
@@ -103,10 +108,13 @@ def run_prompts(model: torch.nn.Module, prompts: Sequence[Sequence[int]], pad_id
     it has at least `SHARED_PREFIX_MIN` tokens; its cache is copied to every prompt, whose
     remainder then runs left-padded after it (the padding is masked and positions go on
     from the prefix). Autograd flows as the caller's context allows (indexing a cache is
-    differentiable: the shared prefix gets the sum of its rows' gradients).
+    differentiable: the shared prefix gets the sum of its rows' gradients). ``common``: the
+    prompts' common prefix length when the caller has it.
     """
     k = len(prompts)
-    P0 = min(common_prefix_len(prompts), min(len(q) for q in prompts) - 1) if k > 1 else 0
+    if common is None:
+        common = common_prefix_len(prompts) if k > 1 else 0
+    P0 = min(common, min(len(q) for q in prompts) - 1) if k > 1 else 0
     if P0 < SHARED_PREFIX_MIN:
         P0 = 0
     cache = None
@@ -146,7 +154,8 @@ def shared_prefix_logits(model: torch.nn.Module, ids: Tensor, att: Tensor, pre: 
     plen_l = plen.tolist()
     rows = ids[pre.first, :int(plen[pre.first].max())].tolist()
     cache, last, pre_att, _ = run_prompts(
-        model, [r[:plen_l[f]] for r, f in zip(rows, pre.first.tolist())], pad_id, dev)
+        model, [r[:plen_l[f]] for r, f in zip(rows, pre.first.tolist())], pad_id, dev,
+        pre.common)
     last = last[pre.inverse]  # [n, V]: predicts the token at plen
     C = int((lens - plen).max()) if n else 0
     pos = plen[:, None] + torch.arange(max(C, 1), device=dev)

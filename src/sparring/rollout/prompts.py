@@ -25,6 +25,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparring.memo import BoundedMemo
+
 HISTORY_MODES = ("full", "last_k", "state")
 
 DEFAULT_TEMPLATE = (
@@ -73,7 +75,7 @@ class Rendered:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-_CACHE_SIZE = 8192  # entries of each of PromptBuilder's caches (cleared when full)
+_CACHE_SIZE = 8192  # entries of each of PromptBuilder's memos
 
 
 class PromptBuilder:
@@ -86,30 +88,21 @@ class PromptBuilder:
         eos = tokenizer.eos_token_id
         self.eos_id = eos
         self.eos_text = tokenizer.eos_token or ""
-        self._encoded: dict[str, list[int]] = {}
-        self._rendered: dict[tuple, str] = {}
+        self._encoded = BoundedMemo(_CACHE_SIZE)  # text -> token ids
+        self._rendered = BoundedMemo(_CACHE_SIZE)  # (gen, messages) -> template text
 
     def _encode(self, text: str) -> list[int]:
         if not text:
             return []
-        ids = self._encoded.get(text)
-        if ids is None:
-            if len(self._encoded) >= _CACHE_SIZE:
-                self._encoded.clear()
-            ids = self._encoded[text] = self.tok.encode(text, add_special_tokens=False)
-        return list(ids)
+        return list(self._encoded.get_or(
+            text, lambda: self.tok.encode(text, add_special_tokens=False)))
 
     def _chat(self, messages: list[dict[str, str]], gen: bool) -> str:
-        """The template's text; cached, since concurrent episodes render the same
+        """The template's text; memoised, since concurrent episodes render the same
         observations over and over (Jinja rendering costs more than the rest of a turn)."""
         key = (gen, *((m["role"], m["content"]) for m in messages))
-        text = self._rendered.get(key)
-        if text is None:
-            if len(self._rendered) >= _CACHE_SIZE:
-                self._rendered.clear()
-            text = self._rendered[key] = self.tok.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=gen, chat_template=self.template)
-        return text
+        return self._rendered.get_or(key, lambda: self.tok.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=gen, chat_template=self.template))
 
     def _render(self, system: str, history: list[Exchange], user: str) -> Rendered:
         msgs = [{"role": "system", "content": system}]
