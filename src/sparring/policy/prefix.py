@@ -27,12 +27,13 @@ from torch import Tensor
 @dataclass
 class Prefixes:
     """Distinct prefixes of a batch: ``first [k]`` a row holding each, ``inverse [n]`` the
-    prefix of each row, ``plen [n]`` the rows' prefix lengths, ``common`` the length of the
-    start all of them share (0 for a single prefix)."""
+    prefix of each row, ``plen [n]`` the rows' prefix lengths, ``tokens`` the k prefixes,
+    ``common`` the length of the start all of them share (0 for a single prefix)."""
 
     first: Tensor
     inverse: Tensor
     plen: Tensor
+    tokens: list[tuple[int, ...]]
     common: int = 0
 
     @property
@@ -62,7 +63,7 @@ def find_prefixes(ids: Tensor, plen: Tensor) -> Prefixes:
     uniq = [keys[i] for i in first]
     dev = ids.device
     return Prefixes(torch.tensor(first, dtype=torch.long, device=dev),
-                    torch.tensor(inverse, dtype=torch.long, device=dev), plen,
+                    torch.tensor(inverse, dtype=torch.long, device=dev), plen, uniq,
                     common_prefix_len(uniq) if len(uniq) > 1 else 0)
 
 
@@ -151,11 +152,7 @@ def shared_prefix_logits(model: torch.nn.Module, ids: Tensor, att: Tensor, pre: 
     lens = att.sum(1)
     plen = pre.plen.to(dev)
     # 1. the distinct prefixes (their common start once), left-padded to end together
-    plen_l = plen.tolist()
-    rows = ids[pre.first, :int(plen[pre.first].max())].tolist()
-    cache, last, pre_att, _ = run_prompts(
-        model, [r[:plen_l[f]] for r, f in zip(rows, pre.first.tolist())], pad_id, dev,
-        pre.common)
+    cache, last, pre_att, _ = run_prompts(model, pre.tokens, pad_id, dev, pre.common)
     last = last[pre.inverse]  # [n, V]: predicts the token at plen
     C = int((lens - plen).max()) if n else 0
     pos = plen[:, None] + torch.arange(max(C, 1), device=dev)
