@@ -7,14 +7,15 @@ import json
 import pytest
 import torch
 
+from sparring.advantages.stage import AdvantageStage
+from sparring.critic.archer import Archer
+from sparring.critic.replay import TurnReplay
 from sparring.data import Episode, Turn, collate
-from sparring.train.archer import Archer
 from sparring.train.checkpoint import step_dirs
 from sparring.train.config import ConfigError, from_dict
 from sparring.train.learner import Learner
 from sparring.train.loop import resume, train
 from sparring.train.metrics import read_metrics
-from sparring.train.replay import TurnReplay
 from tests import train_helpers as th
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -250,11 +251,13 @@ def test_config_errors_name_the_key(override, key):
 
 
 def test_learner_builds_the_utterance_critic_only_for_archer():
-    lrn = Learner(th.tiny_qwen(0), cfg_of())
+    cfg = cfg_of()
+    lrn = Learner(th.tiny_qwen(0), cfg, needs=AdvantageStage.from_config(cfg).needs)
     assert lrn.archer is not None and lrn.critic is None
     assert not any(p is q for p in lrn.params for q in lrn.archer.params)
     other = from_dict({"algorithm": {"estimator": "gae"}})
-    assert Learner(th.tiny_qwen(0), other).archer is None
+    assert Learner(th.tiny_qwen(0), other,
+                   needs=AdvantageStage.from_config(other).needs).archer is None
 
 
 # ---------------------------------------------------------------- crash + resume

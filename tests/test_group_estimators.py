@@ -162,28 +162,43 @@ def test_all_equal_rewards_give_zero(name, value):
     assert torch.isfinite(a).all() and (a.abs() <= tol).all(), a
 
 
+def test_an_agent_key_means_per_group_agent_statistics():
+    """rewards [1, 0, 1, 0], one group, agents [0, 0, 1, 1]: each (group, agent) holds
+    {1, 0} (mean 0.5, unbiased std sqrt(1/2)), so A = +-0.5 / sqrt(1/2) = +-0.7071; pooled
+    over the group (mean 0.5, std sqrt(1/3)) it would be +-0.866."""
+    r, g, a = [1.0, 0.0, 1.0, 0.0], [0, 0, 0, 0], [0, 0, 1, 1]
+    k = 0.5 / math.sqrt(0.5)
+    close(estimate("grpo", r, group=g, agent=a), [k, -k, k, -k])
+    close(estimate("grpo", r, group=g), [0.5 / S3, -0.5 / S3, 0.5 / S3, -0.5 / S3])
+    # seat 1 always wins, seat 0 always loses: per seat there is nothing to learn
+    close(estimate("rloo", [0.0, 0.0, 1.0, 1.0], group=g, agent=a), [0.0] * 4)
+    close(estimate("dr_grpo", [0.0, 0.0, 1.0, 1.0], group=g), [-0.5, -0.5, 0.5, 0.5])
+    # batch-wide statistics are per agent too: reinforce_pp whitens each seat's returns
+    close(estimate("reinforce_pp", [1.0, 0.0, 5.0, 3.0], group=g, agent=a, eps=1e-12),
+          [k, -k, k, -k])
+
+
 def test_turn_layout_counts_trajectories_once_and_agent_keys():
     # three episodes of one group; seat 0 has two turn rows per episode, seat 1 one
     eps = [two_seat_episode(group=0, seed=i, returns=(r0, r1))
            for i, (r0, r1) in enumerate([(1.0, -1.0), (0.0, 0.0), (2.0, -2.0)])]
     b = collate(eps, layout="turn")
     assert b.n_rows == 9
-    a = compute("grpo", b)[0]
+    a = compute("dr_grpo", b)[0]
     per_row = (a.sum(1) / b.action_mask.sum(1)).tolist()
-    # pooled over the 6 trajectories [1, -1, 0, 0, 2, -2]: mean 0, std sqrt(2)
-    s = math.sqrt(2.0)
-    close(per_row, [float(r) / s for r in b.returns])
-    # by_agent: seat 0 [1, 0, 2] -> mean 1, std 1; seat 1 [-1, 0, -2] -> mean -1, std 1
-    a = compute("grpo", b, by_agent=True)[0]
-    per_row = (a.sum(1) / b.action_mask.sum(1)).tolist()
+    # seat 0 [1, 0, 2] -> mean 1; seat 1 [-1, 0, -2] -> mean -1; each trajectory once,
+    # although seat 0's trajectories have two rows each
     want = [float(r) - 1.0 if int(ag) == 0 else float(r) + 1.0
             for r, ag in zip(b.returns, b.agent)]
     close(per_row, want)
+    a = compute("grpo", b)[0]  # std 1 in both seats
+    close((a.sum(1) / b.action_mask.sum(1)).tolist(), want)
     assert (a[~b.action_mask] == 0).all()
 
 
 @pytest.mark.parametrize("name", GROUP_ESTIMATORS)
-def test_agent_keys_change_statistics_only_within_group_agent(name):
+def test_agents_are_separate_problems(name):
+    """With agent keys, each agent's advantages are those of its rows alone."""
     gen = torch.Generator().manual_seed(3)
     n = 30
     g = torch.randint(0, 3, (n,), generator=gen)
@@ -191,8 +206,8 @@ def test_agent_keys_change_statistics_only_within_group_agent(name):
     r = torch.randint(0, 2, (n,), generator=gen).float()
     opts = {"remax": {"baseline": torch.rand(n, generator=gen)},
             "bnpo": {"alpha": 2.0, "beta": 3.0}}.get(name, {})
-    full = estimate(name, r, group=g, agent=ag, by_agent=True, **opts)
-    for a in (0, 1):  # same as running on each agent's rows alone
+    full = estimate(name, r, group=g, agent=ag, **opts)
+    for a in (0, 1):
         rows = (ag == a).nonzero().squeeze(1)
         sub_opts = {k: v[rows] if isinstance(v, torch.Tensor) else v for k, v in opts.items()}
         sub = estimate(name, r[rows], group=g[rows], **sub_opts)
@@ -203,16 +218,22 @@ def test_agent_keys_change_statistics_only_within_group_agent(name):
             assert torch.allclose(full[rows], sub, atol=1e-5), name
 
 
+def test_by_agent_is_gone():
+    with pytest.raises(TypeError):
+        estimate("grpo", R, group=G, by_agent=True)
+
+
 def test_filters():
     r, g = [1.0, 0.0, 2.0, 2.0, 5.0], [0, 0, 1, 1, 2]
     b = TurnBatch.from_scalars(r, g)
-    assert drop_zero_variance_groups(b).tolist() == [True, True, False, False, False]
-    adv = torch.tensor([0.1, -0.9, 0.5, -0.5, 0.0, 0.7])
+    adv = torch.zeros(5, 1)
+    assert drop_zero_variance_groups(adv, b).tolist() == [True, True, False, False, False]
     b2 = TurnBatch.from_scalars([0.0] * 6, [0, 0, 0, 1, 1, 1])
-    assert top_abs_advantage(b2, adv, k=1).tolist() == [False, True, False, False, False, True]
-    # ties keep the lower index; [n, T] input uses the mean |A| over action tokens
+    adv = torch.tensor([0.1, -0.9, 0.5, -0.5, 0.0, 0.7])[:, None]
+    assert top_abs_advantage(adv, b2, k=1).tolist() == [False, True, False, False, False, True]
+    # ties keep the lower index; a row's |A| is the mean over its action tokens
     adv2 = torch.tensor([[1.0, 3.0], [2.0, 0.0], [-2.0, 9.0]])
     b3 = TurnBatch.from_scalars([0.0] * 3, [0, 0, 0], lengths=[2, 1, 1])
-    assert top_abs_advantage(b3, adv2, k=2).tolist() == [True, True, False]
+    assert top_abs_advantage(adv2, b3, k=2).tolist() == [True, True, False]
     with pytest.raises(ValueError, match="k must"):
-        top_abs_advantage(b3, adv2, k=0)
+        top_abs_advantage(adv2, b3, k=0)

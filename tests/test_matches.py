@@ -1,4 +1,5 @@
-"""Match runner, Wilson intervals and Bradley-Terry Elo against hand-computed numbers."""
+"""Match runner (on the arena), Wilson intervals and Bradley-Terry Elo against
+hand-computed numbers."""
 
 import math
 
@@ -6,6 +7,9 @@ import pytest
 
 from sparring.envs.bots import MinimaxBot, RandomBot
 from sparring.eval import elo_ratings, play_match, round_robin, wilson
+from sparring.policy.sampling import Generation
+from sparring.policy.tiny import build_tokenizer
+from sparring.rollout.players import ModelPlayer
 
 
 def lowest(env, seat):
@@ -16,14 +20,28 @@ def highest(env, seat):
     return env.legal_actions(seat)[-1]
 
 
-class Batched:
-    def __init__(self):
+class Scripted:
+    """A model-like policy (``generate`` + ``tokenizer``) answering ``answer(prompt text)``."""
+
+    def __init__(self, answer, name="scripted"):
+        self.tokenizer, self.answer, self.name = build_tokenizer(), answer, name
         self.calls, self.sizes = 0, []
 
-    def act_batch(self, envs, seats):
+    def generate(self, prompts, sampling=None, allowed=None):
         self.calls += 1
-        self.sizes.append(len(envs))
-        return [e.legal_actions(s)[0] for e, s in zip(envs, seats)]
+        self.sizes.append(len(prompts))
+        out = []
+        for p in prompts:
+            text = self.answer(self.tokenizer.decode(p))
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            out.append(Generation(token_ids=ids, logprobs=[0.0] * len(ids), text=text,
+                                  finish_reason="eos"))
+        return out
+
+
+def first_free_cell(prompt):
+    """Tic-tac-toe: the first legal cell listed in the (full-text) observation."""
+    return prompt.rsplit("Legal:", 1)[1].split()[0].strip(",.")
 
 
 def test_wilson_hand_values():
@@ -69,22 +87,33 @@ def test_scripted_tictactoe_match():
 
 
 def test_forfeit_and_errors():
-    res = play_match("tictactoe", {"bot": lowest, "junk": lambda e, s: "\x00nonsense"}, games=2)
+    junk = Scripted(lambda prompt: "nonsense", name="junk")
+    res = play_match("tictactoe", {"bot": lowest, "junk": junk}, games=2)
     assert res.overall["junk"].losses == 4 and res.overall["junk"].forfeits == 4
     assert res.overall["bot"].wins == 4
     assert res.overall["junk"].mean_return == -1.0
     with pytest.raises(ValueError, match="2 seats but 3 players"):
         play_match("tictactoe", [lowest, lowest, lowest])
-    with pytest.raises(TypeError, match="not a player"):
+    with pytest.raises(TypeError, match="cannot use int as a player"):
         play_match("tictactoe", [lowest, 42])
+    with pytest.raises(RuntimeError, match="bot 'bad'"):  # a bot's bad move is a bug
+        play_match("tictactoe", {"low": lowest, "bad": lambda e, s: "nonsense"}, games=1)
 
 
-def test_batched_player_gets_one_call_per_step():
-    b = Batched()
-    res = play_match("tictactoe", {"b": b, "low": lowest}, games=10)
-    assert len(res.games) == 20
-    # 20 games in lockstep: b moves in its 10 X games at even steps, 10 O games at odd ones.
-    assert b.calls <= 9 and b.sizes[:2] == [10, 10]
+def test_a_model_gets_one_generate_call_per_step():
+    model = Scripted(first_free_cell)
+    res = play_match("tictactoe", {"m": ModelPlayer(model, name="m", train=False),
+                                   "low": lowest}, games=10)
+    assert len(res.games) == 20 and res.overall["m"].forfeits == 0
+    # 20 games at once: the model moves in its 10 X games, then in its 10 O games, ...
+    assert model.calls <= 9 and model.sizes[:2] == [10, 10]
+    assert res.overall["m"].games == 20
+
+
+def test_alias_names_the_same_game():
+    a = play_match("tic_tac_toe", {"low": lowest, "high": highest}, games=2)
+    b = play_match("tictactoe", {"low": lowest, "high": highest}, games=2)
+    assert [(g.seating, g.returns) for g in a.games] == [(g.seating, g.returns) for g in b.games]
 
 
 def test_three_player_kuhn_zero_sum_and_seatings():

@@ -1,4 +1,5 @@
-"""Objectives, KL estimators, entropy bonus and ratio_stats against hand formulas."""
+"""Objectives against hand formulas: losses, gradients, diagnostics, the clamped log ratio
+and turn / sequence-level ratios."""
 
 import math
 
@@ -7,10 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from sparring.aggregation import aggregate
-from sparring.objectives import loss
-from sparring.objectives.kl import kl_estimate
-from sparring.objectives.stats import ratio_stats
-from sparring.registry import UnknownNameError
+from sparring.objectives import OBJECTIVES, compute, list_objectives, loss
+from sparring.objectives.common import LOG_RATIO_CLAMP, unit_index
+from sparring.registry import Entry, UnknownNameError
 
 L15, L05, L5 = math.log(1.5), math.log(0.5), math.log(5.0)
 
@@ -206,41 +206,219 @@ def test_contrastive_need_group_and_rewards():
         loss("nope", logp0, logp0, logp0, mask)
 
 
-def test_kl_estimators_hand_and_exact_expectation():
-    d = math.log(2.0)
-    lp, ref, m = tok([[d]]), tok([[0.0]]), torch.ones(1, 1)
-    assert abs(float(kl_estimate(lp, ref, m, "k1")) - d) < 1e-12
-    assert abs(float(kl_estimate(lp, ref, m, "k2")) - d * d / 2) < 1e-12
-    assert abs(float(kl_estimate(lp, ref, m, "k3")) - (0.5 - 1 + d)) < 1e-12
-    # exact expectation under pi over a categorical: k1 and k3 are unbiased for KL(pi||ref)
-    pi = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
-    q = torch.tensor([0.2, 0.2, 0.6], dtype=torch.float64)
-    kl = float((pi * (pi / q).log()).sum())
-    ones = torch.ones(1, 3)
-    for kind in ("k1", "k3"):
-        k = kl_estimate(pi.log()[None], q.log()[None], ones, kind)
-        assert abs(float((pi * k[0]).sum()) - kl) < 1e-12
-    assert (kl_estimate(pi.log()[None], q.log()[None], ones, "k3") >= 0).all()
-    # as a loss term: coef * k3, gradient d/dlogp k3 = 1 - exp(ref - logp)
-    lpg = tok([[d]], requires_grad=True)
-    loss("kl_k3", lpg, lpg.detach(), lpg.detach(), m, ref_logp=ref, coef=0.1).sum().backward()
-    assert abs(float(lpg.grad) - 0.1 * (1 - 0.5)) < 1e-12
-    with pytest.raises(ValueError, match="unknown KL"):
-        kl_estimate(lp, ref, m, "k4")
+def test_kl_and_entropy_are_not_objectives():
+    names = {e.name for e in list_objectives()}
+    assert not names & {"kl_k1", "kl_k2", "kl_k3", "entropy_bonus"}
+    assert {"ppo_clip", "cispo", "gspo", "gmpo", "reinforce"} <= names
 
 
-def test_entropy_bonus_and_ratio_stats():
-    ent = tok([[1.0, 2.0, 3.0]], requires_grad=True)
-    mask = torch.tensor([[1.0, 1.0, 0.0]])
-    z = torch.zeros(1, 3, dtype=torch.float64)
-    out = loss("entropy_bonus", z, z, z, mask, entropy=ent, coef=0.1)
-    assert torch.allclose(out, tok([[-0.1, -0.2, 0.0]]))
-    with pytest.raises(ValueError, match="entropy"):
-        loss("entropy_bonus", z, z, z, mask)
-    logp = tok([[L15, L05, 0.1, 9.0]])
-    s = ratio_stats(logp, torch.zeros_like(logp), torch.tensor([[1, 1, 1, 0]]))
-    assert s["clip_frac_high"] == pytest.approx(1 / 3) and s["clip_frac_low"] == pytest.approx(1 / 3)
-    assert s["clip_frac"] == pytest.approx(2 / 3)
-    k3 = [(1.5 - 1 - L15), (0.5 - 1 - L05), (math.exp(0.1) - 1 - 0.1)]
-    assert s["approx_kl"] == pytest.approx(sum(k3) / 3)
-    assert s["ratio_max"] == pytest.approx(1.5)
+# ---------------------------------------------------------------- diagnostics
+
+
+def test_compute_returns_diagnostics_at_the_objectives_level():
+    e05 = math.exp(0.05)
+    # ppo_clip, tokens: ratios 1.5, 0.5, 5, e^.05 (as in the first test); A = 1, -1, -1, 1
+    logp = tok([[L15, L05, L5, 0.05]])
+    zeros = torch.zeros(1, 4, dtype=torch.float64)
+    adv = tok([[1.0, -1.0, -1.0, 1.0]])
+    per_tok, diag = compute("ppo_clip", logp, zeros, adv, torch.ones(1, 4), dual_clip=3.0)
+    assert torch.allclose(per_tok, tok([[-1.2, 0.8, 3.0, -e05]]))
+    assert float(diag["clip_frac"]) == pytest.approx(3 / 4)  # 1.5 and 5 above 1.2, 0.5 below 0.8
+    assert float(diag["clip_frac_high"]) == pytest.approx(2 / 4)
+    assert float(diag["clip_frac_low"]) == pytest.approx(1 / 4)
+    assert float(diag["ratio"]) == pytest.approx((1.5 + 0.5 + 5 + e05) / 4)
+    assert float(diag["ratio_max"]) == pytest.approx(5.0)
+    assert float(diag["dual_clip_frac"]) == pytest.approx(1 / 4)  # only the token with loss 5 > 3
+    assert all(v.dim() == 0 and not v.requires_grad for v in diag.values())
+    # masked tokens are not units: only the first two count
+    _, diag = compute("ppo_clip", logp, zeros, adv, torch.tensor([[1.0, 1.0, 0.0, 0.0]]))
+    assert float(diag["clip_frac"]) == pytest.approx(1.0)
+    assert float(diag["ratio"]) == pytest.approx(1.0)  # (1.5 + 0.5) / 2
+
+    # cispo: ratios 1.5, 1, 5; weights truncated above 1.2 on two of three tokens
+    lp = tok([[-1.0, -2.0, -0.5]], requires_grad=True)
+    old = tok([[-1.0 - L15, -2.0, -0.5 - L5]])
+    _, diag = compute("cispo", lp, old, tok([[2.0, -1.0, 1.0]]), torch.ones(1, 3))
+    assert float(diag["clip_frac"]) == pytest.approx(2 / 3)
+    assert float(diag["clip_frac_low"]) == 0.0  # no lower bound by default
+    assert float(diag["ratio"]) == pytest.approx((1.5 + 1 + 5) / 3)
+
+    # gspo, sequences: row log ratios mean 0.1 and -0.05 -> only row 0 outside [1-.05, 1+.05]
+    lp = tok([[0.2, 0.0], [-0.05, 0.0]])
+    m = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    _, diag = compute("gspo", lp, torch.zeros_like(lp), torch.ones_like(lp), m,
+                      eps_low=0.05, eps_high=0.05)
+    assert float(diag["clip_frac"]) == pytest.approx(1 / 2)
+    assert float(diag["ratio"]) == pytest.approx((math.exp(0.1) + math.exp(-0.05)) / 2)
+    assert float(diag["ratio_max"]) == pytest.approx(math.exp(0.1))
+
+    # gmpo, tokens whose log ratio the pessimistic clip changed: row 0 (A > 0) log ratios
+    # .6 .1 -.1: .6 lowered to .4; row 1 (A < 0) -.1 .5 -.8: -.8 raised to -.4
+    lp = tok([[-1.0, -2.0, -0.7], [-0.3, -0.4, -0.9]])
+    old = tok([[-1.6, -2.1, -0.6], [-0.2, -0.9, -0.1]])
+    adv = tok([[2.0] * 3, [-1.0] * 3])
+    _, diag = compute("gmpo", lp, old, adv, torch.ones(2, 3), eps_low=0.4, eps_high=0.4)
+    assert float(diag["clip_frac"]) == pytest.approx(2 / 6)
+    assert float(diag["clip_frac_high"]) == pytest.approx(1 / 6)
+    assert float(diag["clip_frac_low"]) == pytest.approx(1 / 6)
+    assert float(diag["ratio"]) == pytest.approx((math.exp(0.6 / 3) + math.exp(-0.4 / 3)) / 2)
+
+    # no ratio, no diagnostics
+    assert compute("reinforce", lp, old, adv, torch.ones(2, 3))[1] == {}
+    logp0, ref, mask, group, rewards = _group_setup()
+    for name in ("copg", "gvpo", "pairwise_dpo"):
+        assert compute(name, logp0, logp0, logp0, mask, ref_logp=ref, group=group,
+                       rewards=rewards)[1] == {}
+
+
+def test_empty_mask_gives_finite_diagnostics():
+    z = torch.zeros(2, 3)
+    for name in ("ppo_clip", "cispo", "gspo", "gmpo"):
+        per_tok, diag = compute(name, z, z, z, torch.zeros(2, 3, dtype=torch.bool))
+        assert (per_tok == 0).all()
+        assert all(torch.isfinite(v) for v in diag.values()), name
+        assert float(diag["clip_frac"]) == 0.0
+
+
+def test_an_objective_must_return_loss_and_diagnostics():
+    OBJECTIVES.add(Entry("bare_tensor", lambda logp, *a, **k: -logp, family="test"))
+    try:
+        z = torch.zeros(1, 2)
+        with pytest.raises(TypeError, match="must return"):
+            compute("bare_tensor", z, z, z, torch.ones(1, 2))
+    finally:
+        OBJECTIVES._entries.pop("bare_tensor")
+
+
+# ---------------------------------------------------------------- the clamped log ratio
+
+
+def test_dual_clip_with_an_overflowing_ratio_has_a_finite_gradient():
+    # token 0: log ratio 100 -> clamped to 20, rho = e^20; A = -1 so -A rho = e^20 and the
+    # dual clip caps the loss at -c A = 3 (a constant: gradient 0). Token 1: rho = 1,
+    # loss max(1, 1) = 1 < 3, gradient -A rho = 1. Unclamped, exp(100) = inf in float32
+    # and the gradient of token 0 was 0 * inf = NaN.
+    old = torch.tensor([[-101.0, -1.0]])
+    logp = torch.tensor([[-1.0, -1.0]], requires_grad=True)
+    adv = torch.tensor([[-1.0, -1.0]])
+    per_tok, diag = compute("ppo_clip", logp, old, adv, torch.ones(1, 2), dual_clip=3)
+    assert per_tok.tolist() == [[3.0, 1.0]]
+    per_tok.sum().backward()
+    assert logp.grad.tolist() == [[0.0, 1.0]]
+    assert float(diag["dual_clip_frac"]) == 0.5 and float(diag["clip_frac"]) == 0.5
+    assert float(diag["ratio_max"]) == pytest.approx(math.exp(LOG_RATIO_CLAMP), rel=1e-6)
+
+
+def test_every_ratio_objective_is_finite_when_the_ratio_overflows():
+    # log ratios 2000 (clamped to 20) and 0, A = -1: exp(2000), and even exp(2000 / 2), are
+    # inf in float64. Turn / sequence ratio: exp((20 + 0) / 2) = e^10.
+    e10, e20 = math.exp(10.0), math.exp(20.0)
+    cases = {  # name, options: (per-token loss, gradient of their sum)
+        ("ppo_clip", ()): ([e20, 1.0], [0.0, 1.0]),
+        ("ppo_clip", (("ratio_level", "turn"),)): ([e10, e10], [0.0, e10]),
+        ("gspo", ()): ([e10, e10], [0.0, e10]),
+        ("gmpo", ()): ([e10, e10], [0.0, e10]),  # A < 0: c = max(d, clip(d)) = d = [20, 0]
+        # cispo: weights min(e^20, 1.2) = 1.2 and 1; loss -w A logp, gradient -w A
+        ("cispo", ()): ([-1.2, -1.0], [1.2, 1.0]),
+    }
+    for (name, opts), (want, want_grad) in cases.items():
+        logp = tok([[-1.0, -1.0]], requires_grad=True)
+        per_tok = loss(name, logp, tok([[-2001.0, -1.0]]), tok([[-1.0, -1.0]]),
+                       torch.ones(1, 2), **dict(opts))
+        per_tok.sum().backward()
+        assert torch.allclose(per_tok, tok([want]), rtol=1e-12), name
+        assert torch.allclose(logp.grad, tok([want_grad]), rtol=1e-12), name
+
+
+# ---------------------------------------------------------------- turn / sequence ratios
+
+
+def test_unit_index_turns_are_runs_of_the_mask():
+    mask = torch.tensor([[1, 1, 0, 1, 0], [1, 1, 1, 0, 0], [0, 0, 0, 0, 0], [0, 1, 0, 1, 1]])
+    ids, k = unit_index(mask, "turn")
+    assert k == 5
+    assert ids.tolist() == [[0, 0, 5, 1, 5], [2, 2, 2, 5, 5], [5] * 5, [5, 3, 5, 4, 4]]
+    ids, k = unit_index(mask, "sequence")
+    assert k == 3
+    assert ids.tolist() == [[0, 0, 3, 0, 3], [1, 1, 1, 3, 3], [3] * 5, [3, 2, 3, 2, 2]]
+    ids, k = unit_index(mask, "token")
+    assert k == 9 and ids[3].tolist() == [9, 6, 9, 7, 8]
+    with pytest.raises(ValueError, match="ratio_level"):
+        unit_index(mask, "episode")
+
+
+def _two_turn_batch():
+    """Trajectory layout: row 0 holds two turns (tokens 0-1 and 3) around an observation
+    token 2; row 1 one turn of three tokens. d = logp - old_logp is chosen by hand; the
+    observation token's d (0.9) must not enter any turn."""
+    mask = torch.tensor([[1, 1, 0, 1, 0], [1, 1, 1, 0, 0]], dtype=torch.bool)
+    logp = tok([[-1.0, -2.0, -0.4, -0.5, 0.0], [-0.7, -1.2, -0.3, 0.0, 0.0]])
+    d = tok([[0.35, 0.05, 0.9, -0.1, 0.0], [0.1, -0.3, 0.05, 0.0, 0.0]])
+    adv = tok([[1.0, 1.0, 0.0, -2.0, 0.0], [0.5, 0.5, 0.5, 0.0, 0.0]])
+    return logp, logp - d, adv, mask
+
+
+def _loss_and_grad(name, logp0, old, adv, mask, **opts):
+    logp = logp0.clone().requires_grad_(True)
+    per_tok, diag = compute(name, logp, old, adv, mask, **opts)
+    per_tok.sum().backward()
+    return per_tok.detach(), logp.grad, diag
+
+
+def test_ppo_clip_turn_level_ratio_by_hand():
+    logp, old, adv, mask = _two_turn_batch()
+    per_tok, grad, diag = _loss_and_grad("ppo_clip", logp, old, adv, mask, ratio_level="turn")
+    # turn a (row 0, tokens 0-1): r = exp((.35 + .05) / 2) = e^.2 = 1.2214 > 1.2 with A = 1:
+    #   l = max(-r, -1.2) = -1.2 on both tokens, clipped: no gradient (token 1 alone,
+    #   rho = e^.05, would be inside the range)
+    # turn b (row 0, token 3): r = e^-.1, A = -2: l = max(2r, 2 * 0.9048) = 2r, gradient 2r
+    # turn c (row 1): r = exp((.1 - .3 + .05) / 3) = e^-.05, A = .5: l = -.5 r, gradient
+    #   -.5 r on each token (d/dlogp_t of |c| * L_c = 3 * (-.5) * r / 3)
+    rb, rc = math.exp(-0.1), math.exp(-0.05)
+    assert torch.allclose(per_tok, tok([[-1.2, -1.2, 0, 2 * rb, 0], [-0.5 * rc] * 3 + [0, 0]]))
+    assert torch.allclose(grad, tok([[0, 0, 0, 2 * rb, 0], [-0.5 * rc] * 3 + [0, 0]]))
+    ra = math.exp(0.2)
+    assert float(diag["clip_frac"]) == pytest.approx(1 / 3)  # turn a of the three turns
+    assert float(diag["clip_frac_high"]) == pytest.approx(1 / 3)
+    assert float(diag["ratio"]) == pytest.approx((ra + rb + rc) / 3)
+    assert float(diag["ratio_max"]) == pytest.approx(ra)
+    # token level differs: token 1 of row 0 (rho = e^.05, A = 1) keeps its gradient -rho
+    per_tok, grad, diag = _loss_and_grad("ppo_clip", logp, old, adv, mask)
+    assert float(per_tok[0, 1]) == pytest.approx(-math.exp(0.05))
+    assert float(grad[0, 1]) == pytest.approx(-math.exp(0.05))
+    assert float(grad[0, 0]) == 0.0  # rho = e^.35 > 1.2 with A > 0: clipped
+    # of the six action tokens, e^.35 is above 1.2 and e^-.3 = 0.741 below 0.8
+    assert float(diag["clip_frac_high"]) == pytest.approx(1 / 6)
+    assert float(diag["clip_frac_low"]) == pytest.approx(1 / 6)
+
+
+def test_ppo_clip_sequence_level_ratio_by_hand():
+    logp, old, adv, mask = _two_turn_batch()
+    per_tok, grad, diag = _loss_and_grad("ppo_clip", logp, old, adv, mask,
+                                         ratio_level="sequence")
+    # row 0: s = exp((.35 + .05 - .1) / 3) = e^.1 = 1.1052, inside [.8, 1.2]; per token
+    #   l = -A_t s (A = 1, 1, -2), gradient -A_t s (GSPO-token form); row 1 = turn c
+    s, rc = math.exp(0.1), math.exp(-0.05)
+    assert torch.allclose(per_tok, tok([[-s, -s, 0, 2 * s, 0], [-0.5 * rc] * 3 + [0, 0]]))
+    assert torch.allclose(grad, tok([[-s, -s, 0, 2 * s, 0], [-0.5 * rc] * 3 + [0, 0]]))
+    assert float(diag["clip_frac"]) == 0.0
+    assert float(diag["ratio"]) == pytest.approx((s + rc) / 2)
+    # in the turn layout (one turn per row) turn and sequence level agree
+    row1 = (logp[1:], old[1:], adv[1:], mask[1:])
+    turn = _loss_and_grad("ppo_clip", *row1, ratio_level="turn")
+    seq = _loss_and_grad("ppo_clip", *row1, ratio_level="sequence")
+    assert torch.equal(turn[0], seq[0]) and torch.equal(turn[1], seq[1])
+
+
+def test_cispo_turn_level_weight_by_hand():
+    logp, old, adv, mask = _two_turn_batch()
+    per_tok, grad, diag = _loss_and_grad("cispo", logp, old, adv, mask, ratio_level="turn",
+                                         eps_high=0.2)
+    # weights sg(min(r_turn, 1.2)): turn a min(e^.2, 1.2) = 1.2, turn b e^-.1, turn c e^-.05;
+    # l_t = -w A_t logp_t, gradient -w A_t
+    wb, wc = math.exp(-0.1), math.exp(-0.05)
+    want = [[-1.2 * 1 * -1.0, -1.2 * 1 * -2.0, 0, -wb * -2 * -0.5, 0],
+            [-wc * 0.5 * -0.7, -wc * 0.5 * -1.2, -wc * 0.5 * -0.3, 0, 0]]
+    assert torch.allclose(per_tok, tok(want))
+    assert torch.allclose(grad, tok([[-1.2, -1.2, 0, 2 * wb, 0], [-0.5 * wc] * 3 + [0, 0]]))
+    assert float(diag["clip_frac"]) == pytest.approx(1 / 3)

@@ -1,4 +1,5 @@
-"""Hypothesis properties over random shapes and masks for group estimators and objectives."""
+"""Hypothesis properties over random shapes and masks for group estimators, segment ids and
+objectives."""
 
 import torch
 from hypothesis import given, settings
@@ -7,7 +8,7 @@ from hypothesis import strategies as st
 from sparring.advantages import ESTIMATORS, compute, list_estimators
 from sparring.data import TurnBatch
 from sparring.objectives import list_objectives, loss
-from sparring.segments import segment_count
+from sparring.segments import compact_ids, segment_count
 
 list_estimators()
 GROUP = [e.name for e in ESTIMATORS if e.family == "group"]
@@ -38,19 +39,19 @@ def build(trajs, rows, greedy, turn_layout):
 
 
 @settings(max_examples=40, deadline=None)
-@given(traj_specs(), st.booleans())
-def test_group_estimators_finite_masked_and_layout_free(spec, by_agent):
+@given(traj_specs())
+def test_group_estimators_finite_masked_and_layout_free(spec):
     trajs, rows, greedy = spec
     turn = build(trajs, rows, greedy, turn_layout=True)
     flat = build(trajs, rows, greedy, turn_layout=False)
     for name in GROUP:
-        adv, keep = compute(name, turn, by_agent=by_agent)
+        adv, keep = compute(name, turn)
         assert adv.shape == turn.action_mask.shape and keep.shape == (turn.n_rows,)
         assert torch.isfinite(adv).all(), name
         assert (adv[~turn.action_mask] == 0).all(), name
         # a trajectory's rows carry one value: the same as with one row per trajectory
         per_row = adv.sum(1) / turn.action_mask.sum(1).clamp(min=1)
-        flat_adv, flat_keep = compute(name, flat, by_agent=by_agent)
+        flat_adv, flat_keep = compute(name, flat)
         per_traj = flat_adv.sum(1) / flat.action_mask.sum(1).clamp(min=1)
         has = turn.action_mask.any(1) & flat.action_mask.any(1)[turn.traj]
         assert torch.allclose(per_row[has], per_traj[turn.traj][has], atol=1e-5), name
@@ -63,8 +64,20 @@ def test_mc_grpo_drops_one_pivot_per_odd_group(spec):
     trajs, rows, greedy = spec
     flat = build(trajs, rows, greedy, turn_layout=False)
     _, keep = compute("mc_grpo", flat)
-    sizes = segment_count(flat.group, 4, torch.long)
+    seg, n = compact_ids(flat.group, flat.agent)  # statistics are per (group, agent)
+    sizes = segment_count(seg, n, torch.long)
     assert int((~keep).sum()) == int((sizes % 2 == 1).sum())
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(-3, 5), st.integers(0, 2 ** 40), st.integers(-2, 2)),
+                min_size=1, max_size=30), st.integers(1, 3))
+def test_compact_ids_number_key_tuples_in_lexicographic_order(tuples, k):
+    tuples = [t[:k] for t in tuples]
+    keys = [torch.tensor([t[j] for t in tuples]) for j in range(k)]
+    rank = {t: i for i, t in enumerate(sorted(set(tuples)))}
+    ids, n = compact_ids(*keys)
+    assert n == len(rank) and ids.tolist() == [rank[t] for t in tuples]
 
 
 OBJ_OPTS = {"entropy_bonus": lambda n, T, g: {"entropy": torch.rand(n, T, generator=g)}}

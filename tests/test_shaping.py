@@ -1,18 +1,19 @@
-"""Shapers (reward- and advantage-level), their composition, and MatchTIR turn rewards."""
+"""Shapers (reward-level, advantage-level, keep filters) against hand references, their
+composition through the AdvantageStage, and MatchTIR turn rewards."""
 
 import math
 
 import pytest
 import torch
 
-from sparring.advantages import compute, estimate
-from sparring.advantages.shaping import SHAPERS, shaped, token_kl
+from sparring.advantages import estimate
+from sparring.advantages.shaping import SHAPERS
+from sparring.advantages.stage import AdvantageStage
 from sparring.advantages.turn_dense import match_turn_rewards
 from sparring.cli import main
+from sparring.data import TurnBatch
 from tests.test_turn_estimators import GA, group_norm, own_rtg, per_row
 from tests.turn_batches import batch, rows
-
-BASE = {"base": "turn_rtg", "base_options": {"std": False}}
 
 
 def base_adv(b):
@@ -22,7 +23,7 @@ def base_adv(b):
 def test_ucas_reference():
     b = batch()
     A = base_adv(b)
-    got = estimate("ucas", b, alpha=0.5, beta=0.2, **BASE)
+    got = SHAPERS["ucas"](A, b, alpha=0.5, beta=0.2)
     for i in range(b.n_rows):
         toks = b.action_mask[i].nonzero().squeeze(1).tolist()
         lps = [float(b.old_logp[i, t]) for t in toks]
@@ -38,7 +39,8 @@ def test_ucas_reference():
 @pytest.mark.parametrize("metric", ["length", "entropy"])
 def test_canon_reference(metric):
     b, rs = batch(), rows()
-    a = per_row(base_adv(b), b)
+    A = base_adv(b)
+    a = per_row(A, b)
     if metric == "length":
         x = [float(v) for v in b.length]
     else:
@@ -53,19 +55,20 @@ def test_canon_reference(metric):
         mh = sum(a[j] for j in half) / len(half)
         mg = sum(a[j] for j in grp) / len(grp)
         want.append((a[i] - mh) + 3.0 * (mh - mg))
-    got = per_row(estimate("canon", b, metric=metric, weight=3.0, **BASE), b)
+    got = per_row(SHAPERS["canon"](A, b, metric=metric, weight=3.0), b)
     assert got == pytest.approx(want, abs=1e-5)
-    same = per_row(estimate("canon", b, metric=metric, weight=1.0, **BASE), b)
+    same = per_row(SHAPERS["canon"](A, b, metric=metric, weight=1.0), b)
     assert same == pytest.approx(a, abs=1e-5)
 
 
 def test_entropy_shaping_reference():
     b = batch()
-    a = per_row(base_adv(b), b)
+    A = base_adv(b)
+    a = per_row(A, b)
     H = [float(b.entropy[i][b.action_mask[i]].mean()) for i in range(b.n_rows)]
     ref = sum(H) / len(H)
     want = [ai * min(max(h / (ref + 1e-6), 0.8), 1.25) for ai, h in zip(a, H)]
-    got = per_row(estimate("entropy_shaping", b, lo=0.8, hi=1.25, **BASE), b)
+    got = per_row(SHAPERS["entropy_shaping"](A, b, lo=0.8, hi=1.25), b)
     assert got == pytest.approx(want, abs=1e-5)
 
 
@@ -93,11 +96,15 @@ def test_kl_in_reward_and_composition_order():
     out = SHAPERS["kl_in_reward"](b, beta=0.5)
     assert out.reward.tolist() == pytest.approx(
         [x["r"] - 0.05 * int(n) for x, n in zip(rs, b.length)], abs=1e-6)
-    k3 = token_kl(b, "k3")[b.action_mask]
-    assert torch.allclose(k3, torch.full_like(k3, math.exp(-0.1) - 1 + 0.1), atol=1e-6)
+    # k3 = exp(-d) - 1 + d per token
+    out3 = SHAPERS["kl_in_reward"](b, beta=1.0, kind="k3")
+    k3 = math.exp(-0.1) - 1 + 0.1
+    assert out3.reward.tolist() == pytest.approx(
+        [x["r"] - k3 * int(n) for x, n in zip(rs, b.length)], abs=1e-6)
     # composition: kl_in_reward (before) -> turn_rtg -> ucas (after), whatever the list order
-    adv, keep = shaped(b, "turn_rtg", {"std": False},
-                       [("ucas", {"alpha": 0.5, "beta": 0.0}), ("kl_in_reward", {"beta": 0.5})])
+    stage = AdvantageStage("turn_rtg", {"std": False}, shaping=[
+        ("ucas", {"alpha": 0.5, "beta": 0.0}), {"name": "kl_in_reward", "options": {"beta": 0.5}}])
+    adv, keep = stage(b)
     rewards = {id(x): x["r"] - 0.05 * int(n) for x, n in zip(rs, b.length)}
     G = own_rtg(rs, 1.0, reward=lambda x: rewards[id(x)])
     a = group_norm(rs, G, GA, std=False)
@@ -109,9 +116,30 @@ def test_kl_in_reward_and_composition_order():
         assert got[i] == pytest.approx(want, abs=1e-5)
     assert keep.tolist() == (~b.truncated).tolist()
     with pytest.raises(KeyError, match="unknown shaper"):
-        shaped(b, "turn_rtg", {}, ["bogus"])
+        AdvantageStage("turn_rtg", shaping=["bogus"])
+    with pytest.raises(ValueError, match="no option 'alpah'"):
+        AdvantageStage("turn_rtg", shaping=[("ucas", {"alpah": 1.0})])
     with pytest.raises(ValueError, match="ref_logp"):
         SHAPERS["kl_in_reward"](batch())
+
+
+def test_keep_filters_by_hand():
+    # four single-turn trajectories per group; group 1's returns are all equal
+    R = [1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0]
+    b = TurnBatch.from_scalars(R, group=[0, 0, 0, 0, 1, 1, 1, 1])
+    assert SHAPERS["drop_zero_variance_groups"](None, b).tolist() == [True] * 4 + [False] * 4
+    adv = torch.tensor([[0.5], [-2.0], [0.1], [2.0], [0.3], [-0.3], [0.0], [0.3]])
+    # |A| in group 0: 0.5, 2.0, 0.1, 2.0 -> top 2: rows 1 and 3 (tie broken by index);
+    # group 1: 0.3, 0.3, 0.0, 0.3 -> rows 4 and 5
+    got = SHAPERS["top_abs_advantage"](adv, b, k=2)
+    assert got.tolist() == [False, True, False, True, True, True, False, False]
+    stage = AdvantageStage("dr_grpo", shaping=[{"name": "drop_zero_variance_groups"},
+                                               {"name": "top_abs_advantage",
+                                                "options": {"k": 1}}])
+    a, keep = stage(b)
+    # dr_grpo: R - 0.5 in group 0 -> |A| = 0.5 for all; top 1 is row 0; group 1 dropped
+    assert a[:, 0].tolist() == [0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0]
+    assert keep.tolist() == [True, False, False, False, False, False, False, False]
 
 
 def test_match_turn_rewards_hard_and_soft():
@@ -141,28 +169,11 @@ def test_matchtir_reference():
         estimate("matchtir", b, turn_weight=1.5)
 
 
-def test_shaper_estimators_keep_base_rows_and_cli_lists(capsys):
-    _, keep = compute("ucas", batch(), **BASE)
-    assert keep.tolist() == (~batch().truncated).tolist()
+def test_cli_lists_estimators_and_shapers(capsys):
     assert main(["list", "estimators", "shapers"]) == 0
     out = capsys.readouterr().out
     for name in ("turn_rtg", "trloo", "gigpo", "role_ema", "gae", "turn_gae", "archer_targets",
                  "igpo", "matchtir", "gated", "ucas", "canon", "entropy_shaping",
-                 "overlong_penalty", "kl_in_reward"):
+                 "overlong_penalty", "kl_in_reward", "drop_zero_variance_groups",
+                 "top_abs_advantage"):
         assert name in out
-
-
-@pytest.mark.parametrize("name", ["ucas", "canon", "entropy_shaping"])
-def test_advantage_shapers_in_place_equal_out_of_place(name):
-    """`shaped` writes shapers into the estimator's result (out=adv): same numbers as a
-    fresh result, and a call without ``out`` leaves its input alone."""
-    b = batch()
-    A = base_adv(b)
-    before = A.clone()
-    fresh = SHAPERS[name](A, b)
-    assert torch.equal(A, before)
-    inplace = SHAPERS[name](A, b, out=A)  # out aliases the input, as in `shaped`
-    assert inplace.data_ptr() == A.data_ptr()
-    assert torch.allclose(inplace, fresh, atol=0, rtol=0)
-    with pytest.raises(ValueError, match="out has shape"):
-        SHAPERS[name](before, b, out=torch.empty(1, 1))

@@ -88,7 +88,7 @@ def test_registry_names_are_checked_and_list_the_known_ones():
         from_dict({"algorithm": {"estimator": "test_centered", "objective": "nope"}})
     with pytest.raises(ConfigError, match=r"algorithm.aggregation: unknown aggregation 'mean'"):
         from_dict({**OK, "algorithm": {**OK["algorithm"], "aggregation": "mean"}})
-    with pytest.raises(ConfigError, match=r"algorithm.shaping.0.name: unknown estimator 'zzz'"):
+    with pytest.raises(ConfigError, match=r"algorithm.shaping.0.name: unknown shaper 'zzz'"):
         from_dict({"algorithm": {**OK["algorithm"], "shaping": [{"name": "zzz"}]}})
     with pytest.raises(ConfigError, match=r"algorithm.shaping.0: expected \{name"):
         from_dict({"algorithm": {**OK["algorithm"], "shaping": [{"nam": "zzz"}]}})
@@ -127,3 +127,32 @@ def test_unknown_estimator_or_objective_option_names_the_allowed_ones():
     with pytest.raises(ConfigError, match=r"envs.0.estimator_options: estimator 'grpo' has no "
                                           r"option 'agent_key'"):
         from_dict({"envs": [{"name": "tictactoe", "estimator_options": {"agent_key": True}}]})
+
+
+def _config_fields(cls=Config, prefix=""):
+    """(dotted key, field name) of every field of the config tree, nested dataclasses and
+    lists of them (``envs``) included."""
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        yield prefix + f.name, f.name
+        for t in (hints[f.name], *typing.get_args(hints[f.name])):
+            if dataclasses.is_dataclass(t):
+                yield from _config_fields(t, prefix + f.name + ".")
+
+
+def test_every_config_field_is_read_somewhere():
+    """A config field nothing reads is a promise the code does not keep (a ``bfloat16``
+    that trains in float32). Rule: for every field of the config tree, an attribute access
+    ``.<name>`` appears in some module of src/sparring other than train/config.py, where
+    the fields are declared. A source scan, so a generic name (``options``) passes through
+    any field of that name; a field with a distinct name cannot go unread."""
+    import re
+
+    src = Path(__file__).parents[1] / "src" / "sparring"
+    declared = src / "train" / "config.py"
+    code = "\n".join(p.read_text(encoding="utf-8") for p in src.rglob("*.py") if p != declared)
+    unread = [key for key, name in _config_fields() if not re.search(rf"\.{name}\b", code)]
+    assert not unread, f"config fields read nowhere: {unread}"

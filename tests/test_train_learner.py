@@ -170,9 +170,11 @@ def test_magnet_reference_is_an_ema_of_the_weights():
 def test_value_head_reads_the_last_hidden_state_and_learns_returns():
     batch, _ = ragged_batch()
     model = th.tiny_qwen(7)
-    learner = Learner(model, make_cfg(algorithm__estimator="test_centered_v",
-                                      algorithm__value_coef=1.0, optim__lr=1e-2))
-    assert learner.critic is not None  # 'auto': the estimator declares it needs values
+    cfg = make_cfg(algorithm__estimator="test_centered_v", algorithm__value_coef=1.0,
+                   optim__lr=1e-2)
+    assert Learner(th.tiny_qwen(7), cfg).critic is None  # 'auto': nobody asked for values
+    learner = Learner(model, cfg, needs={"values"})
+    assert learner.critic is not None  # 'auto': the stage says the estimator needs values
     v = learner.values(batch)
     with torch.no_grad():
         h = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask.long(),

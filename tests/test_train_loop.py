@@ -2,6 +2,7 @@
 killed with SIGKILL then resumed gives the same metrics as an uninterrupted run."""
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -15,7 +16,8 @@ import torch
 from sparring.data import Episode, Turn, collate
 from sparring.train.checkpoint import step_dirs
 from sparring.train.config import from_dict
-from sparring.train.loop import advantages, rollout_metrics, train
+from sparring.advantages.stage import AdvantageStage
+from sparring.train.loop import rollout_metrics, train
 from sparring.train.metrics import read_metrics
 from tests import train_helpers as th
 from tests.train_resume_job import CONFIG, STEPS, run_job
@@ -93,19 +95,18 @@ def _ep(env, group, ret, seat_returns=None, invalid=None):
                    returns=seat_returns or [ret, -ret])
 
 
-def test_per_env_estimator_options_shaping_and_rollout_metrics():
+def test_per_env_estimator_options_and_rollout_metrics():
     eps = [_ep("a", 0, 1.0), _ep("a", 0, 3.0), _ep("b", 1, 0.0, invalid="illegal"),
            _ep("b", 1, 4.0)]
     batch = collate(eps)
     cfg = from_dict({"algorithm": {"estimator": "test_centered", "objective": "test_clip",
-                                   "estimator_options": {"scale": 0.5},
-                                   "shaping": [{"name": "test_shift", "options": {"shift": 1}}]},
+                                   "estimator_options": {"scale": 0.5}},
                      "envs": [{"name": "tictactoe", "estimator_options": {"scale": 2.0}}]},
                     check=False)
     cfg.envs[0].name = "a"  # env names are only registry-checked by validate()
-    adv, keep = advantages(batch, cfg)
-    # env a: scale 2 on (R - group mean 2); env b: the global scale 0.5 on (R - 2); then +1
-    assert adv[:, -1].tolist() == [2 * -1 + 1, 2 * 1 + 1, 0.5 * -2 + 1, 0.5 * 2 + 1]
+    adv, keep = AdvantageStage.from_config(cfg)(batch)
+    # env a: scale 2 on (R - group mean 2); env b: the global scale 0.5 on (R - 2)
+    assert adv[:, -1].tolist() == [2 * -1, 2 * 1, 0.5 * -2, 0.5 * 2]
     assert adv[~batch.action_mask].abs().sum() == 0
     assert keep.all()
     m = rollout_metrics(eps, batch, adv, keep)
@@ -114,9 +115,108 @@ def test_per_env_estimator_options_shaping_and_rollout_metrics():
     assert m["return/seat1"] == -2.0
     assert m["invalid_rate"] == 0.25 and m["response_length"] == 2.0
     assert m["episode_length"] == 2.0
-    a = torch.tensor([-1.0, 3.0, 0.0, 2.0]).repeat_interleave(2)
+    a = torch.tensor([-2.0, 2.0, -1.0, 1.0]).repeat_interleave(2)
     assert m["adv_mean"] == pytest.approx(float(a.mean()))
     assert m["adv_std"] == pytest.approx(float(a.std()))
+
+
+SHAPING = [  # every registered shaper, in an order that interleaves the kinds
+    {"name": "ucas", "options": {"alpha": 0.5, "beta": 0.1}},
+    {"name": "overlong_penalty", "options": {"max_length": 2, "cache": 1, "factor": 0.5}},
+    {"name": "canon", "options": {"metric": "entropy", "weight": 2.0}},
+    {"name": "drop_zero_variance_groups"},
+    {"name": "kl_in_reward", "options": {"beta": 2.0}},
+    {"name": "entropy_shaping", "options": {"lo": 0.8, "hi": 1.25}},
+    {"name": "top_abs_advantage", "options": {"k": 3}},
+]
+
+
+def _expected(b):
+    """rloo on shaped returns, then ucas, canon, entropy_shaping; keep: variance and top-3.
+    Plain Python over the rows of the captured batch (one row per trajectory here)."""
+    n = b.n_rows
+    toks = [b.action_mask[i].nonzero().squeeze(1).tolist() for i in range(n)]
+    old = [[float(b.old_logp[i, t]) for t in toks[i]] for i in range(n)]
+    ref = [[float(b.ref_logp[i, t]) for t in toks[i]] for i in range(n)]
+    ent = [[float(b.entropy[i, t]) for t in toks[i]] for i in range(n)]
+    g = b.group.tolist()
+    R = []
+    for i in range(n):
+        L = len(toks[i])  # max_length 2, cache 1: penalty 0 for L <= 1, (1 - L) / 1 at L = 2
+        pen = 0.0 if L <= 1 else (1 - L) / 1.0
+        kl = sum(o - r for o, r in zip(old[i], ref[i]))
+        R.append(float(b.returns[i]) + 0.5 * pen - 2.0 * kl)
+    A = []
+    for i in range(n):
+        others = [R[j] for j in range(n) if g[j] == g[i] and j != i]
+        A.append([R[i] - sum(others) / len(others)] * len(toks[i]))
+    for i in range(n):  # ucas
+        c = math.exp(sum(old[i]) / len(old[i]))
+        A[i] = [a * (1 + 0.5 * (1 - c)) if a > 0 else
+                (a * (1 + 0.5 * c) - 0.1 * math.exp(lp) if a < 0 else 0.0)
+                for a, lp in zip(A[i], old[i])]
+    H = [sum(e) / len(e) for e in ent]
+    a_row = [sum(a) / len(a) for a in A]
+    for i in range(n):  # canon
+        grp = [j for j in range(n) if g[j] == g[i]]
+        xs = sorted(H[j] for j in grp)
+        med = (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
+        half = [j for j in grp if (H[j] > med) == (H[i] > med)]
+        mh = sum(a_row[j] for j in half) / len(half)
+        mg = sum(a_row[j] for j in grp) / len(grp)
+        d = (a_row[i] - mh) + 2.0 * (mh - mg) - a_row[i]
+        A[i] = [a + d for a in A[i]]
+    mean_h = sum(H) / n
+    A = [[a * min(max(h / (mean_h + 1e-6), 0.8), 1.25) for a in row] for row, h in zip(A, H)]
+    keep = []
+    for i in range(n):
+        grp = [j for j in range(n) if g[j] == g[i]]
+        spread = max(R[j] for j in grp) > min(R[j] for j in grp)
+        score = {j: sum(abs(a) for a in A[j]) / len(A[j]) for j in grp}
+        rank = sorted(grp, key=lambda j: (-score[j], j)).index(i)
+        keep.append(spread and rank < 3)
+    return A, keep, toks
+
+
+def test_every_shaper_from_the_config_on_a_non_grpo_estimator(tmp_path, monkeypatch):
+    """Defect 1: shaping from the config crashed at step 1. Two steps with every registered
+    shaper on rloo; the learner receives shaper(rloo(shaped rewards)) as computed by hand."""
+    from sparring.advantages.shaping import SHAPERS
+    from sparring.train.learner import Learner
+
+    assert {s["name"] for s in SHAPING} == {e.name for e in SHAPERS}
+    seen = []
+    update = Learner.update
+
+    def spy(self, batch, adv, keep=None):
+        seen.append((batch, adv.clone(), keep.clone()))
+        return update(self, batch, adv, keep)
+
+    monkeypatch.setattr(Learner, "update", spy)
+    model, sampler = th.tiny_qwen(0), th.Sampler(5)
+
+    def rollout_fn(step):
+        eps = th.bandit_rollout(model, sampler)
+        for k, ep in enumerate(eps):  # every third episode answers with one token
+            if k % 3 == 0:
+                t = ep.turns[0]
+                t.action_ids, t.logprobs = t.action_ids[:1], t.logprobs[:1]
+        return eps
+
+    cfg = from_dict({"algorithm": {"estimator": "rloo", "objective": "ppo_clip",
+                                   "shaping": SHAPING},
+                     "optim": {"lr": 3e-2}, "train": {"steps": 2, "seed": 3},
+                     "eval": {"at_start": False}, "logging": {"progress": False}})
+    train(cfg, model, rollout_fn, run_dir=tmp_path)
+    assert len(seen) == 2
+    for batch, adv, keep in seen:
+        A, want_keep, toks = _expected(batch)
+        for i in range(batch.n_rows):
+            assert adv[i, toks[i]].tolist() == pytest.approx(A[i], abs=1e-5)
+        assert adv[~batch.action_mask].abs().sum() == 0
+        assert keep.tolist() == want_keep
+    kl = (seen[1][0].old_logp - seen[1][0].ref_logp).abs().sum()
+    assert kl > 1e-4  # after one update the policy has moved from the reference
 
 
 def test_initial_reference_is_saved_once_and_resume_extends_a_run(tmp_path):

@@ -1,12 +1,14 @@
 """Turn-level estimators against plain-loop references on hand-built 3-seat batches."""
 
+import difflib
+import json
 import math
 
 import pytest
 import torch
 
 from sparring.advantages import compute, estimate
-from sparring.advantages.turn import RoleEMA, role_ema_step
+from sparring.advantages.turn import RoleEMA
 from sparring.data import Episode, Turn, collate
 from tests.turn_batches import batch, rows, rtg_list, zscore
 
@@ -224,28 +226,65 @@ def test_gigpo_similarity_threshold_merges_close_states():
         estimate("gigpo", b, similarity=0.0)
 
 
+def test_gigpo_similarity_clusters_within_each_group():
+    """Keys X ~ Z (difflib ratio 0.91), Y ~ Z (0.83), X ~ Y (0.73); threshold 0.8.
+    Group 0: two episodes in X, returns (1, 0); group 1: one in Y, one in Z, returns (1, 0).
+    Clustered within group 1, Y and Z are one anchor state: A_S = +-0.5 / (sqrt(1/2) + eps)
+    there as in group 0, on top of A_E, the same per group. (Clustered over the whole
+    batch, Z would join X's cluster, leaving Y and Z alone in group 1 with A_S = 0.)"""
+    X, Y, Z = "abcdefghij", "abcdefghklmn", "abcdefghijkl"
+    ratio = lambda a, b: difflib.SequenceMatcher(None, a, b).ratio()  # noqa: E731
+    assert ratio(X, Z) > 0.9 and 0.8 < ratio(Y, Z) < 0.9 and ratio(X, Y) < 0.8
+    b = collate([Episode(env="g", seed=i, group=g, num_agents=1, returns=[r], turns=[
+        Turn(agent=0, prompt_ids=[1], action_ids=[2], reward=r, state_key=k, done=True)])
+        for i, (g, k, r) in enumerate([(0, X, 1.0), (0, X, 0.0), (1, Y, 1.0), (1, Z, 0.0)])])
+    k = 0.5 / (math.sqrt(0.5) + 1e-6)  # A_E = A_S = +-k in both groups
+    got = per_row(estimate("gigpo", b, similarity=0.8), b)
+    assert got == pytest.approx([2 * k, -2 * k, 2 * k, -2 * k], abs=1e-6)
+    assert 2 * k == pytest.approx(1.41421, abs=1e-5)
+
+
 def test_role_ema_reads_before_update_and_round_trips():
     b, rs = batch(), rows()
-    tr = RoleEMA(decay=0.9, init=0.0)
-    first = per_row(tr(b), b)
+    state = RoleEMA()
+    first = per_row(estimate("role_ema", b, state=state, decay=0.9), b)
     want1 = [0.0 if r["trunc"] else r["ret"] for r in rs]  # baseline 0 read before update
     assert first == pytest.approx(want1)
     # per (toy3, seat) mean over kept trajectories: seat0 (4+1+1)/3=2, seat1 (-1+2+0)/3=1/3,
     # seat2 (2+0-1)/3=1/3; b = 0.9*0 + 0.1*mean
-    assert tr.baselines == pytest.approx({"toy3/0": 0.2, "toy3/1": 0.1 / 3, "toy3/2": 0.1 / 3})
-    state = tr.state_dict()
-    import json
+    assert state.baselines == pytest.approx({"toy3/0": 0.2, "toy3/1": 0.1 / 3,
+                                             "toy3/2": 0.1 / 3})
     clone = RoleEMA()
-    clone.load_state_dict(json.loads(json.dumps(state)))
-    second = per_row(clone(b), b)
+    clone.load_state_dict(json.loads(json.dumps(state.state_dict())))
+    second = per_row(estimate("role_ema", b, state=clone, decay=0.9), b)
     base = {0: 0.2, 1: 0.1 / 3, 2: 0.1 / 3}
     assert second == pytest.approx([0.0 if r["trunc"] else r["ret"] - base[r["a"]] for r in rs])
-    # pure form does not mutate its input
-    d = {"toy3/0": 1.0}
-    adv, new = role_ema_step(b, d, decay=0.5)
-    assert d == {"toy3/0": 1.0} and new["toy3/0"] == pytest.approx(0.5 * 1.0 + 0.5 * 2.0)
+    assert clone.baselines["toy3/0"] == pytest.approx(0.9 * 0.2 + 0.1 * 2)
+    # without a state nothing is kept: every call starts at init (None: the batch mean)
+    for _ in range(2):
+        assert per_row(estimate("role_ema", b, init=0.5), b) == pytest.approx(
+            [0.0 if r["trunc"] else r["ret"] - 0.5 for r in rs])
+    mean = {0: 2.0, 1: 1 / 3, 2: 1 / 3}
+    assert per_row(estimate("role_ema", b, init=None), b) == pytest.approx(
+        [0.0 if r["trunc"] else r["ret"] - mean[r["a"]] for r in rs])
     with pytest.raises(ValueError, match="unknown RoleEMA state"):
         clone.load_state_dict({"bogus": 1})
+
+
+def test_role_ema_non_finite_returns_never_enter_the_baselines():
+    b, rs = batch(), rows()
+    nan_rows = (b.episode == 0) & (b.agent == 0)  # E0 seat 0 (return 4) is lost: NaN
+    bad = b.with_fields(returns=torch.where(nan_rows, torch.nan, b.returns))
+    state = RoleEMA()
+    first = per_row(estimate("role_ema", bad, state=state, decay=0.5), bad)
+    assert first == pytest.approx([0.0 if r["trunc"] or (r["e"], r["a"]) == (0, 0)
+                                   else r["ret"] for r in rs])
+    # seat 0's kept, finite returns: E1 and E3, both 1 -> b = 0.5 * 0 + 0.5 * 1
+    assert state.baselines["toy3/0"] == pytest.approx(0.5)
+    second = per_row(estimate("role_ema", b, state=state, decay=0.5), b)  # a clean step
+    assert second[0] == pytest.approx(4.0 - 0.5)
+    assert state.baselines["toy3/0"] == pytest.approx(0.5 * 0.5 + 0.5 * 2.0)
+    assert all(math.isfinite(v) for v in state.baselines.values())
 
 
 def test_gated_matches_reference():

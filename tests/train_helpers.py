@@ -3,8 +3,7 @@ deterministic fake rollout that samples from the model.
 
 The estimator / objective registered here are test doubles written out in full (the
 catalogue's own entries live on other branches): ``test_centered`` (A = R - group mean),
-``test_centered_v`` (the same, declaring it needs values), ``test_shift`` (a shaping
-that adds a constant) and ``test_clip`` (PPO-clip).
+``test_centered_v`` (the same, declaring it needs values) and ``test_clip`` (PPO-clip).
 """
 
 from __future__ import annotations
@@ -40,19 +39,19 @@ def _centered(batch, scale=1.0, **_):
     return (scale * (r - (s / c)[batch.group])[:, None] * batch.action_mask).float()
 
 
-def _shift(batch, advantages, shift=0.0, **_):
-    return (advantages + shift) * batch.action_mask  # estimators keep zeros off the mask
-
-
 def _clip(logp, old_logp, advantages, mask, *, ref_logp=None, eps=0.2, **_):
     ratio = torch.exp(logp - old_logp)
-    return -torch.minimum(ratio * advantages, ratio.clamp(1 - eps, 1 + eps) * advantages)
+    loss = -torch.minimum(ratio * advantages, ratio.clamp(1 - eps, 1 + eps) * advantages)
+    with torch.no_grad():  # the objective contract: (loss, diagnostics over the tokens)
+        r = ratio[mask.bool()]
+        clipped = ((r < 1 - eps) | (r > 1 + eps)).float()
+        diagnostics = {"clip_frac": clipped.mean(), "ratio": r.mean()} if r.numel() else {}
+    return loss, diagnostics
 
 
 TEST_ENTRIES = [
     (ESTIMATORS, Entry("test_centered", _centered, family="test", needs=("group",))),
     (ESTIMATORS, Entry("test_centered_v", _centered, family="test", needs=("group", "values"))),
-    (ESTIMATORS, Entry("test_shift", _shift, family="shaping")),
     (OBJECTIVES, Entry("test_clip", _clip, family="test")),
 ]
 

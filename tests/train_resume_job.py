@@ -41,7 +41,7 @@ def run_job(run_dir, *, block_at: int | None = None, resume_run: bool = False):
         return th.bandit_rollout(model, sampler)
 
     @torch.no_grad()
-    def eval_fn(step):
+    def eval_fn(step, learner):
         logits = model(input_ids=torch.tensor([[1, 3]])).logits[0, -1]
         return {"p_good": float(torch.softmax(logits, -1)[th.GOOD_TOKEN])}
 

@@ -3,11 +3,14 @@
 Group 0: two 3-seat episodes (E0: 5 turns, E1: 4 turns); group 1: E2 (truncated by a turn
 budget) and E3. Turns have different prompt and action lengths, so rows are padded.
 Plain-Python helpers (`rows`, `rtg_list`, `zscore`) give the reference values.
+`random_batch` builds seeded random batches with every optional field filled.
 """
 
 import math
 
-from sparring.data import Episode, Turn, collate
+import torch
+
+from sparring.data import Episode, Turn, TurnBatch, collate
 
 # (agent, prompt_len, action_len, reward, state_key)
 SPECS = [
@@ -78,3 +81,34 @@ def zscore(xs: list[float], eps: float = 1e-6, std: bool = True) -> list[float]:
         return [x - m for x in xs]
     sd = math.sqrt(sum((x - m) ** 2 for x in xs) / max(len(xs) - 1, 1))
     return [(x - m) / (sd + eps) for x in xs]
+
+
+EXTRAS = ("p_before", "p_after", "match", "q1", "q2", "v1", "v2", "greedy_reward")
+
+
+def random_batch(seed: int, episodes: int = 6, agents: int = 3, max_turns: int = 4,
+                 groups: int = 2, layout: str = "turn") -> TurnBatch:
+    """Collated random episodes: prompts of 0-4 tokens, actions of 1-6, padding, some
+    truncated episodes, binary returns, state keys that repeat, every per-turn extra
+    (`EXTRAS`), entropies and critic values. Trajectory layout gives one turn per agent."""
+    g = torch.Generator().manual_seed(seed)
+
+    def ri(lo: int, hi: int) -> int:
+        return int(torch.randint(lo, hi + 1, (1,), generator=g))
+
+    eps = []
+    for e in range(episodes):
+        turns = []
+        for s in range(ri(1, max_turns) if layout == "turn" else agents):
+            la = ri(1, 6)
+            turns.append(Turn(
+                agent=ri(0, agents - 1) if layout == "turn" else s, prompt_ids=[1] * ri(0, 4),
+                action_ids=[2] * la, logprobs=(-torch.rand(la, generator=g) * 2).tolist(),
+                entropies=(torch.rand(la, generator=g) * 3).tolist(),
+                reward=float(torch.randn(1, generator=g)), state_key=f"state {ri(0, 2)}",
+                extras={k: float(torch.rand(1, generator=g)) for k in EXTRAS}))
+        eps.append(Episode(env="random", seed=e, group=e % groups, num_agents=agents,
+                           turns=turns, returns=[float(ri(0, 1)) for _ in range(agents)],
+                           truncated=ri(0, 3) == 0))
+    b = collate(eps, layout=layout)
+    return b.with_fields(values=torch.randn(b.input_ids.shape, generator=g))

@@ -11,7 +11,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-LISTABLE = ("estimators", "shapers", "objectives", "aggregations", "envs")
+LISTABLE = ("estimators", "shapers", "objectives", "aggregations", "envs", "bots")
 
 
 def _registry_entries(what: str) -> list:
@@ -27,7 +27,10 @@ def _registry_entries(what: str) -> list:
     if what == "aggregations":
         from sparring.aggregation import AGGREGATIONS
         return list(AGGREGATIONS)
-    from sparring.envs import list_envs  # type: ignore[attr-defined]
+    if what == "bots":
+        from sparring.envs.bots import BOTS
+        return list(BOTS)
+    from sparring.envs import list_envs
     return list_envs()
 
 
@@ -39,11 +42,13 @@ def cmd_list(args: argparse.Namespace) -> int:
         except ImportError as e:
             console.print(f"[yellow]{what}: not available ({e})[/yellow]")
             continue
+        aliases = any(e.aliases for e in entries)
         table = Table(title=f"{what} ({len(entries)})", show_lines=False)
-        for col in ("name", "family", "needs", "source"):
+        for col in ("name", *(("aliases",) if aliases else ()), "family", "needs", "source"):
             table.add_column(col, overflow="fold")
         for e in entries:
-            table.add_row(e.name, e.family, ", ".join(e.needs) or "-", e.source)
+            alias = (", ".join(e.aliases) or "-",) if aliases else ()
+            table.add_row(e.name, *alias, e.family, ", ".join(e.needs) or "-", e.source)
         console.print(table)
     return 0
 
@@ -107,11 +112,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         console.print(f"[red]config error:[/red] {e}")
         return 2
     if args.resume:
-        run = resume(args.resume, parts["model"], parts["rollout_fn"], parts.get("eval_fn"),
-                     parts.get("stateful"), overrides=overrides, pad_id=parts.get("pad_id", 0))
+        run = resume(args.resume, parts.model, parts.rollout_fn, parts.eval_fn, parts.stateful,
+                     overrides=overrides, pad_id=parts.pad_id)
     else:
-        run = train(cfg, parts["model"], parts["rollout_fn"], parts.get("eval_fn"),
-                    parts.get("stateful"), run_dir=run_dir, pad_id=parts.get("pad_id", 0))
+        run = train(cfg, parts.model, parts.rollout_fn, parts.eval_fn, parts.stateful,
+                    run_dir=run_dir, pad_id=parts.pad_id)
         from sparring.train.summary import print_summary
 
         print_summary(run, console)
@@ -132,21 +137,26 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from sparring.train.eval_games import evaluate_vs_bot, policy_exploitability
+    from sparring.envs import env_entry, has_game_tree
+    from sparring.envs.bots import BOTS, make_bot
+    from sparring.eval.games import evaluate_vs_bot, policy_exploitability
+    from sparring.eval.periodic import env_options
+    from sparring.registry import UnknownNameError
+    from sparring.rollout.schedule import make_arena
     from sparring.train.restore import load_policy
-    from sparring.train.setup import BOTS, env_options, make_arena
 
     console = Console()
     try:
-        policy, cfg, ckpt = load_policy(args.checkpoint)
         unknown = [b for b in args.vs if b not in BOTS]
         if unknown:
-            raise ValueError(f"--vs: unknown {unknown}; allowed: {', '.join(BOTS)}")
-    except (FileNotFoundError, ValueError) as e:
+            raise ValueError(f"--vs: unknown {unknown}; allowed: {', '.join(BOTS.names())}")
+        envs = [env_entry(e).name for e in args.env or []]
+        policy, cfg, ckpt = load_policy(args.checkpoint)
+    except (FileNotFoundError, ValueError, UnknownNameError) as e:
         console.print(f"[red]error:[/red] {e}")
         return 2
-    envs = args.env or list(dict.fromkeys(s.name for s in cfg.envs))
-    arena = make_arena(cfg)
+    envs = envs or list(dict.fromkeys(env_entry(s.name).name for s in cfg.envs))
+    arena = make_arena(cfg.rollout)
     from sparring.policy.sampling import SamplingParams
 
     sampling = SamplingParams(temperature=cfg.rollout.temperature, greedy=not args.sample,
@@ -157,12 +167,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for env in envs:
         opts = env_options(cfg, env)
         for bot in args.vs:
-            r = evaluate_vs_bot(arena, policy, sampling, env, opts, BOTS[bot](args.seed),
+            r = evaluate_vs_bot(arena, policy, sampling, env, opts, make_bot(bot, args.seed),
                                 args.games, seed=args.seed)
             table.add_row(env, bot, *(f"{r[k]:.3f} [{r[k + '_lo']:.3f}, {r[k + '_hi']:.3f}]"
                                       for k in ("win", "draw", "loss", "non_loss")),
                           f"{r['invalid_rate']:.3f}")
-        if env in ("kuhn_poker", "leduc"):
+        if has_game_tree(env):
             console.print(f"{env} exploitability: "
                           f"{policy_exploitability(arena, policy, env, opts):.4f}")
     console.print(table)
@@ -170,15 +180,18 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_play(args: argparse.Namespace) -> int:
+    from sparring.envs import env_entry
     from sparring.play import play
+    from sparring.registry import UnknownNameError
     from sparring.train.restore import load_policy
 
     try:
+        env = env_entry(args.env).name if args.env else None
         policy, cfg, _ = load_policy(args.checkpoint)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, UnknownNameError) as e:
         Console(stderr=True).print(f"[red]error:[/red] {e}")
         return 2
-    env = args.env or cfg.envs[0].name
+    env = env or cfg.envs[0].name
     play(policy, cfg, env, human_seat=args.seat, greedy=not args.sample, seed=args.seed)
     return 0
 
@@ -191,7 +204,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sparring", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
-    lp = sub.add_parser("list", help="list estimators, shapers, objectives, aggregations, environments")
+    lp = sub.add_parser("list", help="list estimators, shapers, objectives, aggregations, "
+                        "environments, bots")
     lp.add_argument("what", nargs="*", choices=LISTABLE, help="what to list (default: all)")
     tp = sub.add_parser("train", help="train a policy: sparring train [CONFIG] [key.sub=value ...]")
     tp.add_argument("items", nargs="*", metavar="CONFIG|key=value",
@@ -206,14 +220,16 @@ def build_parser() -> argparse.ArgumentParser:
     ep = sub.add_parser("eval", help="evaluate a trained policy against bots")
     ep.add_argument("checkpoint", metavar="CHECKPOINT", help="a run folder or a checkpoint folder")
     ep.add_argument("--vs", type=lambda s: [x for x in s.split(",") if x], default=["random"],
-                    help="comma-separated bots: random, minimax, mcts, cfr")
-    ep.add_argument("--env", action="append", help="environment (default: the run's games)")
+                    help="comma-separated bots (`sparring list bots`): random, minimax, mcts, cfr")
+    ep.add_argument("--env", action="append",
+                    help="environment, its name or an alias (default: the run's games)")
     ep.add_argument("--games", type=int, default=400, help="games per opponent (seats rotate)")
     ep.add_argument("--sample", action="store_true", help="sample instead of greedy moves")
     ep.add_argument("--seed", type=int, default=0)
     pp = sub.add_parser("play", help="play against a trained policy in the terminal")
     pp.add_argument("checkpoint", metavar="CHECKPOINT", help="a run folder or a checkpoint folder")
-    pp.add_argument("--env", help="game (default: the run's first environment)")
+    pp.add_argument("--env", help="game, its name or an alias (default: the run's first "
+                    "environment)")
     pp.add_argument("--seat", type=int, default=0, help="your seat (0 moves first)")
     pp.add_argument("--sample", action="store_true", help="the model samples instead of argmax")
     pp.add_argument("--seed", type=int, default=0)

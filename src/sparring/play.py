@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sparring.envs import make
+from sparring.eval.periodic import env_options
 from sparring.policy.sampling import SamplingParams
 from sparring.rollout.prompts import PromptBuilder, PromptConfig
-from sparring.train.setup import env_options
 
 
 def _readable(env, seat: int) -> str:

@@ -1,8 +1,10 @@
-"""Name -> function registries for estimators, objectives and aggregations.
+"""Name -> function registries for estimators, objectives, aggregations, environments, bots.
 
 A `Registry` maps a name to an `Entry` (the function plus metadata: family, needs,
-layout, source). Registering a name twice is an error; asking for an unknown name is
-an error listing the known ones.
+layout, source, aliases). An alias (e.g. OpenSpiel's ``leduc_poker`` for ``leduc``)
+resolves to its canonical entry everywhere a name is looked up; ``entry.name`` is the
+canonical name. Registering a name or alias twice is an error; asking for an unknown
+name is an error listing the known ones.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class Entry:
     source: str = ""
     summary: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    aliases: tuple[str, ...] = ()
 
     def check_options(self, options: dict[str, Any], kind: str = "",
                       internal: tuple[str, ...] = ()) -> None:
@@ -62,11 +65,16 @@ class Registry:
     def __init__(self, kind: str):
         self.kind = kind
         self._entries: dict[str, Entry] = {}
+        self._aliases: dict[str, str] = {}  # alias -> canonical name
 
     def add(self, entry: Entry) -> Entry:
-        if entry.name in self._entries:
-            raise ValueError(f"{self.kind} {entry.name!r} is already registered")
+        for name in (entry.name, *entry.aliases):
+            if name in self._entries or name in self._aliases:
+                raise ValueError(f"{self.kind} {name!r} is already registered")
+        if len(set(entry.aliases)) != len(entry.aliases) or entry.name in entry.aliases:
+            raise ValueError(f"{self.kind} {entry.name!r}: repeated aliases {entry.aliases}")
         self._entries[entry.name] = entry
+        self._aliases.update(dict.fromkeys(entry.aliases, entry.name))
         return entry
 
     def register(self, name: str, **meta: Any) -> Callable[[Callable], Callable]:
@@ -75,25 +83,33 @@ class Registry:
         def deco(fn: Callable) -> Callable:
             doc = (fn.__doc__ or "").strip().splitlines()
             summary = meta.pop("summary", doc[0] if doc else "")
-            known = {"family", "needs", "layout", "source"}
+            known = {"family", "needs", "layout", "source", "aliases"}
             extra = {k: meta.pop(k) for k in list(meta) if k not in known}
+            meta["aliases"] = tuple(meta.get("aliases", ()))
             self.add(Entry(name=name, fn=fn, summary=summary, extra=extra, **meta))
             return fn
 
         return deco
 
     def get(self, name: str) -> Entry:
+        """The entry of ``name`` or of the canonical name ``name`` is an alias of."""
         try:
-            return self._entries[name]
-        except KeyError:
+            return self._entries[self._aliases.get(name, name)]
+        except (KeyError, TypeError):
             known = ", ".join(sorted(self._entries)) or "(none)"
+            aliases = ", ".join(f"{a} = {c}" for a, c in sorted(self._aliases.items()))
+            known += f" (aliases: {aliases})" if aliases else ""
             raise UnknownNameError(f"unknown {self.kind} {name!r}; known: {known}") from None
+
+    def canonical(self, name: str) -> str:
+        """The registered name ``name`` stands for (itself, or the entry it is an alias of)."""
+        return self.get(name).name
 
     def __getitem__(self, name: str) -> Callable[..., Any]:
         return self.get(name).fn
 
     def __contains__(self, name: object) -> bool:
-        return name in self._entries
+        return name in self._entries or name in self._aliases
 
     def __iter__(self) -> Iterator[Entry]:
         return iter(sorted(self._entries.values(), key=lambda e: (e.family, e.name)))
@@ -102,4 +118,5 @@ class Registry:
         return len(self._entries)
 
     def names(self) -> list[str]:
+        """The canonical names, sorted (aliases are in each entry's ``aliases``)."""
         return sorted(self._entries)

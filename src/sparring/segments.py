@@ -1,12 +1,10 @@
-"""Vectorised per-segment statistics (sum, mean, std, median) via scatter ops.
+"""Per-segment statistics (sum, mean, std, median, spread, order) via scatter ops.
 
-``ids`` is a long tensor ``[n]`` of segment ids in ``0..n_seg-1``; results are ``[n_seg]``
-(use ``stat[ids]`` to broadcast back). No Python loop over segments.
+``ids`` is a long tensor ``[n]`` of segment ids in ``0..n_seg-1`` (from `compact_ids`);
+results are ``[n_seg]`` (use ``stat[ids]`` to broadcast back). No Python loop over segments.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 from torch import Tensor
@@ -15,23 +13,11 @@ from torch import Tensor
 def compact_ids(*keys: Tensor) -> tuple[Tensor, int]:
     """Map rows with equal key tuples to the same id in ``0..n_seg-1``. Returns (ids, n_seg).
 
-    Ids follow the lexicographic order of the key tuples. The keys are folded into one
-    mixed-radix integer (exact while the product of their ranges fits in 62 bits), so this
-    is one 1-D `torch.unique`; otherwise a row-wise unique over the stacked keys.
+    ``keys``: long tensors ``[n]``; ids follow the lexicographic order of the key tuples.
     """
-    cols = [k.long().reshape(-1) for k in keys]
-    if cols and cols[0].numel():
-        lo = [int(c.min()) for c in cols]
-        span = [int(c.max()) - m + 1 for c, m in zip(cols, lo)]
-        if math.prod(span) < 2 ** 62:
-            key = torch.zeros_like(cols[0])
-            for c, m, s in zip(cols, lo, span):
-                key = key * s + (c - m)
-            uniq, inv = torch.unique(key, return_inverse=True)
-            return inv, uniq.shape[0]
-    stacked = torch.stack(cols, dim=1)
-    uniq, inv = torch.unique(stacked, dim=0, return_inverse=True)
-    return inv, uniq.shape[0]
+    stacked = torch.stack([k.long().reshape(-1) for k in keys], dim=1)
+    uniq, ids = torch.unique(stacked, dim=0, return_inverse=True)
+    return ids, uniq.shape[0]
 
 
 def segment_sum(x: Tensor, ids: Tensor, n: int) -> Tensor:
@@ -56,18 +42,40 @@ def segment_std(x: Tensor, ids: Tensor, n: int, unbiased: bool = True) -> Tensor
     return (sq / denom).sqrt()
 
 
-def segment_median(x: Tensor, ids: Tensor, n: int) -> Tensor:
-    """Median per segment (mean of the two middle values for even counts)."""
-    order = torch.argsort(x, stable=True)
-    order = order[torch.argsort(ids[order], stable=True)]  # sorted by (id, value)
+def has_spread(x: Tensor, ids: Tensor, n: int) -> Tensor:
+    """Bool ``[n]``: the segment's values are not all equal (False for 0 or 1 values)."""
+    lo = torch.full((n,), torch.inf, dtype=x.dtype, device=x.device)
+    hi = torch.full((n,), -torch.inf, dtype=x.dtype, device=x.device)
+    lo = lo.scatter_reduce(0, ids, x, reduce="amin")
+    hi = hi.scatter_reduce(0, ids, x, reduce="amax")
+    return hi > lo
+
+
+def segment_order(x: Tensor, ids: Tensor, n: int, descending: bool = False
+                  ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Sort by (segment, x); ties keep index order.
+
+    Returns ``order`` [len(x)] (sorted positions -> indices), ``rank`` [len(x)] (each
+    element's 0-based rank inside its segment), ``start`` [n] and ``count`` [n] (long).
+    """
+    order = torch.argsort(-x if descending else x, stable=True)
+    order = order[torch.argsort(ids[order], stable=True)]
     cnt = segment_count(ids, n, torch.long)
     start = torch.cumsum(cnt, 0) - cnt
-    lo = start + (cnt - 1).clamp(min=0) // 2
-    hi = start + cnt.clamp(min=1) // 2
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(len(order), device=order.device) - start[ids[order]]
+    return order, rank, start, cnt
+
+
+def segment_median(x: Tensor, ids: Tensor, n: int) -> Tensor:
+    """Median per segment (mean of the two middle values for even counts; 0 when empty)."""
+    order, _, start, cnt = segment_order(x, ids, n)
     xs = x[order]
-    lo, hi = lo.clamp(max=max(len(x) - 1, 0)), hi.clamp(max=max(len(x) - 1, 0))
-    med = (xs[lo] + xs[hi]) / 2 if len(x) else torch.zeros(n, dtype=x.dtype)
-    return torch.where(cnt > 0, med, torch.zeros_like(med))
+    if not len(x):
+        return torch.zeros(n, dtype=x.dtype, device=x.device)
+    lo = (start + (cnt - 1).clamp(min=0) // 2).clamp(max=len(x) - 1)
+    hi = (start + cnt // 2).clamp(max=len(x) - 1)
+    return torch.where(cnt > 0, (xs[lo] + xs[hi]) / 2, torch.zeros((), dtype=x.dtype))
 
 
 def segment_first(ids: Tensor, n: int) -> Tensor:

@@ -1,15 +1,23 @@
 """Advantage estimators: the ESTIMATORS registry and the functional API.
 
 Every estimator is a pure function ``fn(batch: TurnBatch, **options) -> Tensor[n_rows, T]``
-(zero outside ``batch.action_mask``), registered with `estimator`. Some estimators also
-exclude rows from the loss (``mc_grpo``'s pivot, group filters): they register a
-``keep`` function ``keep(batch, **options) -> Bool[n_rows]``; `compute` returns both.
+(zero outside ``batch.action_mask``), registered with `estimator`. What else an estimator
+has is declared in its registry entry, never special-cased by name elsewhere:
+
+* ``keep(batch, **options) -> Bool[n_rows]``: rows excluded from the loss (``mc_grpo``'s
+  pivot, truncated episodes); `compute` returns it beside the advantages.
+* ``state``: a class whose no-argument instance carries state across training steps
+  (``state_dict`` / ``load_state_dict``), passed to the estimator as ``state=`` (e.g.
+  ``role_ema``'s running baselines). `sparring.advantages.stage.AdvantageStage` owns it.
+* ``needs``: what the batch must carry; the learner supplies ``values`` (a critic),
+  ``utterance_critic`` (ArCHer's twin Q/V outputs), ``ref_logp`` and ``entropies``.
+
+The stage (`stage.AdvantageStage`) is the one path a trainer takes from a batch to
+``(advantages, keep)``: reward shapers, the estimator, advantage shapers, keep filters.
 """
 
 from __future__ import annotations
 
-import importlib
-import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,9 +29,6 @@ from sparring.registry import Registry
 
 ESTIMATORS = Registry("estimator")
 
-# Modules whose import registers estimators (one per family).
-_FAMILY_MODULES = ("group", "turn", "critic", "shaping")
-
 
 def estimator(
     name: str,
@@ -33,6 +38,7 @@ def estimator(
     layout: str = "any",
     source: str = "",
     keep: Callable[..., Tensor] | None = None,
+    state: type | None = None,
 ) -> Callable[[Callable], Callable]:
     """Register ``fn(batch, **options) -> Tensor[n, T]`` under ``name``.
 
@@ -41,62 +47,25 @@ def estimator(
 
     ``layout``: "any" (works on turn and trajectory rows), "turn" or "trajectory".
     ``needs``: what the batch must carry (group, agent, turn, state_key, logprobs,
-    entropies, values, references, ...), shown by ``sparring list estimators``.
+    entropies, values, utterance_critic, ...), shown by ``sparring list estimators``.
+    ``keep`` and ``state``: see the module doc.
     """
-    def deco(fn: Callable) -> Callable:
-        writes_out = "out" in inspect.signature(fn).parameters
-        return ESTIMATORS.register(name, family=family, needs=needs, layout=layout,
-                                   source=source, keep=keep, writes_out=writes_out)(fn)
-
-    return deco
+    return ESTIMATORS.register(name, family=family, needs=needs, layout=layout,
+                               source=source, keep=keep, state=state)
 
 
-def _load_families() -> None:
-    for mod in _FAMILY_MODULES:
-        try:
-            importlib.import_module(f"sparring.advantages.{mod}")
-        except ModuleNotFoundError as e:  # a family not written yet
-            if e.name != f"sparring.advantages.{mod}":
-                raise
-
-
-def _batch_for(
-    name: str, data: TurnBatch | Tensor | Sequence[float], group, agent, lengths
-) -> tuple[TurnBatch, bool]:
-    if isinstance(data, TurnBatch):
-        return data, False
-    return TurnBatch.from_scalars(data, group=group, agent=agent, lengths=lengths), True
-
-
-def compute(name: str, batch: TurnBatch, *, out: Tensor | None = None,
-            **options: Any) -> tuple[Tensor, Tensor]:
+def compute(name: str, batch: TurnBatch, **options: Any) -> tuple[Tensor, Tensor]:
     """Advantages ``[n, T]`` (zero outside the action mask) and the rows kept for the loss
-    ``Bool[n]``.
-
-    ``out``: a float ``[n, T]`` tensor to write the advantages into (and return), e.g. a
-    buffer a trainer reuses across steps so that no fresh ``[n, T]`` result is paged in.
-    Estimators that take an ``out`` argument (the trajectory-level ones) write into it
-    directly; for the others the result is copied into it."""
-    _load_families()
+    ``Bool[n]``. Options are the estimator's keyword options (``state=`` included)."""
     entry = ESTIMATORS.get(name)
     if entry.layout not in ("any", batch.layout):
         raise ValueError(f"estimator {name!r} needs layout={entry.layout!r}, "
                          f"got a batch collated with layout={batch.layout!r}")
-    if out is not None and (out.shape != batch.action_mask.shape or not out.is_floating_point()):
-        raise ValueError(f"out has shape {tuple(out.shape)} and dtype {out.dtype}; expected "
-                         f"a float tensor of shape {tuple(batch.action_mask.shape)}")
-    if out is not None and entry.extra.get("writes_out"):
-        adv = entry.fn(batch, out=out, **options)
-    else:
-        adv = entry.fn(batch, **options)
-        if out is not None:
-            adv = out.copy_(adv)
+    adv = entry.fn(batch, **options)
     keep_fn = entry.extra.get("keep")
-    keep = (keep_fn(batch, **options) if keep_fn is not None
-            else torch.ones(batch.n_rows, dtype=torch.bool, device=batch.device))
-    # every estimator returns zeros outside the action mask (tests/test_estimator_contract.py
-    # checks each registered one), so no second pass over [n, T] here
-    return adv, keep
+    if keep_fn is None:
+        return adv, torch.ones(batch.n_rows, dtype=torch.bool, device=batch.device)
+    return adv, keep_fn(batch, **{k: v for k, v in options.items() if k != "state"})
 
 
 def estimate(
@@ -111,14 +80,20 @@ def estimate(
 
     * ``estimate(name, rewards, group=..., agent=None, **options) -> Tensor[n]``: one scalar
       reward per rollout (trajectory-level estimators); rows excluded from the loss get 0.
+      With ``agent`` given, statistics are per (group, agent).
     * ``estimate(name, batch: TurnBatch, **options) -> Tensor[n_rows, T]``.
     """
-    batch, scalar = _batch_for(name, data, group, agent, lengths)
+    scalar = not isinstance(data, TurnBatch)
+    batch = TurnBatch.from_scalars(data, group=group, agent=agent, lengths=lengths) \
+        if scalar else data
     adv, keep = compute(name, batch, **options)
     adv = adv * keep[:, None]
     return adv[:, 0] if scalar else adv
 
 
 def list_estimators() -> list:
-    _load_families()
     return list(ESTIMATORS)
+
+
+# the families register their estimators and shapers on import (after `estimator` exists)
+from sparring.advantages import critic, filters, group, shaping, turn, turn_dense  # noqa: E402,F401,I001

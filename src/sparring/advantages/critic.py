@@ -1,14 +1,12 @@
 """Critic-based estimators: multi-turn token GAE, bi-level (turn, token) GAE, ArCHer targets.
 
-GAE inside a row (over its action tokens only; observations, prompts and padding are
-skipped) is a discounted suffix scan without a loop over tokens: `token_scan.token_gae`
-(blocked chunk matmuls; rows with non-contiguous action tokens are compacted first).
-Bootstrapping across an agent's own turns (turn layout: each turn is a row) is exact and
-loop-free: the within-row pass gives each row's advantage with a zero tail; the tail
-correction ``c_k`` obeys the backward recurrence ``c_k = gamma V_{k+1,first} + gamma lam
-A^loc_{k+1,first} + (gamma lam)^{len_{k+1}} c_{k+1}`` over turns, solved with
-`scan.reverse_scan`, and each action token t gets ``A_t = A^loc_t + (gamma lam)^{d_t} c_k``
-(d_t = action tokens after t in its row).
+GAE is the backward recurrence over an agent's action tokens
+``A_t = r_t + gamma V_{t'} - V_t + gamma lam A_{t'}``, t' the agent's next action token.
+`token_gae` computes it as a reverse loop over the token axis, vectorised over rows; it
+skips observation, prompt and padding tokens by carrying the next action token's value
+and advantage across them. In turn layout each of an agent's turns is a row: `gae` runs
+over the agent's turns in the (trajectory, turn) grid, last turn first, and starts each
+turn's rows from the carry that the agent's next turn left.
 """
 
 from __future__ import annotations
@@ -17,10 +15,9 @@ import torch
 from torch import Tensor
 
 from sparring.advantages import estimator
-from sparring.advantages.rowblock import keep_where, masked_row_sum, row_blocks, row_count
-from sparring.advantages.scan import from_grid, reverse_scan, to_grid, to_tokens
-from sparring.advantages.token_scan import last_index, spans, token_gae
-from sparring.advantages.turn import keep_rows, turn_rewards
+from sparring.advantages.common import keep_rows, to_tokens, turn_rewards
+from sparring.advantages.common import whiten as whiten_values
+from sparring.advantages.scan import from_grid, reverse_discounted_sum, to_grid
 from sparring.data import TurnBatch
 
 
@@ -33,55 +30,44 @@ def _values(batch: TurnBatch, name: str) -> Tensor:
     return batch.values.float()
 
 
-def _check_token_rewards(token_rewards: Tensor | None, mask: Tensor) -> Tensor | None:
-    if token_rewards is not None and token_rewards.shape != mask.shape:
-        raise ValueError(f"token_rewards has shape {tuple(token_rewards.shape)}, "
-                         f"expected {tuple(mask.shape)}")
-    return token_rewards
+def last_action(mask: Tensor) -> Tensor:
+    """Bool ``[n, T]``: each row's last action token (no action token after it)."""
+    return mask & (mask.flip(1).cumsum(1).flip(1) == 1)
 
 
-def _whiten(A: Tensor, m: Tensor, min_count: int) -> Tensor:
-    """In place: ``(A - mean) / (std + 1e-8)`` over ``m`` (A is zero outside m), when m has
-    at least ``min_count`` entries; std unbiased, 0 for a single entry."""
-    cnt = int(row_count(m).sum())
-    if cnt < min_count:
-        return A
-    mu = A.sum(dtype=torch.float64) / cnt
-    sd = (masked_row_sum((A - mu.to(A.dtype)) ** 2, m).sum(dtype=torch.float64) / (cnt - 1)
-          ).sqrt() if cnt > 1 else torch.zeros((), dtype=torch.float64)
-    mu_, den = mu.to(A.dtype), (sd + 1e-8).to(A.dtype)
-    for b in row_blocks(*A.shape):
-        keep_where(m[b], (A[b] - mu_) / den, out=A[b])
+def token_gae(V: Tensor, mask: Tensor, r: Tensor, gamma: float, lam: float,
+              next_v: Tensor | None = None, next_a: Tensor | None = None
+              ) -> tuple[Tensor, Tensor, Tensor]:
+    """GAE over the action tokens of rows ``[m, T]``: one reverse pass over the token axis.
+
+    ``A_t = r_t + gamma V_{t'} - V_t + gamma lam A_{t'}`` on action tokens (``mask``), t' the
+    row's next action token; after the row's last one, ``(V_{t'}, A_{t'}) = (next_v,
+    next_a)`` ``[m]`` (0 by default). ``r [m, T]`` is read on action tokens only. Returns
+    A ``[m, T]`` (0 off the mask) and (V, A) at each row's first action token, the carry
+    for the turn before it (``next_v``, ``next_a`` for rows without action tokens).
+    """
+    m = mask.shape[0]
+    next_v = V.new_zeros(m) if next_v is None else next_v
+    next_a = V.new_zeros(m) if next_a is None else next_a
+    A = torch.zeros_like(V)
+    action_columns = mask.any(0).nonzero().flatten().tolist()  # other columns: carry unchanged
+    for t in reversed(action_columns):
+        a = r[:, t] + gamma * next_v - V[:, t] + gamma * lam * next_a
+        on = mask[:, t]
+        A[:, t] = torch.where(on, a, 0.0)
+        next_a = torch.where(on, a, next_a)
+        next_v = torch.where(on, V[:, t], next_v)
+    return A, next_v, next_a
+
+
+def _kept(A: Tensor, batch: TurnBatch, keep: Tensor, whiten: bool) -> Tensor:
+    """A on the kept rows' action tokens, 0 elsewhere; ``whiten``: ``(A - mean) / (std +
+    1e-8)`` over those tokens (std unbiased; 0 when they are all equal)."""
+    m = batch.action_mask & keep[:, None]
+    A = torch.where(m, A, 0.0)
+    if whiten:
+        A[m] = whiten_values(A[m].double(), 1e-8).float()
     return A
-
-
-def _gae(batch: TurnBatch, gamma: float, lam: float, token_rewards: Tensor | None,
-         add_return: bool, keep: Tensor | None) -> Tensor:
-    V = _values(batch, "gae")
-    mask = batch.action_mask
-    tr = _check_token_rewards(token_rewards, mask)
-    gl = gamma * lam
-    bootstrap = None
-    if batch.layout == "turn" and batch.n_rows and int(batch.turn.max()) > 0:
-        def bootstrap(first_a: Tensor, first_v: Tensor) -> Tensor:
-            fa, fv = to_grid(first_a, batch), to_grid(first_v, batch)
-            ln = to_grid(row_count(mask, V.dtype), batch)
-            a = torch.zeros_like(fa)
-            b = torch.zeros_like(fa)
-            a[:, :-1] = gamma * fv[:, 1:] + gl * fa[:, 1:]
-            b[:, :-1] = torch.pow(torch.tensor(gl, dtype=V.dtype), ln[:, 1:])
-            return from_grid(reverse_scan(a, b), batch)
-    A, _, _ = token_gae(V, mask, turn_rewards(batch, add_return), gamma, lam,
-                        token_rewards=tr, keep=keep, bootstrap=bootstrap)
-    return A
-
-
-def gae_advantages(batch: TurnBatch, *, gamma: float = 1.0, lam: float = 0.95,
-                   token_rewards: Tensor | None = None, add_return: bool = False
-                   ) -> tuple[Tensor, Tensor]:
-    """(advantages, returns) ``[n_rows, T]`` of multi-turn token GAE (see the module doc)."""
-    A = _gae(batch, gamma, lam, token_rewards, add_return, None)
-    return A, keep_where(batch.action_mask, A + _values(batch, "gae"))
 
 
 @estimator("gae", family="critic", needs=("values", "reward"), layout="any",
@@ -94,41 +80,29 @@ def gae(batch: TurnBatch, *, gamma: float = 1.0, lam: float = 0.95, whiten: bool
 
     ``delta_t = r_t + gamma V_{t'} - V_t`` and ``A_t = delta_t + gamma lam A_{t'}``, t' the
     agent's next action token (in the same turn or the first of its next turn; none after its
-    last turn). Observation tokens are skipped. r_t: the turn's reward on its last action
-    token, plus ``token_rewards [n, T]`` (e.g. a per-token KL penalty). ``whiten``: normalise
-    A to zero mean, unit std over the kept action tokens. Shapes: values ``[n, T]`` -> ``[n, T]``.
-    Source: GAE (2016). Trajectory layout: the row's reward sits on its last action token.
-    Algorithm: blocked suffix scan (`token_scan`), no loop over tokens, rows or turns.
+    last turn: V_{t'} = A_{t'} = 0). Observation tokens are skipped. r_t: the turn's reward
+    on its last action token, plus ``token_rewards [n, T]`` (e.g. a per-token KL penalty).
+    ``whiten``: normalise A to zero mean, unit std over the kept action tokens.
+    Trajectory layout: the row's reward sits on its last action token.
+    Shapes: values ``[n, T]`` -> ``[n, T]``. Source: GAE (2016).
     """
     keep = keep_rows(batch, truncated)
-    A = _gae(batch, gamma, lam, token_rewards, add_return, keep)
-    if whiten:
-        A = _whiten(A, batch.action_mask & keep[:, None], 1)
-    return A
-
-
-def _bilevel(batch: TurnBatch, gamma: float, lam: float, high_gamma: float,
-             high_lam: float | None, add_return: bool, keep: Tensor | None) -> Tensor:
-    V = _values(batch, "turn_gae")
-    mask = batch.action_mask
-    hl = lam if high_lam is None else high_lam
-    sp = spans(mask)
-    last = sp[1] if sp[3] else last_index(mask)
-    v_end = torch.where(sp[2] > 0, V.gather(1, last[:, None]).squeeze(1), 0.0)
-    ve = to_grid(v_end, batch)
-    nxt = torch.zeros_like(ve)
-    nxt[:, :-1] = ve[:, 1:]
-    delta = to_grid(turn_rewards(batch, add_return), batch) + high_gamma * nxt - ve
-    a_hi = from_grid(reverse_scan(delta, high_gamma * hl), batch)
-    return token_gae(V, mask, a_hi + v_end, gamma, lam, keep=keep, spans_=sp)[0]
-
-
-def bilevel_gae(batch: TurnBatch, *, gamma: float = 1.0, lam: float = 0.95,
-                high_gamma: float = 0.95, high_lam: float | None = None,
-                add_return: bool = False) -> tuple[Tensor, Tensor]:
-    """(advantages, returns) ``[n_rows, T]`` of bi-level GAE (see `turn_gae`)."""
-    A = _bilevel(batch, gamma, lam, high_gamma, high_lam, add_return, None)
-    return A, keep_where(batch.action_mask, A + _values(batch, "turn_gae"))
+    V, mask = _values(batch, "gae"), batch.action_mask
+    r = torch.where(last_action(mask), turn_rewards(batch, add_return)[:, None], 0.0)
+    if token_rewards is not None:
+        if token_rewards.shape != mask.shape:
+            raise ValueError(f"token_rewards has shape {tuple(token_rewards.shape)}, "
+                             f"expected {tuple(mask.shape)}")
+        r = r + torch.where(mask, token_rewards.float(), 0.0)
+    rows = to_grid(torch.arange(batch.n_rows, device=batch.device), batch, fill=-1)
+    next_v, next_a = V.new_zeros(batch.n_traj), V.new_zeros(batch.n_traj)
+    A = torch.zeros_like(V)
+    for k in reversed(range(rows.shape[1])):  # the agents' turns, last first
+        has = rows[:, k] >= 0
+        i = rows[has, k]
+        A[i], next_v[has], next_a[has] = token_gae(V[i], mask[i], r[i], gamma, lam,
+                                                   next_v[has], next_a[has])
+    return _kept(A, batch, keep, whiten)
 
 
 @estimator("turn_gae", family="critic", needs=("values", "turn", "reward"), layout="turn",
@@ -139,18 +113,24 @@ def turn_gae(batch: TurnBatch, *, gamma: float = 1.0, lam: float = 0.95,
     """Bi-level GAE: over turns with turn-end values, then within each turn.
 
     Turn level (per agent): ``V^e_k`` = value at turn k's last action token,
-    ``delta_k = r_k + high_gamma V^e_{k+1} - V^e_k``, ``A^hi_k = sum_j (high_gamma
-    high_lam)^(j-k) delta_j``, target ``y_k = A^hi_k + V^e_k``. Token level: GAE(gamma, lam)
-    inside turn k with reward ``y_k`` on its last action token and no bootstrap past it (so
-    the last token's advantage is ``A^hi_k``). ``high_lam`` defaults to ``lam``.
+    ``delta_k = r_k + high_gamma V^e_{k+1} - V^e_k`` (V^e after the last turn: 0),
+    ``A^hi_k = sum_{j >= k} (high_gamma high_lam)^(j-k) delta_j``, target
+    ``y_k = A^hi_k + V^e_k``. Token level: GAE(gamma, lam) inside turn k with reward ``y_k``
+    on its last action token and no bootstrap past it (so the last token's advantage is
+    ``A^hi_k``). ``high_lam`` defaults to ``lam``. ``whiten`` as in `gae`.
     Shapes: ``[n, T]``. Source: RAGEN (2025), bi-level GAE; our reading of its description.
-    Algorithm: turn level by `scan.reverse_scan`, token level by `token_scan.token_gae`.
     """
     keep = keep_rows(batch, truncated)
-    A = _bilevel(batch, gamma, lam, high_gamma, high_lam, add_return, keep)
-    if whiten:
-        A = _whiten(A, batch.action_mask & keep[:, None], 2)
-    return A
+    V, mask = _values(batch, "turn_gae"), batch.action_mask
+    last = last_action(mask)
+    v_end = torch.where(last, V, 0.0).sum(1)  # [n_rows]
+    ve = to_grid(v_end, batch)  # [n_traj, K]
+    ve_next = torch.cat([ve[:, 1:], torch.zeros_like(ve[:, :1])], 1)
+    delta = to_grid(turn_rewards(batch, add_return), batch) + high_gamma * ve_next - ve
+    hl = lam if high_lam is None else high_lam
+    y = from_grid(reverse_discounted_sum(delta, high_gamma * hl), batch) + v_end
+    A, _, _ = token_gae(V, mask, torch.where(last, y[:, None], 0.0), gamma, lam)
+    return _kept(A, batch, keep, whiten)
 
 
 def archer_q_target(reward: Tensor, done: Tensor, v_target_next: Tensor,
@@ -175,14 +155,13 @@ def archer_td_targets(batch: TurnBatch, *, v_target: str = "v_target", gamma: fl
     if v_target not in batch.extras:
         raise ValueError(f"archer_td_targets needs the per-turn extra {v_target!r}")
     vt = to_grid(torch.nan_to_num(batch.extras[v_target].float()), batch)
-    nxt = torch.zeros_like(vt)
-    nxt[:, :-1] = vt[:, 1:]
-    q = archer_q_target(batch.reward.float(), batch.last, from_grid(nxt, batch), gamma)
+    vt_next = torch.cat([vt[:, 1:], torch.zeros_like(vt[:, :1])], 1)  # 0 after the last turn
+    q = archer_q_target(batch.reward.float(), batch.last, from_grid(vt_next, batch), gamma)
     valid = keep_rows(batch, truncated) | ~batch.last
     return q, valid
 
 
-@estimator("archer_targets", family="critic", needs=("extras:q1,q2,v1,v2",), layout="turn",
+@estimator("archer_targets", family="critic", needs=("utterance_critic",), layout="turn",
            source="ArCHer (hierarchical multi-turn RL), 2024", keep=keep_rows)
 def archer_targets(batch: TurnBatch, *, q1: str = "q1", q2: str = "q2", v1: str = "v1",
                    v2: str = "v2", truncated: str = "mask") -> Tensor:
@@ -198,4 +177,4 @@ def archer_targets(batch: TurnBatch, *, q1: str = "q1", q2: str = "q2", v1: str 
     ex = batch.extras
     adv = torch.minimum(ex[q1], ex[q2]) - torch.minimum(ex[v1], ex[v2])
     keep = keep_rows(batch, truncated)
-    return to_tokens(torch.where(keep, adv.float(), 0.0), batch)
+    return to_tokens(batch, torch.where(keep, adv.float(), 0.0))

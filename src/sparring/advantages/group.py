@@ -1,43 +1,83 @@
 """Trajectory-level (group) estimators: one scalar return per trajectory.
 
-Each estimator reads ``R_i = batch.returns`` once per trajectory (``batch.traj``), so it
-works in both layouts, computes ``A_i`` [n_traj] with segment statistics over the
-trajectory's group g (or its (group, agent) pair with ``by_agent=True``: MARS /
-AT-GRPO agent-specific normalisation) and broadcasts ``A_i`` to the action tokens of
-every row of the trajectory: output ``[n_rows, T]``, zero outside ``batch.action_mask``.
-Statistics run in float64. Groups whose returns are all equal get exactly 0 (no NaN).
+A trajectory is one agent's rows in one episode (``batch.traj``); in turn layout it has
+several rows that share its return, and statistics count it once. Each estimator reads
+``R_i = batch.returns`` per trajectory i, computes ``A_i`` with statistics over i's
+segment g = (group, agent), and broadcasts ``A_i`` to the action tokens of the
+trajectory's rows: ``[n_rows, T]``, zero outside ``batch.action_mask``.
+
+Statistics never mix agents (seats): a seat's return is compared with the same seat's
+returns only (agent-specific normalisation, MARS / AT-GRPO), so zero-sum seats do not
+cancel. With one agent (``TurnBatch.from_scalars`` without ``agent``) g is the group.
+"Batch" statistics (``std_over="batch"``, ``reinforce_pp``) are per agent too. Statistics
+run in float64; a segment whose returns are all equal gets exactly 0 (no NaN).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from sparring.advantages import estimator
-from sparring.advantages.traj import TrajView, segment_order, to_tokens, traj_view
+from sparring.advantages.common import check_choice, to_tokens, whiten
 from sparring.data import TurnBatch
-from sparring.segments import segment_mean, segment_median, segment_std, segment_sum
+from sparring.segments import (
+    compact_ids,
+    has_spread,
+    segment_count,
+    segment_first,
+    segment_mean,
+    segment_median,
+    segment_order,
+    segment_std,
+    segment_sum,
+)
 
 FAMILY = "group"
 STD_OVER = ("group", "batch")
 
 
-def has_spread(x: Tensor, seg: Tensor, n_seg: int) -> Tensor:
-    """Bool [n_seg]: the segment's values are not all equal."""
-    lo = torch.full((n_seg,), math.inf, dtype=x.dtype, device=x.device)
-    hi = torch.full((n_seg,), -math.inf, dtype=x.dtype, device=x.device)
-    lo = lo.scatter_reduce(0, seg, x, reduce="amin")
-    hi = hi.scatter_reduce(0, seg, x, reduce="amax")
-    return hi > lo
+@dataclass
+class Trajectories:
+    """Per-trajectory vectors ``[n]`` of a batch."""
+
+    row: Tensor  # long [n_rows]: row -> its trajectory 0..n-1
+    n: int
+    R: Tensor  # float64 [n]: the trajectory's return
+    seg: Tensor  # long [n]: (group, agent) segment, 0..n_seg-1
+    n_seg: int
+    agent: Tensor  # long [n]: agent segment (batch-wide statistics), 0..n_agent-1
+    n_agent: int
+
+    def count(self) -> Tensor:
+        """Trajectories per segment ``[n_seg]``, float64."""
+        return segment_count(self.seg, self.n_seg, torch.float64)
+
+    def tokens(self, batch: TurnBatch, a: Tensor) -> Tensor:
+        """Per-trajectory ``a [n]`` on the action tokens of its rows ``[n_rows, T]``."""
+        return to_tokens(batch, a[self.row])
 
 
-def centred(v: TrajView, baseline: Tensor | None = None) -> Tensor:
-    """``R_i - b_g`` (b_g = group mean unless given, [n_seg]); exactly 0 in flat groups."""
+def trajectories(batch: TurnBatch) -> Trajectories:
+    """Collapse rows to trajectories (read at each trajectory's first row)."""
+    row, n = compact_ids(batch.traj)
+    first = segment_first(row, n)
+    seg, n_seg = compact_ids(batch.group[first], batch.agent[first])
+    agent, n_agent = compact_ids(batch.agent[first])
+    R = batch.returns[first].double()
+    if not torch.isfinite(R).all():
+        raise ValueError("batch.returns has non-finite values")
+    return Trajectories(row, n, R, seg, n_seg, agent, n_agent)
+
+
+def centred(v: Trajectories, baseline: Tensor | None = None) -> Tensor:
+    """``R_i - b_g`` (b_g the segment mean unless given ``[n_seg]``); exactly 0 in flat
+    segments."""
     b = segment_mean(v.R, v.seg, v.n_seg) if baseline is None else baseline
-    spread = has_spread(v.R, v.seg, v.n_seg)[v.seg]
-    return torch.where(spread, v.R - b[v.seg], torch.zeros_like(v.R))
+    return torch.where(has_spread(v.R, v.seg, v.n_seg)[v.seg], v.R - b[v.seg], 0.0)
 
 
 def _check_eps(eps: float) -> None:
@@ -45,10 +85,10 @@ def _check_eps(eps: float) -> None:
         raise ValueError(f"eps must be > 0, got {eps!r}")
 
 
-def grpo_advantage(v: TrajView, scale: bool, std_over: str, unbiased: bool, eps: float) -> Tensor:
-    """Per-trajectory GRPO advantage (shared by grpo and a_grae)."""
-    if std_over not in STD_OVER:
-        raise ValueError(f"std_over must be one of {STD_OVER}, got {std_over!r}")
+def grpo_advantage(v: Trajectories, scale: bool, std_over: str, unbiased: bool,
+                   eps: float) -> Tensor:
+    """Per-trajectory GRPO advantage ``[n]`` (shared by grpo and a_grae)."""
+    check_choice("std_over", std_over, STD_OVER)
     _check_eps(eps)
     c = centred(v)
     if not scale:
@@ -56,79 +96,72 @@ def grpo_advantage(v: TrajView, scale: bool, std_over: str, unbiased: bool, eps:
     if std_over == "group":
         std = segment_std(v.R, v.seg, v.n_seg, unbiased)[v.seg]
     else:
-        bseg, nb = v.batch_seg()
-        std = segment_std(v.R, bseg, nb, unbiased)[bseg]
+        std = segment_std(v.R, v.agent, v.n_agent, unbiased)[v.agent]
     return c / (std + eps)
 
 
 @estimator("reinforce", family=FAMILY, needs=(), source="Williams 1992, Simple statistical "
            "gradient-following algorithms for connectionist reinforcement learning")
-def reinforce(batch: TurnBatch, *, baseline: float = 0.0, by_agent: bool = False,
-              out: Tensor | None = None) -> Tensor:
-    """A_i = R_i - b with a constant b (default 0). No statistics, so ``by_agent`` has no
-    effect. Shapes: [n_rows, T]. Source: Williams (1992)."""
-    v = traj_view(batch, by_agent)
-    return to_tokens(batch, v, v.R - float(baseline), out)
+def reinforce(batch: TurnBatch, *, baseline: float = 0.0) -> Tensor:
+    """A_i = R_i - b with a constant b (default 0). Shapes: [n_rows, T].
+    Source: Williams (1992)."""
+    v = trajectories(batch)
+    return v.tokens(batch, v.R - float(baseline))
 
 
 @estimator("rloo", family=FAMILY, needs=("group",),
            source="Back to Basics: Revisiting REINFORCE Style Optimization (RLOO), 2024")
-def rloo(batch: TurnBatch, *, by_agent: bool = False,
-         out: Tensor | None = None) -> Tensor:
+def rloo(batch: TurnBatch) -> Tensor:
     """A_i = R_i - mean_{j != i, j in g} R_j = G/(G-1) (R_i - mean_g R); 0 when G = 1.
     Shapes: [n_rows, T]. Source: Ahmadian et al. (2024), REINFORCE leave-one-out."""
-    v = traj_view(batch, by_agent)
+    v = trajectories(batch)
     G = v.count()[v.seg]
-    a = torch.where(G > 1, centred(v) * G / (G - 1).clamp(min=1), torch.zeros_like(v.R))
-    return to_tokens(batch, v, a, out)
+    return v.tokens(batch, torch.where(G > 1, centred(v) * G / (G - 1).clamp(min=1), 0.0))
 
 
 @estimator("grpo", family=FAMILY, needs=("group",), source="DeepSeekMath: Pushing the Limits "
            "of Mathematical Reasoning in Open Language Models (2024)")
 def grpo(batch: TurnBatch, *, scale: bool = True, std_over: str = "group", unbiased: bool = True,
-         eps: float = 1e-6, by_agent: bool = False,
-         out: Tensor | None = None) -> Tensor:
+         eps: float = 1e-6) -> Tensor:
     """A_i = (R_i - mean_g R) / (std R + eps).
 
     ``scale=False`` drops the division; ``std_over="batch"`` takes the std of R over the
-    whole batch (per agent with ``by_agent``) instead of over the group; ``unbiased``
-    (default True, as ``torch.std``) divides the squared deviations by G-1 (by G if False;
-    a group of one has std 0). Shapes: [n_rows, T]. Source: DeepSeekMath (2024)."""
-    v = traj_view(batch, by_agent)
-    return to_tokens(batch, v, grpo_advantage(v, scale, std_over, unbiased, eps), out)
+    agent's trajectories in the whole batch instead of over g; ``unbiased`` (default True,
+    as ``torch.std``) divides the squared deviations by G-1 (by G if False; a group of one
+    has std 0). Shapes: [n_rows, T]. Source: DeepSeekMath (2024)."""
+    v = trajectories(batch)
+    return v.tokens(batch, grpo_advantage(v, scale, std_over, unbiased, eps))
 
 
 @estimator("dr_grpo", family=FAMILY, needs=("group",),
            source="Understanding R1-Zero-Like Training: A Critical Perspective (Dr. GRPO)")
-def dr_grpo(batch: TurnBatch, *, by_agent: bool = False,
-            out: Tensor | None = None) -> Tensor:
+def dr_grpo(batch: TurnBatch) -> Tensor:
     """A_i = R_i - mean_g R (no std). Pair with aggregation ``seq-mean-token-sum-norm``.
     Shapes: [n_rows, T]. Source: Understanding R1-Zero-Like Training (Dr. GRPO)."""
-    v = traj_view(batch, by_agent)
-    return to_tokens(batch, v, centred(v), out)
+    v = trajectories(batch)
+    return v.tokens(batch, centred(v))
 
 
-def _mc_pivot(batch: TurnBatch, by_agent: bool) -> tuple[TrajView, Tensor]:
-    v = traj_view(batch, by_agent)
+def _mc_pivot(v: Trajectories) -> Tensor:
+    """Bool [n]: the middle trajectory, in (R, index) order, of each odd-sized segment."""
     order, _, start, cnt = segment_order(v.R, v.seg, v.n_seg)
     odd = cnt % 2 == 1
     pivot = torch.zeros(v.n, dtype=torch.bool, device=v.R.device)
     pivot[order[(start + (cnt - 1) // 2)[odd]]] = True
-    return v, pivot
+    return pivot
 
 
-def mc_grpo_keep(batch: TurnBatch, *, by_agent: bool = False, **_: object) -> Tensor:
+def mc_grpo_keep(batch: TurnBatch, **_: object) -> Tensor:
     """Bool [n_rows]: False on the rows of each odd-sized group's pivot (median) rollout."""
-    v, pivot = _mc_pivot(batch, by_agent)
-    return ~pivot[v.tid]
+    v = trajectories(batch)
+    return ~_mc_pivot(v)[v.row]
 
 
 @estimator("mc_grpo", family=FAMILY, needs=("group",), keep=mc_grpo_keep,
            source="MC-GRPO: Median-Centered Group Relative Policy Optimization for "
            "Small-Rollout Reinforcement Learning")
-def mc_grpo(batch: TurnBatch, *, scale: bool = False, unbiased: bool = True, eps: float = 1e-6,
-            by_agent: bool = False,
-            out: Tensor | None = None) -> Tensor:
+def mc_grpo(batch: TurnBatch, *, scale: bool = False, unbiased: bool = True,
+            eps: float = 1e-6) -> Tensor:
     """A_i = R_i - median_g R (optionally / (std_g R + eps) with ``scale=True``, our reading).
 
     Sample G+1 rollouts per group: in an odd-sized group exactly one rollout, the pivot
@@ -137,11 +170,11 @@ def mc_grpo(batch: TurnBatch, *, scale: bool = False, unbiased: bool = True, eps
     zeroes them). Even-sized groups use the mean of the two middle values and keep all.
     Shapes: [n_rows, T]. Source: MC-GRPO (median-centred GRPO)."""
     _check_eps(eps)
-    v = traj_view(batch, by_agent)
+    v = trajectories(batch)
     a = centred(v, segment_median(v.R, v.seg, v.n_seg))
     if scale:
         a = a / (segment_std(v.R, v.seg, v.n_seg, unbiased)[v.seg] + eps)
-    return to_tokens(batch, v, a, out)
+    return v.tokens(batch, a)
 
 
 def beta_params(p: Tensor, alpha: float | None, beta: float | None) -> tuple[float, float]:
@@ -165,8 +198,7 @@ def beta_params(p: Tensor, alpha: float | None, beta: float | None) -> tuple[flo
 @estimator("bnpo", family=FAMILY, needs=("group",),
            source="BNPO: Beta Normalization Policy Optimization")
 def bnpo(batch: TurnBatch, *, alpha: float | None = None, beta: float | None = None,
-         eps: float = 1e-6, by_agent: bool = False,
-         out: Tensor | None = None) -> Tensor:
+         eps: float = 1e-6) -> Tensor:
     """A_i = (R_i - p_g) / max(f(p_g; a, b), eps), f the Beta(a, b) density (our reading).
 
     Rewards must lie in [0, 1] (binary success); p_g = mean_g R is the group's success
@@ -174,22 +206,21 @@ def bnpo(batch: TurnBatch, *, alpha: float | None = None, beta: float | None = N
     (1.5, 1.5) gives GRPO up to a constant. Shapes: [n_rows, T].
     Source: BNPO: Beta Normalization Policy Optimization."""
     _check_eps(eps)
-    v = traj_view(batch, by_agent)
+    v = trajectories(batch)
     if ((v.R < 0) | (v.R > 1)).any():
         raise ValueError("bnpo needs returns in [0, 1] (binary success rewards)")
     p = segment_mean(v.R, v.seg, v.n_seg)
     a, b = beta_params(p, alpha, beta)
-    log_b = math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
+    log_beta_fn = math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
     pc = p.clamp(1e-12, 1 - 1e-12)
-    dens = torch.exp((a - 1) * pc.log() + (b - 1) * (1 - pc).log() - log_b)
-    return to_tokens(batch, v, centred(v, p) / dens.clamp(min=eps)[v.seg], out)
+    density = torch.exp((a - 1) * pc.log() + (b - 1) * (1 - pc).log() - log_beta_fn)
+    return v.tokens(batch, centred(v, p) / density.clamp(min=eps)[v.seg])
 
 
 @estimator("ngrpo", family=FAMILY, needs=("group",),
            source="NGRPO: Negative-enhanced Group Relative Policy Optimization")
 def ngrpo(batch: TurnBatch, *, max_reward: float | None = 1.0, unbiased: bool = True,
-          eps: float = 1e-6, by_agent: bool = False,
-          out: Tensor | None = None) -> Tensor:
+          eps: float = 1e-6) -> Tensor:
     """Advantage calibration: a virtual sample with reward r_max joins each group.
 
     mu = (sum_g R + r_max) / (G+1);  s^2 = (sum_g (R-mu)^2 + (r_max-mu)^2) / (G or G+1)
@@ -197,17 +228,17 @@ def ngrpo(batch: TurnBatch, *, max_reward: float | None = 1.0, unbiased: bool = 
     advantages; groups at r_max get 0. ``max_reward=None`` uses the batch maximum.
     Shapes: [n_rows, T]. Source: NGRPO (pair with asymmetric clipping in ppo_clip)."""
     _check_eps(eps)
-    v = traj_view(batch, by_agent)
+    v = trajectories(batch)
     r_max = float(v.R.max()) if max_reward is None else float(max_reward)
-    if bool((v.R - r_max).max() > 0):
+    if bool((v.R > r_max).any()):
         raise ValueError(f"ngrpo: a return exceeds max_reward={r_max}")
-    cnt = v.count()
-    mu = (segment_sum(v.R, v.seg, v.n_seg) + r_max) / (cnt + 1)
+    G = v.count()
+    mu = (segment_sum(v.R, v.seg, v.n_seg) + r_max) / (G + 1)
     ss = segment_sum((v.R - mu[v.seg]) ** 2, v.seg, v.n_seg) + (r_max - mu) ** 2
-    std = (ss / (cnt if unbiased else cnt + 1)).sqrt()
+    std = (ss / (G if unbiased else G + 1)).sqrt()
     at_max = ~has_spread(v.R, v.seg, v.n_seg) & (segment_mean(v.R, v.seg, v.n_seg) == r_max)
     a = (v.R - mu[v.seg]) / (std[v.seg] + eps)
-    return to_tokens(batch, v, torch.where(at_max[v.seg], torch.zeros_like(a), a), out)
+    return v.tokens(batch, torch.where(at_max[v.seg], 0.0, a))
 
 
 def schedule_factor(factor: float | None, step: int | None, total_steps: int | None,
@@ -233,95 +264,81 @@ def schedule_factor(factor: float | None, step: int | None, total_steps: int | N
 def a_grae(batch: TurnBatch, *, factor: float | None = None, step: int | None = None,
            total_steps: int | None = None, factor_start: float = 1.0, factor_end: float = 0.5,
            scale: bool = True, std_over: str = "group", unbiased: bool = True,
-           eps: float = 1e-6, by_agent: bool = False,
-           out: Tensor | None = None) -> Tensor:
+           eps: float = 1e-6) -> Tensor:
     """A_i = lam * A_i^grpo if A_i^grpo > 0 else A_i^grpo, lam in [0, 1] (our reading).
 
     lam is ``factor`` or follows `schedule_factor` (step/total_steps). Only the asymmetric
     suppression of correct trajectories is implemented; the paper's difficulty curriculum
     is not. Defaults are ours. Shapes: [n_rows, T]. Source: A-GRAE."""
     lam = schedule_factor(factor, step, total_steps, factor_start, factor_end)
-    v = traj_view(batch, by_agent)
+    v = trajectories(batch)
     a = grpo_advantage(v, scale, std_over, unbiased, eps)
-    return to_tokens(batch, v, torch.where(a > 0, a * lam, a), out)
+    return v.tokens(batch, torch.where(a > 0, a * lam, a))
 
 
 @estimator("opo", family=FAMILY, needs=("group", "lengths"),
            source="On-Policy RL with Optimal Reward Baseline (OPO)")
-def opo(batch: TurnBatch, *, by_agent: bool = False,
-        out: Tensor | None = None) -> Tensor:
+def opo(batch: TurnBatch) -> Tensor:
     """A_i = R_i - b_g, b_g = sum_g len_i R_i / sum_g len_i, len_i the trajectory's action
     tokens (``batch.length`` summed over its rows); plain mean if a group has no tokens.
     Shapes: [n_rows, T]. Source: On-Policy RL with Optimal Reward Baseline (OPO)."""
-    v = traj_view(batch, by_agent)
-    ln = v.length(batch)
-    num = segment_sum(ln * v.R, v.seg, v.n_seg)
-    den = segment_sum(ln, v.seg, v.n_seg)
+    v = trajectories(batch)
+    length = segment_sum(batch.length.double(), v.row, v.n)
+    num = segment_sum(length * v.R, v.seg, v.n_seg)
+    den = segment_sum(length, v.seg, v.n_seg)
     b = torch.where(den > 0, num / den.clamp(min=1), segment_mean(v.R, v.seg, v.n_seg))
-    return to_tokens(batch, v, centred(v, b), out)
-
-
-def _whiten(x: Tensor, v: TrajView, eps: float) -> Tensor:
-    bseg, nb = v.batch_seg()
-    mean = segment_mean(x, bseg, nb)[bseg]
-    std = segment_std(x, bseg, nb)[bseg]
-    spread = has_spread(x, bseg, nb)[bseg]
-    return torch.where(spread, (x - mean) / (std + eps), torch.zeros_like(x))
+    return v.tokens(batch, centred(v, b))
 
 
 @estimator("reinforce_pp", family=FAMILY, needs=(),
            source="REINFORCE++: A Simple and Efficient Approach for Aligning LLMs")
-def reinforce_pp(batch: TurnBatch, *, eps: float = 1e-6, by_agent: bool = False,
-                 out: Tensor | None = None) -> Tensor:
-    """A_i = (R_i - mean_B R) / (std_B R + eps) over all trajectories of the batch B (per
-    agent with ``by_agent``; std unbiased). Whitening is over trajectories, not tokens
-    (our choice). Shapes: [n_rows, T]. Source: REINFORCE++."""
+def reinforce_pp(batch: TurnBatch, *, eps: float = 1e-6) -> Tensor:
+    """A_i = (R_i - mean_B R) / (std_B R + eps) over the agent's trajectories in the batch B
+    (std unbiased). Whitening is over trajectories, not tokens (our choice).
+    Shapes: [n_rows, T]. Source: REINFORCE++."""
     _check_eps(eps)
-    v = traj_view(batch, by_agent)
-    return to_tokens(batch, v, _whiten(v.R, v, eps), out)
+    v = trajectories(batch)
+    return v.tokens(batch, whiten(v.R, eps, v.agent, v.n_agent))
 
 
 @estimator("reinforce_pp_baseline", family=FAMILY, needs=("group",),
            source="REINFORCE++: A Simple and Efficient Approach for Aligning LLMs")
-def reinforce_pp_baseline(batch: TurnBatch, *, eps: float = 1e-6, by_agent: bool = False,
-                          out: Tensor | None = None) -> Tensor:
-    """c_i = R_i - mean_g R, then A_i = (c_i - mean_B c) / (std_B c + eps) over the batch
-    (std unbiased; mean_B c = 0 when every group is whole). Shapes: [n_rows, T].
-    Source: REINFORCE++ (the group-baseline variant)."""
+def reinforce_pp_baseline(batch: TurnBatch, *, eps: float = 1e-6) -> Tensor:
+    """c_i = R_i - mean_g R, then A_i = (c_i - mean_B c) / (std_B c + eps) over the agent's
+    trajectories in the batch (std unbiased; mean_B c = 0 when every group is whole).
+    Shapes: [n_rows, T]. Source: REINFORCE++ (the group-baseline variant)."""
     _check_eps(eps)
-    v = traj_view(batch, by_agent)
-    return to_tokens(batch, v, _whiten(centred(v), v, eps), out)
+    v = trajectories(batch)
+    return v.tokens(batch, whiten(centred(v), eps, v.agent, v.n_agent))
 
 
 @estimator("gpg", family=FAMILY, needs=("group",),
            source="GPG: A Simple and Strong Reinforcement Learning Baseline for Model Reasoning")
-def gpg(batch: TurnBatch, *, by_agent: bool = False,
-        out: Tensor | None = None) -> Tensor:
-    """A_i = (R_i - mean_g R) / f, f = (groups with non-zero reward variance) / (groups);
+def gpg(batch: TurnBatch) -> Tensor:
+    """A_i = (R_i - mean_g R) / f, f = (segments with non-zero reward variance) / (segments);
     no std. Shapes: [n_rows, T]. Source: GPG (Group Policy Gradient)."""
-    v = traj_view(batch, by_agent)
+    v = trajectories(batch)
     f = has_spread(v.R, v.seg, v.n_seg).double().mean() if v.n_seg else v.R.new_ones(())
-    return to_tokens(batch, v, centred(v) / f.clamp(min=1.0 / max(v.n_seg, 1)), out)
+    return v.tokens(batch, centred(v) / f.clamp(min=1.0 / max(v.n_seg, 1)))
 
 
 @estimator("remax", family=FAMILY, needs=("greedy_reward",),
            source="ReMax: A Simple, Effective, and Efficient Reinforcement Learning Method "
            "for Aligning Large Language Models")
-def remax(batch: TurnBatch, *, baseline: Tensor | None = None, by_agent: bool = False,
-          out: Tensor | None = None) -> Tensor:
+def remax(batch: TurnBatch, *, baseline: Tensor | None = None) -> Tensor:
     """A_i = R_i - b_i, b_i the reward of the greedy rollout of i's prompt: option
     ``baseline`` [n_rows] or ``batch.extras["greedy_reward"]`` (read at the trajectory's
-    first row). ``by_agent`` has no effect. Shapes: [n_rows, T]. Source: ReMax."""
-    v = traj_view(batch, by_agent)
+    first row). Shapes: [n_rows, T]. Source: ReMax."""
     if baseline is None:
         if "greedy_reward" not in batch.extras:
             raise ValueError("remax needs baseline=Tensor[n_rows] or "
                              "batch.extras['greedy_reward']")
         baseline = batch.extras["greedy_reward"]
-    b = torch.as_tensor(baseline, device=v.R.device).double()
+    b = torch.as_tensor(baseline, device=batch.device).double()
     if b.shape != (batch.n_rows,):
         raise ValueError(f"remax: baseline must have shape [{batch.n_rows}], got {tuple(b.shape)}")
-    b = b[v.first]
+    v = trajectories(batch)
+    b = b[segment_first(v.row, v.n)]
     if not torch.isfinite(b).all():
         raise ValueError("remax: the greedy-rollout baseline is missing (NaN) for some rows")
-    return to_tokens(batch, v, v.R - b, out)
+    return v.tokens(batch, v.R - b)

@@ -8,18 +8,20 @@
   statistics of segment s taken over the rows where ``include`` is true (e.g. one row per
   trajectory, or rows of episodes that were not truncated).
 * `loo_baseline(x, ids, n, ...)`: leave-one-out mean of the other members of the segment.
-* `ema_update(...)`: the running per-key baseline of `RoleEMA` (turn.py).
+* `ema_update(...)`: the running per-key baseline of ``role_ema`` (turn.py).
 
 All vectorised with segment ops (`sparring.segments`); no loop over rows or groups.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import torch
 from torch import Tensor
 
+from sparring.advantages.common import check_choice
 from sparring.data import TurnBatch
 from sparring.segments import compact_ids, segment_sum
 
@@ -34,20 +36,12 @@ _SCOPE_KEYS = {
 }
 
 
-def check_choice(name: str, value: object, allowed: tuple) -> None:
-    """Raise a ValueError naming the option and the allowed values."""
-    if value not in allowed:
-        raise ValueError(f"bad {name}={value!r}; allowed: {', '.join(map(repr, allowed))}")
-
-
 def scope_ids(batch: TurnBatch, scope: str) -> tuple[Tensor, int]:
     """Segment ids ``Long[n_rows]`` and the number of segments for ``scope``."""
     check_choice("scope", scope, SCOPES)
     keys = _SCOPE_KEYS[scope]
     if not keys:
         return torch.zeros(batch.n_rows, dtype=torch.long, device=batch.device), 1
-    if batch.n_rows == 0:
-        return torch.zeros(0, dtype=torch.long, device=batch.device), 0
     return compact_ids(*(getattr(batch, k) for k in keys))
 
 
@@ -99,12 +93,13 @@ def ema_update(
     """One EMA step per key: ``b <- decay * b + (1 - decay) * mean_batch``.
 
     ``values[k]`` is the batch mean of key ``keys[k]``, ``counts[k]`` its number of samples
-    (keys with 0 samples keep their baseline). A key seen for the first time starts at
-    ``init`` (``None``: at its first batch mean). Loops over distinct keys only.
+    (keys with 0 samples, or a non-finite mean, keep their baseline). A key seen for the
+    first time starts at ``init`` (``None``: at its first batch mean). Loops over distinct
+    keys only.
     """
     out = dict(baselines)
     for k, v, c in zip(keys, values.tolist(), counts.tolist()):
-        if c <= 0:
+        if c <= 0 or not math.isfinite(v):
             continue
         b = out.get(k, v if init is None else init)
         out[k] = decay * b + (1.0 - decay) * v

@@ -8,8 +8,8 @@ Common options:
 * ``add_return``: also credit ``batch.returns`` (the agent's final return) to the agent's
   last turn, for environments that put the outcome in the returns and not in a turn reward.
 
-Return-to-go over an agent's own turns uses `scan.rtg` (dense (trajectory, turn) grid,
-one matmul); statistics use segment ops. No Python loop over rows or turns.
+Return-to-go over an agent's own turns is `scan.rtg` (a reverse loop over the dense
+(trajectory, turn) grid); statistics are segment ops over rows.
 """
 
 from __future__ import annotations
@@ -20,36 +20,11 @@ import torch
 from torch import Tensor
 
 from sparring.advantages import estimator
-from sparring.advantages.normalize import (
-    check_choice,
-    ema_update,
-    loo_baseline,
-    normalize,
-    scope_ids,
-)
-from sparring.advantages.scan import rtg, to_tokens
+from sparring.advantages.common import keep_rows, to_tokens, turn_rewards
+from sparring.advantages.normalize import ema_update, loo_baseline, normalize, scope_ids
+from sparring.advantages.scan import rtg
 from sparring.data import TurnBatch
-from sparring.segments import compact_ids, segment_sum
-
-TRUNCATION = ("mask", "terminal")
-
-
-def keep_rows(batch: TurnBatch, truncated: str = "mask", **_: object) -> Tensor:
-    """``Bool[n]``: rows that enter statistics and the loss (see ``truncated``)."""
-    check_choice("truncated", truncated, TRUNCATION)
-    if truncated == "mask":
-        return ~batch.truncated.bool()
-    return torch.ones(batch.n_rows, dtype=torch.bool, device=batch.device)
-
-
-def turn_rewards(batch: TurnBatch, add_return: bool = False) -> Tensor:
-    """Per-row reward ``[n]``: the turn's reward (+ the agent's return on its last turn)."""
-    r = batch.reward.float()
-    return r + batch.returns.float() * batch.last if add_return else r
-
-
-def _finish(adv: Tensor, keep: Tensor, batch: TurnBatch) -> Tensor:
-    return to_tokens(torch.where(keep, adv, torch.zeros_like(adv)), batch)
+from sparring.segments import compact_ids, segment_first, segment_sum
 
 
 @estimator("turn_rtg", family="turn", needs=("group", "agent", "turn", "reward"), layout="turn",
@@ -69,7 +44,8 @@ def turn_rtg(batch: TurnBatch, *, discount: float = 1.0, scope: str = "group_age
     keep = keep_rows(batch, truncated)
     G = rtg(batch, turn_rewards(batch, add_return), discount)
     ids, n = scope_ids(batch, scope)
-    return _finish(normalize(G, ids, n, std=std, eps=eps, include=keep), keep, batch)
+    adv = normalize(G, ids, n, std=std, eps=eps, include=keep)
+    return to_tokens(batch, torch.where(keep, adv, 0.0))
 
 
 @estimator("trloo", family="turn", needs=("group", "agent", "turn", "reward"), layout="turn",
@@ -95,23 +71,32 @@ def trloo(batch: TurnBatch, *, discount: float = 1.0, scope: str = "group_agent_
         adv = G - loo_baseline(G, ids, n, include=keep, alone=alone)
     else:
         adv = normalize(G, ids, n, std=False, include=keep)
-    return _finish(adv, keep, batch)
+    return to_tokens(batch, torch.where(keep, adv, 0.0))
 
 
-def _state_clusters(keys: list[str], threshold: float) -> Tensor:
-    """Cluster id per distinct state key: a key joins the first earlier cluster whose
-    representative has ``difflib`` ratio >= threshold. Loops over distinct keys, not rows."""
-    reps: list[str] = []
-    out = []
-    for k in keys:
-        for c, r in enumerate(reps):
-            if difflib.SequenceMatcher(None, k, r).ratio() >= threshold:
-                out.append(c)
-                break
-        else:
-            out.append(len(reps))
-            reps.append(k)
-    return torch.tensor(out, dtype=torch.long)
+def _state_clusters(keys: list[str], scope: Tensor, state: Tensor, threshold: float) -> Tensor:
+    """Per row, a cluster id for its state within its scope (-1 for an unknown state).
+
+    Within each scope, states are taken in the order of ``keys`` (first appearance); a
+    state joins the first earlier cluster of the same scope whose representative (its
+    first state) has ``difflib`` ratio >= ``threshold``, else it starts a new cluster.
+    Loops over distinct (scope, state) pairs, not rows.
+    """
+    pairs, inverse = torch.unique(torch.stack([scope, state], 1), dim=0, return_inverse=True)
+    representatives: dict[int, list[tuple[str, int]]] = {}
+    cluster: list[int] = []
+    for s, k in pairs.tolist():
+        if k < 0:
+            cluster.append(-1)
+            continue
+        mine = representatives.setdefault(s, [])
+        c = next((c for rep, c in mine
+                  if difflib.SequenceMatcher(None, keys[k], rep).ratio() >= threshold), None)
+        if c is None:
+            c = len(cluster)
+            mine.append((keys[k], c))
+        cluster.append(c)
+    return torch.tensor(cluster, dtype=torch.long, device=state.device)[inverse]
 
 
 @estimator("gigpo", family="turn", needs=("group", "state_key", "reward", "returns"),
@@ -126,102 +111,78 @@ def gigpo(batch: TurnBatch, *, omega: float = 1.0, discount: float = 0.95, std: 
     trajectories of scope g (one value per trajectory, broadcast to its turns).
     ``A_S = (G_k - mean_a G) / (std_a G + eps)``, G_k the discounted return-to-go of the turn
     and a the anchor group: turns of the same group (and agent, when the scope has one) that
-    start from the same state (``state_key``; exact match, or ``difflib`` ratio >=
-    ``similarity`` when below 1). Singleton anchor groups and unknown states give ``A_S = 0``.
+    start from the same state (``state_key``; exact match, or with ``similarity`` below 1
+    the same cluster of keys, clustered within that group (and agent) by ``difflib`` ratio
+    >= ``similarity``). Singleton anchor groups and unknown states give ``A_S = 0``.
     Shapes: ``[n_rows, T]``. Source: GiGPO (2025).
     """
     if not 0.0 < similarity <= 1.0:
         raise ValueError(f"bad similarity={similarity!r}; must be in (0, 1]")
     keep = keep_rows(batch, truncated)
     ids, n = scope_ids(batch, scope)
-    a_ep = normalize(batch.returns.float(), ids, n, std=std, eps=eps, include=keep & batch.last)
+    a_episode = normalize(batch.returns.float(), ids, n, std=std, eps=eps,
+                          include=keep & batch.last)
     G = rtg(batch, batch.reward.float(), discount)
     known = batch.state_id >= 0
-    state = batch.state_id.clamp(min=0)
-    if similarity < 1.0 and batch.state_keys:
-        state = _state_clusters(batch.state_keys, similarity).to(batch.device)[state]
-    keys = [batch.group, state, known.long()]
-    if "agent" in scope:
-        keys.append(batch.agent)
-    sids, sn = compact_ids(*keys) if batch.n_rows else (batch.group, 0)
-    a_step = normalize(G, sids, sn, std=std, eps=eps, include=keep & known)
-    cnt = segment_sum((keep & known).float(), sids, sn)[sids]
-    a_step = torch.where(known & (cnt > 1), a_step, torch.zeros_like(a_step))
-    return _finish(a_ep + omega * a_step, keep, batch)
-
-
-def _role_keys(batch: TurnBatch) -> tuple[Tensor, int, list[str]]:
-    ids, n = compact_ids(batch.env_id, batch.agent) if batch.n_rows else (batch.agent, 0)
-    first = torch.zeros(n, dtype=torch.long).scatter_(0, ids.cpu(), torch.arange(batch.n_rows))
-    names = [f"{batch.env_names[int(batch.env_id[i])]}/{int(batch.agent[i])}" for i in first]
-    return ids, n, names
-
-
-def role_ema_step(batch: TurnBatch, baselines: dict[str, float], *, decay: float = 0.95,
-                  init: float | None = 0.0, truncated: str = "mask"
-                  ) -> tuple[Tensor, dict[str, float]]:
-    """Pure form of `RoleEMA`: (advantages ``[n_rows, T]``, updated baselines).
-
-    ``A = R - b[env, role]`` with b read *before* the update, then
-    ``b[env, role] <- decay * b + (1 - decay) * mean_batch R[env, role]`` (one R per
-    trajectory). ``baselines`` maps ``"env/seat"`` to a float; it is not modified.
-    """
-    if not 0.0 <= decay <= 1.0:
-        raise ValueError(f"bad decay={decay!r}; must be in [0, 1]")
-    keep = keep_rows(batch, truncated)
-    ids, n, names = _role_keys(batch)
-    R = batch.returns.float()
-    use = (keep & batch.last).float()
-    cnt = segment_sum(use, ids, n)
-    mean = segment_sum(R * use, ids, n) / cnt.clamp(min=1)
-    start = [baselines.get(k, (mean[i].item() if init is None else init)) for i, k in
-             enumerate(names)]
-    b = torch.tensor(start, dtype=R.dtype, device=R.device)
-    new = ema_update(baselines, names, mean, cnt, decay, init)
-    return _finish(R - b[ids] if n else R, keep, batch), new
+    anchor_scope, _ = scope_ids(batch, "group_agent" if "agent" in scope else "group")
+    state = batch.state_id
+    if similarity < 1.0:
+        state = _state_clusters(batch.state_keys, anchor_scope, state, similarity)
+    aids, an = compact_ids(anchor_scope, state)
+    member = keep & known
+    a_step = normalize(G, aids, an, std=std, eps=eps, include=member)
+    shared = segment_sum(member.float(), aids, an)[aids] > 1
+    a_step = torch.where(known & shared, a_step, 0.0)
+    return to_tokens(batch, torch.where(keep, a_episode + omega * a_step, 0.0))
 
 
 class RoleEMA:
-    """SPIRAL's role-conditioned baseline with state: call it on each batch.
+    """``role_ema``'s state across training steps: ``baselines`` maps ``"env/seat"`` to the
+    running baseline. ``state_dict()`` is JSON-serialisable."""
 
-    ``adv = tracker(batch)`` reads the baselines, then updates them. ``state_dict()`` is
-    JSON-serialisable (``{"decay", "init", "baselines": {"env/seat": float}}``).
-    """
-
-    def __init__(self, decay: float = 0.95, init: float | None = 0.0):
-        self.decay, self.init = decay, init
+    def __init__(self) -> None:
         self.baselines: dict[str, float] = {}
 
-    def __call__(self, batch: TurnBatch, truncated: str = "mask") -> Tensor:
-        adv, self.baselines = role_ema_step(batch, self.baselines, decay=self.decay,
-                                            init=self.init, truncated=truncated)
-        return adv
-
     def state_dict(self) -> dict:
-        return {"decay": self.decay, "init": self.init, "baselines": dict(self.baselines)}
+        return {"baselines": dict(self.baselines)}
 
     def load_state_dict(self, state: dict) -> None:
-        unknown = set(state) - {"decay", "init", "baselines"}
+        unknown = set(state) - {"baselines"}
         if unknown:
             raise ValueError(f"unknown RoleEMA state keys {sorted(unknown)}")
-        self.decay = float(state.get("decay", self.decay))
-        self.init = state.get("init", self.init)
         self.baselines = {str(k): float(v) for k, v in state.get("baselines", {}).items()}
 
 
 @estimator("role_ema", family="turn", needs=("agent", "env", "returns"), layout="any",
-           source="SPIRAL (self-play on zero-sum games), 2025", keep=keep_rows)
-def role_ema(batch: TurnBatch, *, tracker: RoleEMA | None = None, decay: float = 0.95,
+           source="SPIRAL (self-play on zero-sum games), 2025", keep=keep_rows, state=RoleEMA)
+def role_ema(batch: TurnBatch, *, state: RoleEMA | None = None, decay: float = 0.95,
              init: float | None = 0.0, truncated: str = "mask") -> Tensor:
     """Role-conditioned advantage ``A = R - b[env, role]``, b an EMA of returns.
 
-    With ``tracker`` (a `RoleEMA`) its baselines are read and then updated in place; without
-    one, every (env, role) starts at ``init`` and nothing is kept (``init=None``: the batch
-    mean). Shapes: ``[n_rows, T]``. Source: SPIRAL (2025); decay 0.95 per the catalogue.
+    b is read *before* the update ``b[env, role] <- decay * b + (1 - decay) * mean R[env,
+    role]`` (mean over the batch's kept trajectories, one R each). A (env, role) seen for the
+    first time starts at ``init`` (``None``: at its batch mean). With ``state`` (a `RoleEMA`)
+    its baselines are read and then updated in place; with None nothing is kept.
+    Non-finite returns never enter the baselines, and their rows get ``A = 0``.
+    Shapes: ``[n_rows, T]``. Source: SPIRAL (2025); decay 0.95 per the catalogue.
     """
-    if tracker is not None:
-        return tracker(batch, truncated=truncated)
-    return role_ema_step(batch, {}, decay=decay, init=init, truncated=truncated)[0]
+    if not 0.0 <= decay <= 1.0:
+        raise ValueError(f"bad decay={decay!r}; must be in [0, 1]")
+    R = batch.returns.float()
+    use = keep_rows(batch, truncated) & torch.isfinite(R)
+    R = torch.where(use, R, 0.0)
+    role, n = compact_ids(batch.env_id, batch.agent)
+    names = [f"{batch.env_names[int(batch.env_id[i])]}/{int(batch.agent[i])}"
+             for i in segment_first(role, n).tolist()]
+    once = (use & batch.last).float()  # one R per trajectory
+    count = segment_sum(once, role, n)
+    mean = segment_sum(R * once, role, n) / count.clamp(min=1)
+    old = {} if state is None else state.baselines
+    b = torch.tensor([old.get(k, mean[i].item() if init is None else init)
+                      for i, k in enumerate(names)], dtype=R.dtype, device=R.device)
+    if state is not None:
+        state.baselines = ema_update(old, names, mean, count, decay, init)
+    return to_tokens(batch, torch.where(use, R - b[role], 0.0))
 
 
 @estimator("gated", family="turn", needs=("group", "agent", "turn", "reward", "returns"),
@@ -238,10 +199,7 @@ def gated(batch: TurnBatch, *, threshold: float = 1.0, discount: float = 1.0,
     """
     keep = keep_rows(batch, truncated)
     ret = batch.returns.float()
-    r = batch.reward.float() * (ret >= threshold) + ret * batch.last
-    G = rtg(batch, r, discount)
+    G = rtg(batch, batch.reward.float() * (ret >= threshold) + ret * batch.last, discount)
     ids, n = scope_ids(batch, scope)
-    return _finish(normalize(G, ids, n, std=std, eps=eps, include=keep), keep, batch)
-
-
-from sparring.advantages import turn_dense  # noqa: E402,F401  (registers igpo, matchtir)
+    adv = normalize(G, ids, n, std=std, eps=eps, include=keep)
+    return to_tokens(batch, torch.where(keep, adv, 0.0))

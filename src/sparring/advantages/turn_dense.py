@@ -18,9 +18,9 @@ import torch
 from torch import Tensor
 
 from sparring.advantages import estimator
-from sparring.advantages.normalize import check_choice, normalize, scope_ids
-from sparring.advantages.scan import rtg, to_tokens
-from sparring.advantages.turn import keep_rows
+from sparring.advantages.common import check_choice, keep_rows, to_tokens
+from sparring.advantages.normalize import normalize, scope_ids
+from sparring.advantages.scan import rtg
 from sparring.data import TurnBatch
 
 
@@ -51,7 +51,7 @@ def igpo(batch: TurnBatch, *, before: str = "p_before", after: str = "p_after",
     r = torch.where(batch.last, batch.returns.float(), gain)
     ids, n = scope_ids(batch, scope)
     r = torch.where(keep, normalize(r, ids, n, std=std, eps=eps, include=keep), 0.0)
-    return to_tokens(torch.where(keep, rtg(batch, r, discount), 0.0), batch)
+    return to_tokens(batch, torch.where(keep, rtg(batch, r, discount), 0.0))
 
 
 STRATEGIES = ("hard", "soft")
@@ -108,4 +108,4 @@ def matchtir(batch: TurnBatch, *, reward: str = "match", turn_weight: float = 0.
     a_turn = normalize(G, ids, n, std=std, eps=eps, include=keep)
     a_traj = normalize(batch.returns.float(), ids, n, std=std, eps=eps, include=keep & batch.last)
     adv = turn_weight * a_turn + (1.0 - turn_weight) * a_traj
-    return to_tokens(torch.where(keep, adv, 0.0), batch)
+    return to_tokens(batch, torch.where(keep, adv, 0.0))

@@ -1,7 +1,11 @@
 """Environments: the registry (`make`, `list_envs`) and the protocol (`sparring.envs.base`).
 
 Environment modules register a factory with `register_env`; importing this package
-imports them (``_ENV_MODULES``), so ``make("tictactoe")`` just works.
+imports them (``_ENV_MODULES``), so ``make("tictactoe")`` just works. A game may also be
+registered under aliases (OpenSpiel's names: ``make("leduc_poker")`` is ``leduc``), and
+may declare ``game_tree=True``: its instances expose the exact game tree (see
+`sparring.envs.base.TreeGame`), so exploitability and the CFR bot apply to it
+(`has_game_tree`).
 """
 
 from __future__ import annotations
@@ -35,10 +39,14 @@ _ENV_MODULES: tuple[str, ...] = (
 
 
 def register_env(
-    name: str, *, family: str, source: str = "", needs: tuple[str, ...] = ()
+    name: str, *, family: str, source: str = "", needs: tuple[str, ...] = (),
+    aliases: tuple[str, ...] = (), game_tree: bool = False,
 ) -> Callable[[Callable[..., Env]], Callable[..., Env]]:
-    """Register a factory ``fn(**options) -> Env``. ``family``: game, cooperative, task, tool."""
-    return ENVS.register(name, family=family, source=source, needs=needs)
+    """Register a factory ``fn(**options) -> Env``. ``family``: game, cooperative, task, tool;
+    ``aliases``: other names of the same game (e.g. OpenSpiel's); ``game_tree``: its envs
+    implement `sparring.envs.base.TreeGame` (exact exploitability, CFR)."""
+    return ENVS.register(name, family=family, source=source, needs=needs, aliases=aliases,
+                         game_tree=game_tree)
 
 
 def _load() -> None:
@@ -52,8 +60,18 @@ def _load() -> None:
 
 def make(name: str, **options: Any) -> Env:
     """Build environment ``name`` with its options; unknown names list the known ones."""
+    return env_entry(name).fn(**options)
+
+
+def env_entry(name: str) -> Entry:
+    """The registry entry of env ``name`` (a canonical name or an alias)."""
     _load()
-    return ENVS.get(name).fn(**options)
+    return ENVS.get(name)
+
+
+def has_game_tree(name: str) -> bool:
+    """Whether env ``name`` declared an exact game tree (exploitability and CFR apply)."""
+    return bool(env_entry(name).extra.get("game_tree"))
 
 
 def list_envs() -> list[Entry]:
@@ -61,4 +79,5 @@ def list_envs() -> list[Entry]:
     return list(ENVS)
 
 
-__all__ = ["ENVS", "Env", "ParseResult", "StepResult", "list_envs", "make", "register_env"]
+__all__ = ["ENVS", "Env", "ParseResult", "StepResult", "env_entry", "has_game_tree",
+           "list_envs", "make", "register_env"]

@@ -66,3 +66,24 @@ class Env(Protocol):
 
     def returns(self) -> list[float]:  # cumulative reward per seat so far
         ...
+
+
+@runtime_checkable
+class TreeGame(Env, Protocol):
+    """A small imperfect-information game whose exact tree can be walked (Kuhn, Leduc):
+    declared with ``register_env(..., game_tree=True)``; exploitability and CFR use it."""
+
+    def deal_outcomes(self) -> list[tuple[int, ...]]:  # every chance deal, equally likely
+        ...
+
+    def reset_deal(self, deal: tuple[int, ...]) -> None:  # start a hand with this deal
+        ...
+
+    def info_state(self, seat: int) -> str:  # what the seat knows, as a string key
+        ...
+
+    def clone(self) -> TreeGame:
+        ...
+
+    def tree_options(self) -> dict[str, Any]:  # the options that rebuild this game's tree
+        ...

@@ -1,8 +1,11 @@
-"""Evaluation: exact exploitability (Kuhn, Leduc), the match runner, Wilson intervals, Elo."""
+"""Evaluation: exact exploitability (games that declare their tree: Kuhn, Leduc), the match
+runner (on the arena), Wilson intervals, Elo. A model policy against bots and its
+exploitability: `sparring.eval.games`; a training run's periodic evaluation:
+`sparring.eval.periodic`."""
 
 from sparring.eval.exploitability import exploitability, game_tree, nash_conv, uniform_policy
-from sparring.eval.matches import MatchResult, Player, Record, play_match, round_robin
+from sparring.eval.matches import MatchResult, Record, play_match, round_robin
 from sparring.eval.stats import elo_ratings, wilson
 
-__all__ = ["MatchResult", "Player", "Record", "elo_ratings", "exploitability", "game_tree",
-           "nash_conv", "play_match", "round_robin", "uniform_policy", "wilson"]
+__all__ = ["MatchResult", "Record", "elo_ratings", "exploitability", "game_tree", "nash_conv",
+           "play_match", "round_robin", "uniform_policy", "wilson"]

@@ -1,38 +1,32 @@
 """The match runner: any players, N paired seeds, every seating, batched across games.
 
-A player is anything with ``act(env, seat) -> str`` or a plain callable
-``player(env, seat) -> str``; a player may also define ``act_batch(envs, seats) -> list[str]``
-to answer many games in one call (how a model-backed player batches generation).
-The returned text is parsed by ``env.parse``; an illegal or unparsable answer forfeits the
-game (the seat gets ``penalty``, the episode ends), as in the invalid-action policy.
+Games are played by the `Arena` (the one episode driver), all at once: every step, one
+``generate`` call per model policy over all games where it is to move; bots act at once.
+A player is anything the arena takes (`sparring.rollout.players`): a `ModelPlayer`, a
+policy (``generate`` + ``tokenizer``), a `BotPlayer` or a bot callable
+``bot(env, seat) -> str`` (the bots of `sparring.envs.bots`). A model's illegal or
+unparsable answer forfeits the game (the seat gets ``penalty``, the episode ends:
+invalid-action mode ``forfeit``); a bot's is a bug and raises.
 
 Every seed is played once in every cyclic seating of the players (paired seeds: the same
 deal with the seats swapped), so seat advantage and deal luck cancel in the totals.
-A game's outcome for a player: win (unique best return), draw (tied best), loss.
+A game's outcome for a player: win (unique best return), draw (tied best), loss; returns
+are the arena's per-seat totals (the game's rewards plus the forfeit penalty).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from dataclasses import dataclass, field, replace
+from typing import Any
 
+from sparring.envs.invalid import InvalidActionPolicy
 from sparring.eval.stats import elo_ratings, wilson
+from sparring.rollout.arena import Arena
+from sparring.rollout.players import as_player
 
-
-@runtime_checkable
-class Player(Protocol):
-    def act(self, env: Any, seat: int) -> str: ...
-
-
-def _batched(player: Any) -> Callable[[list, list], list[str]]:
-    if hasattr(player, "act_batch"):
-        return player.act_batch
-    act = player.act if hasattr(player, "act") else player
-    if not callable(act):
-        raise TypeError(f"{player!r} is not a player: need act(env, seat) or a callable")
-    return lambda envs, seats: [act(e, s) for e, s in zip(envs, seats)]
+MAX_TURNS = 10_000  # per game: a match plays games to their end
 
 
 @dataclass
@@ -139,52 +133,28 @@ def play_match(game: str | Callable[[], Any], players: Sequence[Any] | dict[str,
                games: int = 100, seed: int = 0, swap_seats: bool = True,
                penalty: float = -1.0, options: dict[str, Any] | None = None) -> MatchResult:
     """Play ``games`` seeds (``seed``, ``seed + 1``, ...), each in every cyclic seating of
-    ``players`` (one seating when ``swap_seats`` is False); all games advance in lockstep
-    so batched players get one call per player per step. ``game``: a registered env
-    name (``options`` go to its factory) or a zero-argument factory."""
+    ``players`` (one seating when ``swap_seats`` is False), all in one `Arena.play` call.
+    ``game``: a registered env name or alias (``options`` go to its factory) or a
+    zero-argument factory."""
     from sparring.envs import make
 
-    factory = (lambda: make(game, **(options or {}))) if isinstance(game, str) else game
     names, objs = _names(players)
+    seated = [replace(as_player(p), name=n) for n, p in zip(names, objs)]  # match names
     if games < 1:
         raise ValueError(f"play_match: games must be >= 1, got {games}")
-    probe = factory()
+    probe = make(game, **(options or {})) if isinstance(game, str) else game()
     if len(objs) != probe.num_seats:
         raise ValueError(f"{probe.name} has {probe.num_seats} seats but {len(objs)} players were given")
     k = len(objs)
-    acts = [_batched(p) for p in objs]
     seatings = [tuple((i + r) % k for i in range(k)) for r in (range(k) if swap_seats else [0])]
-    live = []  # (env, seating, seed)
-    for s in range(seed, seed + games):
-        for st in seatings:
-            env = factory()
-            env.reset(s)
-            live.append((env, st, s))
+    arena = Arena(invalid=InvalidActionPolicy("forfeit", penalty), max_turns=MAX_TURNS)
+    episodes = arena.play(
+        game, dict(options or {}), seeds=[s for s in range(seed, seed + games) for _ in seatings],
+        players_fn=lambda i: [seated[q] for q in seatings[i % len(seatings)]])
     result = MatchResult(names)
-    while live:
-        todo: dict[int, list[int]] = defaultdict(list)
-        for idx, (env, st, _) in enumerate(live):
-            todo[st[env.current_seat()]].append(idx)
-        finished = set()
-        for p, idxs in todo.items():
-            envs = [live[i][0] for i in idxs]
-            seats = [e.current_seat() for e in envs]
-            texts = acts[p](envs, seats)
-            for i, env, seat, text in zip(idxs, envs, seats, texts):
-                parsed = env.parse(seat, text)
-                forfeit = None
-                if parsed.ok:
-                    env.step(parsed.action)
-                else:
-                    forfeit = seat
-                if forfeit is not None or env.current_seat() is None:
-                    rets = list(env.returns())
-                    if forfeit is not None:
-                        rets[forfeit] += penalty
-                    st, s = live[i][1], live[i][2]
-                    _record(result, GameLog(s, tuple(names[q] for q in st), rets, forfeit))
-                    finished.add(i)
-        live = [x for i, x in enumerate(live) if i not in finished]
+    for i, ep in enumerate(episodes):
+        seating = tuple(names[q] for q in seatings[i % len(seatings)])
+        _record(result, GameLog(ep.seed, seating, list(ep.returns), ep.info.get("forfeit")))
     return result
 
 

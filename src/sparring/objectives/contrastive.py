@@ -4,7 +4,7 @@ They compare the sequences of a group, so they take ``group=Long[n]`` and
 ``rewards=Float[n]`` as options (one row = one sequence) and ignore ``advantages``.
 Each computes a per-sequence loss L_i and puts it on every action token of row i:
 aggregate with ``seq-mean-token-mean`` to get mean_i L_i. Sequence log-probs are sums
-over the row's masked tokens.
+over the row's masked tokens. They have no importance ratio and return no diagnostics.
 """
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from sparring.advantages.traj import segment_order
 from sparring.objectives import objective
 from sparring.objectives.common import check_same_shape, group_inputs, seq_sum
-from sparring.segments import segment_count, segment_mean
+from sparring.segments import segment_count, segment_mean, segment_order
 
 
 def _broadcast(per_seq: Tensor, mask: Tensor) -> Tensor:
@@ -33,7 +32,8 @@ def _check_beta(name: str, beta: float) -> None:
            "a supervised-friendly fashion (CoPG), 2024")
 def copg(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
          ref_logp: Tensor | None = None, group: Tensor | None = None,
-         rewards: Tensor | None = None, beta: float = 0.1) -> Tensor:
+         rewards: Tensor | None = None, beta: float = 0.1
+         ) -> tuple[Tensor, dict[str, Tensor]]:
     """Pairwise contrastive policy gradient without importance sampling (our reading).
 
     For i, j in a group,
@@ -48,7 +48,7 @@ def copg(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
     G = segment_count(seg, n_seg, rt.dtype)[seg]
     c = torch.where(G > 1, (rt - segment_mean(rt, seg, n_seg)[seg]) * G / (G - 1).clamp(min=1),
                     torch.zeros_like(rt))
-    return _broadcast(-c * ell, mask)
+    return _broadcast(-c * ell, mask), {}
 
 
 @objective("gvpo", family="contrastive", needs=("ref_logp", "group", "rewards"),
@@ -56,7 +56,8 @@ def copg(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
            "Post-Training, 2025")
 def gvpo(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
          ref_logp: Tensor | None = None, group: Tensor | None = None,
-         rewards: Tensor | None = None, beta: float = 0.1) -> Tensor:
+         rewards: Tensor | None = None, beta: float = 0.1
+         ) -> tuple[Tensor, dict[str, Tensor]]:
     """L_i = [(beta l_i - mean_g beta l) - (R_i - mean_g R)]^2, l_i = sum_t (logp - ref_logp)
     the sequence log-ratio to the reference (our reading; gradients flow through the
     group mean too). Shapes: [n, T] -> [n, T]."""
@@ -65,7 +66,7 @@ def gvpo(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
     seg, n_seg, r = group_inputs("gvpo", logp.shape[0], group, rewards, logp.device)
     ell = beta * seq_sum(logp - ref_logp, mask)
     d = (ell - segment_mean(ell, seg, n_seg)[seg]) - (r - segment_mean(r, seg, n_seg)[seg])
-    return _broadcast(d ** 2, mask)
+    return _broadcast(d ** 2, mask), {}
 
 
 @objective("pairwise_dpo", family="contrastive", needs=("group", "rewards"),
@@ -73,7 +74,8 @@ def gvpo(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
            "Optimization (2023)")
 def pairwise_dpo(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, *,
                  ref_logp: Tensor | None = None, group: Tensor | None = None,
-                 rewards: Tensor | None = None, beta: float = 0.1) -> Tensor:
+                 rewards: Tensor | None = None, beta: float = 0.1
+                 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Winner-loser logistic loss on sequence log-ratios, over all pairs of a group.
 
     For every pair (w, l) of one group with R_w > R_l:
@@ -96,4 +98,4 @@ def pairwise_dpo(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tenso
     win = (rp[:, :, None] > rp[:, None, :]) & valid[:, :, None] & valid[:, None, :]
     pair = -F.logsigmoid(hp[:, :, None] - hp[:, None, :]) * win
     per = 0.5 * (pair.sum(2) + pair.sum(1))
-    return _broadcast(per[seg, rank], mask)
+    return _broadcast(per[seg, rank], mask), {}

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparring.rollout.players import Bot, BotPlayer, ModelPlayer, Player, as_player
+from sparring.rollout.seating import rotating
 
 MODES = ("uniform", "recency")
 
@@ -97,13 +98,9 @@ class OpponentPool:
         return player
 
     def players_fn(self, learner: Any, num_seats: int) -> Callable[[int], list[Player]]:
-        """Episode ``i``: the learner in seat ``i % num_seats``, sampled opponents elsewhere."""
-        me = as_player(learner)
-
-        def choose(i: int) -> list[Player]:
-            return [me if s == i % num_seats else self.sample() for s in range(num_seats)]
-
-        return choose
+        """Episode ``i``: the learner in seat ``i % num_seats``, sampled opponents elsewhere
+        (`sparring.rollout.seating.rotating`)."""
+        return rotating(as_player(learner), self.sample, num_seats)
 
     def state_dict(self) -> dict[str, Any]:
         version, internal, gauss = self.rng.getstate()

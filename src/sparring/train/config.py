@@ -36,18 +36,19 @@ def opt(default: Any, help: str, **check: float) -> Any:
 class ModelConfig:
     name: str = opt("tiny", "'tiny' (the built-in tiny model) or a Hugging Face id / local path")
     options: dict[str, Any] = opt({}, "constructor options (e.g. the tiny model's sizes)")
-    dtype: Literal["float32", "bfloat16", "float16"] = opt("float32", "weights dtype")
+    dtype: Literal["float32", "bfloat16", "float16"] = opt(
+        "float32", "dtype the weights are loaded in and trained in")
     device: str = opt("cpu", "'cpu', 'cuda', 'cuda:N', 'mps' or 'auto'")
     trust_remote_code: bool = opt(False, "allow model code from the hub (off unless you trust it)")
 
 
 @dataclass
 class EnvSpec:
-    name: str = opt("tictactoe", "environment name (see `sparring list envs`)")
+    name: str = opt("tictactoe", "environment name or alias (see `sparring list envs`)")
     options: dict[str, Any] = opt({}, "environment constructor options")
     weight: float = opt(1.0, "share of the step's episodes from this environment", ge=0)
-    seats: list[int] | None = opt(None, "seats the learner plays (null: all seats, self-play)")
-    opponents: list[str] = opt([], "who plays the other seats: bot names, 'self', 'pool'")
+    opponents: list[str] = opt([], "who plays the other seats: 'self', 'pool' or bot names "
+                               "(`sparring list bots`)")
     group_size: int = opt(1, "episodes per group (same start state / prompt)", ge=1)
     estimator_options: dict[str, Any] = opt({}, "estimator options for this env's rows")
 
@@ -80,7 +81,6 @@ class RolloutConfig:
     pool_bots: list[str] = opt(["random"], "bots in the opponent pool besides snapshots")
     pool_mode: Literal["uniform", "recency"] = opt(
         "recency", "how the pool samples: uniformly, or favouring recent snapshots")
-    options: dict[str, Any] = opt({}, "backend-specific rollout options")
 
 
 @dataclass
@@ -115,7 +115,9 @@ class AlgorithmConfig:
     estimator: str = opt("grpo", "advantage estimator (see `sparring list estimators`)")
     estimator_options: dict[str, Any] = opt({}, "keyword options of the estimator")
     shaping: list[dict[str, Any]] = opt(
-        [], "advantage shaping applied in order: [{name: ..., options: {...}}, ...]")
+        [], "shapers in order, [{name: ..., options: {...}}, ...] (`sparring list shapers`): "
+        "reward-level ones run before the estimator, advantage-level ones on its result, "
+        "keep filters last")
     objective: str = opt("ppo_clip", "policy objective (see `sparring list objectives`)")
     objective_options: dict[str, Any] = opt({}, "keyword options of the objective")
     aggregation: str = opt("token-mean", "loss aggregation (see `sparring list aggregations`)")
@@ -186,10 +188,10 @@ class EvalConfig:
     every: int = opt(0, "evaluate every N steps (0: only at the end)", ge=0)
     at_start: bool = opt(True, "also evaluate before the first update")
     games: int = opt(200, "games per (environment, opponent), the learner's seat rotating", ge=1)
-    opponents: list[str] = opt(["random"], "bots to evaluate against (see sparring.train.setup)")
+    opponents: list[str] = opt(["random"], "bots to evaluate against (`sparring list bots`)")
     greedy: bool = opt(True, "evaluate the greedy (argmax) policy rather than sampling")
-    exploitability: bool = opt(True, "exact exploitability for Kuhn and Leduc poker")
-    options: dict[str, Any] = opt({}, "extra options of the evaluation function")
+    exploitability: bool = opt(True, "exact exploitability in games that declare their tree "
+                               "(Kuhn and Leduc poker)")
 
 
 @dataclass
@@ -228,9 +230,11 @@ def _registry_check(kind: str, name: str, key: str) -> None:
     from sparring.registry import UnknownNameError
     try:
         if kind == "estimator":
-            from sparring.advantages import ESTIMATORS, _load_families
-            _load_families()
+            from sparring.advantages import ESTIMATORS
             ESTIMATORS.get(name)
+        elif kind == "shaper":
+            from sparring.advantages.shaping import SHAPERS
+            SHAPERS.get(name)
         elif kind == "objective":
             from sparring.objectives import OBJECTIVES
             from sparring.objectives import _load_families as load_obj
@@ -256,7 +260,10 @@ def _options_check(kind: str, name: str, options: dict[str, Any], key: str) -> N
     """Options must be keyword options of the registered function (clear error otherwise)."""
     if kind == "estimator":
         from sparring.advantages import ESTIMATORS as reg
-        internal: tuple[str, ...] = ("advantages", "out")
+        internal: tuple[str, ...] = ("state",)
+    elif kind == "shaper":
+        from sparring.advantages.shaping import SHAPERS as reg
+        internal = ()
     else:
         from sparring.objectives import OBJECTIVES as reg
         internal = ("ref_logp", "group", "rewards", "agent", "episode", "turn", "length")
@@ -278,16 +285,19 @@ def validate(cfg: Config) -> Config:
         if set(spec) - {"name", "options"} or "name" not in spec:
             raise ConfigError(f"algorithm.shaping.{i}: expected {{name: ..., options: {{...}}}}, "
                               f"got {spec!r}")
-        _registry_check("estimator", spec["name"], f"algorithm.shaping.{i}.name")
-        _options_check("estimator", spec["name"], spec.get("options") or {},
+        _registry_check("shaper", spec["name"], f"algorithm.shaping.{i}.name")
+        _options_check("shaper", spec["name"], spec.get("options") or {},
                        f"algorithm.shaping.{i}.options")
     for i, env in enumerate(cfg.envs):
         _registry_check("env", env.name, f"envs.{i}.name")
         _options_check("estimator", a.estimator, env.estimator_options,
                        f"envs.{i}.estimator_options")
-    if a.estimator == "archer_targets" and a.value == "off":
-        raise ConfigError("algorithm.value: archer_targets needs the utterance critic the "
-                          "learner trains (twin Q/V heads); set algorithm.value to auto or on")
+    from sparring.advantages import ESTIMATORS
+    critic_needs = {"values", "utterance_critic"} & set(ESTIMATORS.get(a.estimator).needs)
+    if critic_needs and a.value == "off":
+        raise ConfigError(f"algorithm.value: estimator {a.estimator!r} needs "
+                          f"{' and '.join(sorted(critic_needs))} from a critic the learner "
+                          "trains; set algorithm.value to auto or on")
     if len(cfg.optim.betas) != 2 or not all(0 <= b < 1 for b in cfg.optim.betas):
         raise ConfigError(f"optim.betas: expected two numbers in [0, 1), got {cfg.optim.betas}")
     if cfg.train.microbatch_size and cfg.train.minibatch_size \

@@ -21,17 +21,20 @@ import logging
 import math
 from collections import defaultdict
 from contextlib import nullcontext
+from collections.abc import Collection
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from sparring.aggregation import aggregate, count_seqs, count_tokens
+from sparring.critic.archer import Archer
+from sparring.critic.value_head import Critic, capture_hidden
 from sparring.data import TurnBatch
+from sparring.kl import kl_estimate
 from sparring.objectives import OBJECTIVES
 from sparring.objectives import _load_families as _load_objectives
-from sparring.objectives import loss as objective_loss
-from sparring.objectives.kl import KL_ESTIMATORS
+from sparring.objectives import compute as objective_compute
 from sparring.policy.forward import token_logprobs
 from sparring.policy.prefix import (
     SHARED_PREFIX_MIN,
@@ -39,11 +42,9 @@ from sparring.policy.prefix import (
     find_prefixes,
     first_action_positions,
 )
-from sparring.train.archer import Archer, uses_archer
 from sparring.train.config import Config
 from sparring.train.lora import is_peft
 from sparring.train.schedule import LRSchedule
-from sparring.train.value_head import Critic, capture_hidden
 
 log = logging.getLogger(__name__)
 
@@ -59,21 +60,28 @@ class NonFiniteError(RuntimeError):
 class Learner:
     """Owns the optimizer, schedule, reference / magnet model and critic of one policy."""
 
-    def __init__(self, model: nn.Module, cfg: Config, *, temperature: float | None = None):
+    def __init__(self, model: nn.Module, cfg: Config, *, needs: Collection[str] = (),
+                 temperature: float | None = None):
+        """``needs``: what the advantage stage asks the learner to supply
+        (`AdvantageStage.needs`): ``values`` builds a critic (unless ``algorithm.value`` is
+        off), ``utterance_critic`` ArCHer's twin Q/V critic; see `annotate`."""
         self.model, self.cfg = model, cfg
+        self.needs = frozenset(needs)
         self.device = next(model.parameters()).device
         a, o = cfg.algorithm, cfg.optim
         self.temperature = cfg.rollout.temperature if temperature is None else temperature
         _load_objectives()
         self.objective = OBJECTIVES.get(a.objective)
-        self.needs_ref = a.kl.coef > 0 or "ref_logp" in self.objective.needs
+        self.needs_ref = (a.kl.coef > 0 or "ref_logp" in self.objective.needs
+                          or "ref_logp" in self.needs)
         self.ref_model: nn.Module | None = None
         if self.needs_ref and (a.kl.reference == "magnet" or not is_peft(model)):
             self.ref_model = copy.deepcopy(model).eval()
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
         # ArCHer's utterance critic has its own optimizer (sparring.train.archer)
-        self.archer = Archer(model, cfg) if uses_archer(cfg) else None
+        self.archer = (Archer(model, cfg) if "utterance_critic" in self.needs
+                       and a.value != "off" else None)
         self.critic: Critic | None = None
         if self.archer is None and self._wants_values():
             self.critic = Critic(model, a.critic, a.value_hidden)
@@ -94,12 +102,7 @@ class Learner:
 
     def _wants_values(self) -> bool:
         mode = self.cfg.algorithm.value
-        if mode != "auto":
-            return mode == "on"
-        from sparring.advantages import ESTIMATORS, _load_families
-        _load_families()
-        name = self.cfg.algorithm.estimator
-        return name in ESTIMATORS and "values" in ESTIMATORS.get(name).needs
+        return mode == "on" or (mode == "auto" and "values" in self.needs)
 
     def _ref_context(self):
         if self.ref_model is None and is_peft(self.model):
@@ -151,7 +154,8 @@ class Learner:
 
     @torch.no_grad()
     def _per_row(self, batch: TurnBatch, what: str) -> Tensor:
-        """``what`` in {policy, ref, values} over all rows, no grad, in micro-batches."""
+        """``what`` in {policy, entropy, ref, values} over all rows, no grad, in
+        micro-batches."""
         batch = batch.to(self.device)
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.device)
         was_training = self.model.training
@@ -170,9 +174,10 @@ class Learner:
                 elif what == "values":
                     out[rows, :L] = self._forward(ids, att, with_values=True)[2].float()
                 else:
-                    out[rows, :L] = self._forward(
+                    logp, ent, _ = self._forward(
                         ids, att, with_values=False, allowed=self._allowed(batch, rows),
-                        amask=batch.action_mask[rows, :L])[0].float()
+                        amask=batch.action_mask[rows, :L])
+                    out[rows, :L] = (ent if what == "entropy" else logp).float()
         finally:
             self.model.train(was_training)
         return out * batch.action_mask
@@ -188,13 +193,33 @@ class Learner:
             raise ValueError("this run has no reference model (algorithm.kl.coef is 0)")
         return self._per_row(batch, "ref")
 
-    # ------------------------------------------------------------ the update
+    def annotate(self, batch: TurnBatch, needs: Collection[str]
+                 ) -> tuple[TurnBatch, dict[str, float]]:
+        """``batch`` with what an advantage stage ``needs`` from the learner, and metrics.
 
-    def _clip_eps(self) -> tuple[float, float]:
-        o = self.cfg.algorithm.objective_options
-        eps = float(o.get("clip_eps", o.get("eps", 0.2)))
-        return float(o.get("clip_low", o.get("eps_low", eps))), \
-            float(o.get("clip_high", o.get("eps_high", eps)))
+        ``values``: critic values on the action tokens; ``utterance_critic``: ArCHer's critic
+        is first updated from its replay buffer (which takes in this batch), then its
+        per-turn outputs go into ``batch.extras`` (q1, q2, v1, v2); ``ref_logp``: reference
+        log-probs; ``entropies``: the current policy's token entropies (when the rollout did
+        not record them)."""
+        batch = batch.to(self.device)
+        metrics: dict[str, float] = {}
+        if "values" in needs or self.critic is not None:
+            batch = batch.with_fields(values=self.values(batch))
+        if "utterance_critic" in needs:
+            if self.archer is None:
+                raise ValueError("the estimator needs ArCHer's utterance critic, but this "
+                                 "learner has none (algorithm.value is off)")
+            metrics.update(self.archer.observe(batch))
+            batch, td = self.archer.annotate(batch)
+            metrics.update(td)
+        if "ref_logp" in needs and batch.ref_logp is None:
+            batch = batch.with_fields(ref_logp=self.ref_logprobs(batch))
+        if "entropies" in needs and batch.entropy is None:
+            batch = batch.with_fields(entropy=self._per_row(batch, "entropy"))
+        return batch, metrics
+
+    # ------------------------------------------------------------ the update
 
     def _micro_loss(self, batch: TurnBatch, rows: Tensor, adv: Tensor, old: Tensor,
                     ref: Tensor | None, mask: Tensor, counts: dict[str, Any],
@@ -209,8 +234,8 @@ class Learner:
         ref_r = None if ref is None else ref[rows, :L]
         row_opts = {k: getattr(batch, f)[rows] for k, f in _ROW_OPTIONS.items()
                     if k in self.objective.needs}
-        tok = objective_loss(a.objective, logp, old_r, adv_r, m, ref_logp=ref_r,
-                             **row_opts, **a.objective_options)
+        tok, diagnostics = objective_compute(a.objective, logp, old_r, adv_r, m, ref_logp=ref_r,
+                                             **row_opts, **a.objective_options)
 
         def agg(x: Tensor) -> Tensor:
             return aggregate(x, m, a.aggregation, **counts)
@@ -219,20 +244,22 @@ class Learner:
         total = pol
         mf = m.float()
         with torch.no_grad():
-            log_ratio = (logp - old_r) * mf
-            ratio = torch.exp(log_ratio)
-            lo, hi = self._clip_eps()
-            clipped = ((ratio < 1 - lo) | (ratio > 1 + hi)).float() * mf
+            ntok = float(mf.sum())
             stats["policy_loss"] += float(pol.detach())
-            stats["_tok/approx_kl"] += float(((ratio - 1) - log_ratio).mul(mf).sum())
-            stats["_tok/clip_frac"] += float(clipped.sum())
+            # k3 of KL(pi_old || pi) on the tokens pi_old sampled
+            stats["_tok/approx_kl"] += float(kl_estimate(old_r, logp, m, "k3").sum())
             stats["_tok/entropy"] += float((ent * mf).sum())
-            stats["_tok/ratio"] += float((ratio * mf).sum())
-            stats["_ntok"] += float(mf.sum())
+            if ntok > 0:  # the objective's own diagnostics (clip_frac, ratio, ...)
+                for k, v in diagnostics.items():
+                    if k.endswith("_max"):  # a maximum over the step, not a mean
+                        stats[f"_max/{k}"] = max(stats.get(f"_max/{k}", -math.inf), float(v))
+                    else:
+                        stats[f"_tok/{k}"] += float(v) * ntok
+            stats["_ntok"] += ntok
         if ref_r is not None:
-            kl_tok = KL_ESTIMATORS[a.kl.estimator](logp, ref_r)
+            kl_tok = kl_estimate(logp, ref_r, m, a.kl.estimator)
             with torch.no_grad():
-                stats["_tok/kl"] += float((kl_tok * mf).sum())
+                stats["_tok/kl"] += float(kl_tok.sum())
             if a.kl.coef > 0:
                 total = total + a.kl.coef * agg(kl_tok)
         if a.entropy_coef > 0:
@@ -336,8 +363,12 @@ class Learner:
         ntok = max(stats.pop("_ntok", 0.0), 1.0)
         n_loss = max(steps + skips, 1)
         for k, v in stats.items():
-            out[k[5:] if k.startswith("_tok/") else k] = v / (ntok if k.startswith("_tok/")
-                                                               else n_loss)
+            if k.startswith("_max/"):
+                out[k[5:]] = v
+            elif k.startswith("_tok/"):
+                out[k[5:]] = v / ntok
+            else:
+                out[k] = v / n_loss
         out.update(grad_norm=sum(grad_norms) / max(len(grad_norms), 1), optimizer_steps=steps,
                    skipped_updates=skips, total_skipped_updates=self.total_skips)
         return out

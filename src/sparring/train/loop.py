@@ -3,11 +3,11 @@
 ``train(cfg, model, rollout_fn, eval_fn)`` runs ``cfg.train.steps`` steps; each step
 
 1. ``episodes = rollout_fn(step)`` (the caller's rollouts, sampled from ``model``),
-2. ``batch = collate(episodes)`` (critic values filled when the estimator needs them;
-   for ArCHer the utterance critic is updated from its replay buffer, then its per-turn
-   outputs go into ``batch.extras``, see `sparring.train.archer`),
-3. ``adv, keep = advantages.compute(estimator, batch, **options)`` (per-env options),
-   then each shaping ``compute(name, batch, advantages=adv, **options)`` in order,
+2. ``batch = learner.annotate(collate(episodes), stage.needs)``: what the advantage stage
+   needs from the learner (critic values, ArCHer's utterance critic -- updated from its
+   replay buffer first --, reference log-probs, entropies),
+3. ``adv, keep = stage(batch)``: reward shapers, estimator, advantage shapers and keep
+   filters, per environment (`sparring.advantages.stage.AdvantageStage`),
 4. ``learner.update(batch, adv, keep)``,
 5. metrics to ``metrics.jsonl``; evaluation every ``eval.every`` steps and at the end;
    a checkpoint every ``checkpoint.every`` steps, at the end, and on a crash
@@ -26,11 +26,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
+
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from sparring.advantages import ESTIMATORS, _load_families, compute
+from sparring.advantages.stage import AdvantageStage
 from sparring.data import Episode, TurnBatch, collate
 from sparring.segments import segment_first
 from sparring.train.checkpoint import (
@@ -48,49 +48,14 @@ from sparring.train.lora import apply_lora, is_peft, load_trainable_state, train
 from sparring.train.metrics import MetricsLogger, truncate_metrics
 
 RolloutFn = Callable[[int], Sequence[Episode]]
-EvalFn = Callable[[int], Mapping[str, Any]]
+EvalFn = Callable[[int, Learner], Mapping[str, Any]]  # (step, learner) -> metrics
 CONFIG_FILE = "config.yaml"
 REFERENCE_FILE = "reference.safetensors"
 
 
-def batch_layout(cfg: Config) -> str:
-    _load_families()
-    layout = ESTIMATORS.get(cfg.algorithm.estimator).layout
-    return cfg.rollout.layout if layout == "any" else layout
-
-
-def _env_options(cfg: Config, env_names: list[str]) -> list[dict[str, Any]]:
-    """Estimator options for each env of the batch: global options <- per-env options."""
-    per_env: dict[str, dict[str, Any]] = {}
-    for spec in cfg.envs:
-        if spec.name in per_env and per_env[spec.name] != spec.estimator_options:
-            raise ValueError(f"envs list {spec.name!r} twice with different estimator_options")
-        per_env[spec.name] = spec.estimator_options
-    base = cfg.algorithm.estimator_options
-    return [{**base, **per_env.get(name, {})} for name in env_names]
-
-
-def advantages(batch: TurnBatch, cfg: Config,
-               extra: Mapping[str, Any] | None = None) -> tuple[Tensor, Tensor]:
-    """Estimator (per-env options; statistics then stay within an env) and shaping.
-    ``extra``: run-time estimator options that are objects, not config (e.g. the running
-    ``tracker`` of ``role_ema``, checkpointed as a stateful object)."""
-    name = cfg.algorithm.estimator
-    opts = [{**o, **(extra or {})} for o in _env_options(cfg, batch.env_names)]
-    if all(o == opts[0] for o in opts):
-        adv, keep = compute(name, batch, **(opts[0] if opts else {
-            **cfg.algorithm.estimator_options, **(extra or {})}))
-    else:
-        adv = torch.zeros(batch.input_ids.shape, device=batch.device)
-        keep = torch.ones(batch.n_rows, dtype=torch.bool, device=batch.device)
-        for k, o in enumerate(opts):
-            rows = (batch.env_id == k).nonzero().squeeze(1)
-            if len(rows):
-                adv[rows], keep[rows] = compute(name, batch.select(rows), **o)
-    for spec in cfg.algorithm.shaping:
-        adv, k2 = compute(spec["name"], batch, advantages=adv, **spec.get("options", {}))
-        keep = keep & k2
-    return adv, keep
+def batch_layout(cfg: Config, stage: AdvantageStage) -> str:
+    """The stage's estimator layout, or ``rollout.layout`` when it works on either."""
+    return cfg.rollout.layout if stage.layout == "any" else stage.layout
 
 
 def rollout_metrics(episodes: Sequence[Episode], batch: TurnBatch, adv: Tensor,
@@ -144,15 +109,10 @@ def train(cfg: Config, model: nn.Module, rollout_fn: RolloutFn, eval_fn: EvalFn 
         seed_everything(cfg.train.seed)
     if cfg.lora.enabled and not is_peft(model):
         model = apply_lora(model, cfg.lora)
-    learner = Learner(model, cfg)
-    extra: dict[str, Any] = {}
-    for obj in (stateful or {}).values():
-        if hasattr(obj, "attach_learner"):  # e.g. evaluation that also scores the magnet
-            obj.attach_learner(learner)
-        if hasattr(obj, "estimator_options"):  # e.g. role_ema's running baselines
-            extra.update(obj.estimator_options())
+    stage = AdvantageStage.from_config(cfg)
+    learner = Learner(model, cfg, needs=stage.needs)
     weights_name = "adapter" if is_peft(model) else "model"
-    objects: dict[str, Any] = {"learner": learner, "rng": RNGState()}
+    objects: dict[str, Any] = {"learner": learner, "stage": stage, "rng": RNGState()}
     objects.update({f"user.{k}": v for k, v in (stateful or {}).items()})
     ref_state = learner.reference_state()
     start = 0
@@ -172,7 +132,7 @@ def train(cfg: Config, model: nn.Module, rollout_fn: RolloutFn, eval_fn: EvalFn 
     logger = MetricsLogger(run, total_steps=total, start_step=start, progress=lg.progress,
                            keys=lg.keys, tensorboard=lg.tensorboard, wandb=lg.wandb,
                            wandb_project=lg.wandb_project, config=None)
-    layout = batch_layout(cfg)
+    layout = batch_layout(cfg, stage)
     done = start
 
     def checkpoint(step: int, meta: dict[str, Any] | None = None) -> None:
@@ -181,20 +141,14 @@ def train(cfg: Config, model: nn.Module, rollout_fn: RolloutFn, eval_fn: EvalFn 
 
     try:
         if start == 0 and eval_fn is not None and cfg.eval.at_start:
-            logger.log(0, {f"eval/{k}": v for k, v in eval_fn(0).items()})
+            logger.log(0, {f"eval/{k}": v for k, v in eval_fn(0, learner).items()})
         for i in range(start, total):
             t0 = time.perf_counter()
             episodes = list(rollout_fn(i))
             t1 = time.perf_counter()
             batch = collate(episodes, layout=layout, pad_id=pad_id).to(learner.device)
-            if learner.critic is not None:
-                batch = batch.with_fields(values=learner.values(batch))
-            critic_metrics: dict[str, float] = {}
-            if learner.archer is not None:  # critic updates first, then its outputs as extras
-                critic_metrics = learner.archer.observe(batch)
-                batch, td = learner.archer.annotate(batch)
-                critic_metrics.update(td)
-            adv, keep = advantages(batch, cfg, extra)
+            batch, critic_metrics = learner.annotate(batch, stage.needs)
+            adv, keep = stage(batch)
             metrics = rollout_metrics(episodes, batch, adv, keep)
             metrics.update(critic_metrics)
             metrics.update(learner.update(batch, adv, keep))
@@ -207,7 +161,7 @@ def train(cfg: Config, model: nn.Module, rollout_fn: RolloutFn, eval_fn: EvalFn 
             every = cfg.eval.every
             if eval_fn is not None and (step == total or (every and step % every == 0)):
                 t3 = time.perf_counter()
-                metrics.update({f"eval/{k}": v for k, v in eval_fn(step).items()})
+                metrics.update({f"eval/{k}": v for k, v in eval_fn(step, learner).items()})
                 metrics["time/eval"] = time.perf_counter() - t3
             logger.log(step, metrics)
             done = step

@@ -5,12 +5,17 @@ calling the bot does the same). Search bots need ``env.clone()`` (all built-in g
 * `MinimaxBot`: exact minimax for two-seat zero-sum perfect-information games
   (tic-tac-toe, Nim), memoised over ``state_key()``, random tie-breaking.
 * `MCTSBot`: UCT with random rollouts (Connect Four), configurable simulations.
-* `CFRBot`: plays the CFR+ average strategy of Kuhn or Leduc poker, solved on first use.
+* `CFRBot`: plays the CFR+ average strategy of a game with an exact tree (Kuhn, Leduc),
+  solved on first use.
+
+`BOTS` (`sparring.envs.bots.registry`) names them for configs and the command line.
 """
 
 from sparring.envs.bots.cfr import CFRBot, cfr_policy
 from sparring.envs.bots.mcts import MCTSBot
 from sparring.envs.bots.minimax import MinimaxBot, minimax_value
+from sparring.envs.bots.registry import BOTS, make_bot
 from sparring.envs.bots.simple import Bot, RandomBot
 
-__all__ = ["Bot", "CFRBot", "MCTSBot", "MinimaxBot", "RandomBot", "cfr_policy", "minimax_value"]
+__all__ = ["BOTS", "Bot", "CFRBot", "MCTSBot", "MinimaxBot", "RandomBot", "cfr_policy",
+           "make_bot", "minimax_value"]

@@ -82,14 +82,17 @@ def _cached(name: str, iterations: int, variant: str, options: tuple) -> dict:
 
 def cfr_policy(game: str, iterations: int = 1000, variant: str = "cfr+", **options: Any):
     """The solved average strategy for a registered game (cached per process)."""
-    return _cached(game, iterations, variant, tuple(sorted(options.items())))
+    from sparring.envs import env_entry
+
+    return _cached(env_entry(game).name, iterations, variant, tuple(sorted(options.items())))
 
 
 class CFRBot(Bot):
     """Samples from the CFR+ average strategy of ``env.info_state(seat)``.
 
-    The strategy is solved on first use for the env's game (``env.name`` and, for Kuhn,
-    its number of players) with ``iterations`` CFR+ iterations.
+    The strategy is solved on first use for the env's game (``env.name`` and the options
+    its tree depends on, ``env.tree_options()``; see `sparring.envs.base.TreeGame`) with
+    ``iterations`` CFR+ iterations.
     """
 
     def __init__(self, iterations: int = 1000, variant: str = "cfr+", seed: int = 0) -> None:
@@ -99,6 +102,6 @@ class CFRBot(Bot):
 
     def act(self, env: Any, seat: int) -> str:
         legal = self._legal(env, seat)
-        opts = {"players": env.num_seats} if env.name == "kuhn_poker" else {}
-        probs = cfr_policy(env.name, self.iterations, self.variant, **opts)[env.info_state(seat)]
+        probs = cfr_policy(env.name, self.iterations, self.variant,
+                           **env.tree_options())[env.info_state(seat)]
         return self.rng.choices(legal, weights=[probs.get(a, 0.0) for a in legal])[0]

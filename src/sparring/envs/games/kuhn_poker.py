@@ -89,6 +89,10 @@ class KuhnPoker(ChoiceGame):
     def info_state(self, seat: int) -> str:
         return f"{RANKS[self.cards[seat]]}|{''.join(self.history)}"
 
+    def tree_options(self) -> dict[str, int]:
+        """The options its game tree depends on (``compact`` changes only the text)."""
+        return {"players": self.num_seats}
+
     def step(self, action: str) -> StepResult:
         if self.done or action not in ACTIONS:
             raise self._illegal(action)
@@ -122,7 +126,8 @@ class KuhnPoker(ChoiceGame):
         return "".join(RANKS[c] for c in self.cards) + "|" + "".join(self.history)
 
 
-@register_env("kuhn_poker", family="game", source="Kuhn (1950); rules as OpenSpiel kuhn_poker")
+@register_env("kuhn_poker", family="game", source="Kuhn (1950); rules as OpenSpiel kuhn_poker",
+              game_tree=True)
 def make_kuhn_poker(players: int = 2, compact: bool = False) -> KuhnPoker:
     """Kuhn poker; ``players``: 2 or 3; ``compact``: the acting seat sees only its card and
     the moves so far (``"K pb"``), for tiny models."""

@@ -42,6 +42,10 @@ class Leduc(ChoiceGame):
         self.seed = seed
         self.reset_deal(tuple(random.Random(seed).sample(range(6), 3)))
 
+    def tree_options(self) -> dict[str, int]:
+        """The options its game tree depends on: none (``compact`` changes only the text)."""
+        return {}
+
     def reset_deal(self, deal: tuple[int, int, int]) -> None:
         """Start a hand with cards (seat 0, seat 1, public); the public card shows in round 2."""
         if len(deal) != 3 or len(set(deal)) != 3 or not all(0 <= c < 6 for c in deal):
@@ -145,7 +149,8 @@ class Leduc(ChoiceGame):
         return (f"{c[0]}{c[1]}{c[2]}|{''.join(self.rounds[0])}/{''.join(self.rounds[1])}")
 
 
-@register_env("leduc", family="game", source="Southey et al. (2005); rules as OpenSpiel leduc_poker")
+@register_env("leduc", family="game", source="Southey et al. (2005); rules as OpenSpiel leduc_poker",
+              aliases=("leduc_poker",), game_tree=True)
 def make_leduc(compact: bool = False) -> Leduc:
     """Leduc hold'em; ``compact``: the acting seat sees only its card, the public card and
     the moves per round (``"KQ rc/r"``), for tiny models."""

@@ -71,7 +71,8 @@ class TicTacToe(TwoPlayerBoardGame):
         return "".join(self.board)
 
 
-@register_env("tictactoe", family="game", source="classic; rules as OpenSpiel tic_tac_toe")
+@register_env("tictactoe", family="game", source="classic; rules as OpenSpiel tic_tac_toe",
+              aliases=("tic_tac_toe",))
 def make_tictactoe(compact: bool = False) -> TicTacToe:
     """Tic-tac-toe; ``compact``: the mover sees only its mark and cells 1-9 in order
     (``"O X...O.X.."``), for tiny models."""

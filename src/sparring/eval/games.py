@@ -6,8 +6,9 @@
   draw = 0, loss < 0. Reports rates with Wilson 95% intervals (``_lo``/``_hi``), per-seat
   non-loss rates, the mean return and the learner's invalid-action rate.
 * `policy_exploitability`: the model's action probabilities at every information state
-  of Kuhn or Leduc poker (the constrained-decoding distribution over legal actions, the
-  prompt being the current observation only), fed to `sparring.eval.exploitability`.
+  of a game that declares its tree (Kuhn, Leduc poker; `sparring.envs.has_game_tree`) --
+  the constrained-decoding distribution over legal actions, the prompt being the current
+  observation only --, fed to `sparring.eval.exploitability`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 import torch
 
-from sparring.envs import make
+from sparring.envs import env_entry, make
 from sparring.eval.exploitability import exploitability
 from sparring.eval.stats import wilson
 from sparring.policy.forward import token_logprobs
@@ -25,6 +26,7 @@ from sparring.policy.sampling import SamplingParams
 from sparring.rollout.arena import Arena
 from sparring.rollout.players import BotPlayer, ModelPlayer
 from sparring.rollout.prompts import PromptBuilder, PromptConfig
+from sparring.rollout.seating import learner_seat, rotating
 
 
 def evaluate_vs_bot(arena: Arena, policy: HFPolicy, sampling: SamplingParams, env: str,
@@ -33,13 +35,13 @@ def evaluate_vs_bot(arena: Arena, policy: HFPolicy, sampling: SamplingParams, en
     other = BotPlayer(bot, name="bot")
     seats = make(env, **options).num_seats
     eps = arena.play(env, dict(options), seeds=[seed + i for i in range(n)], group_size=1,
-                     players_fn=lambda i: [me if s == i % seats else other for s in range(seats)])
+                     players_fn=rotating(me, lambda: other, seats))
     wins = draws = losses = 0
     ret = 0.0
     per_seat = [[0, 0] for _ in range(seats)]  # [non-losses, games]
     my_turns = invalid = 0
     for i, ep in enumerate(eps):
-        seat = i % seats
+        seat = learner_seat(i, seats)
         r = float(ep.info.get("env_returns", ep.returns)[seat])
         ret += r
         wins, draws, losses = wins + (r > 0), draws + (r == 0), losses + (r < 0)
@@ -63,7 +65,7 @@ _POINTS: dict[str, dict[str, tuple[int, Any]]] = {}  # the walk is deterministic
 
 def _decision_points(env_name: str, options: dict[str, Any]) -> dict[str, tuple[int, Any]]:
     """Every information state -> (seat, a copy of an env at it), by walking all deals."""
-    key = repr((env_name, sorted(options.items())))
+    key = repr((env_entry(env_name).name, sorted(options.items())))
     if key not in _POINTS:
         _POINTS[key] = _walk_decision_points(env_name, options)
     return _POINTS[key]

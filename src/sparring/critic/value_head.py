@@ -1,6 +1,6 @@
 """Value functions for estimators that need ``batch.values`` (gae, turn_gae); the pieces
 (`ValueHead`, `critic_body`, `last_hidden`) are shared with ArCHer's utterance critic
-(`sparring.train.archer`).
+(`sparring.critic.archer`).
 
 * ``head``: a small MLP on the policy's last hidden state (shared trunk; the value loss
   also trains the trunk).

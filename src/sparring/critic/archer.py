@@ -39,23 +39,21 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
 from sparring.advantages.critic import archer_q_target, archer_td_targets, archer_v_target
+from sparring.critic.replay import TurnReplay
+from sparring.critic.value_head import ValueHead, critic_body, last_hidden, output_embedding
 from sparring.data import TurnBatch
-from sparring.train.config import Config
-from sparring.train.replay import TurnReplay
-from sparring.train.value_head import ValueHead, critic_body, last_hidden, output_embedding
+
+if TYPE_CHECKING:
+    from sparring.train.config import Config
 
 HEADS = ("q1", "q2", "v1", "v2")
 DEFAULT_CHUNK = 64  # rows per critic forward when train.microbatch_size is 0
-
-
-def uses_archer(cfg: Config) -> bool:
-    return cfg.algorithm.estimator == "archer_targets" and cfg.algorithm.value != "off"
 
 
 class UtteranceCritic(nn.Module):

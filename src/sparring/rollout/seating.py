@@ -1,0 +1,30 @@
+"""Seat rotation: the learner against other players, every seat played equally often.
+
+Episode ``i`` of a batch puts the learner in seat ``learner_seat(i, num_seats) = i % num_seats``
+and an opponent in every other seat, so a batch of ``k * num_seats`` episodes plays each
+seat ``k`` times and seat advantage cancels in the totals. Used by the rollout schedule
+(bots, the opponent pool) and by evaluation against bots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+def learner_seat(episode: int, num_seats: int) -> int:
+    """The learner's seat in episode ``episode`` of a rotating batch."""
+    return episode % num_seats
+
+
+def rotating(learner: Any, opponent: Callable[[], Any],
+             num_seats: int) -> Callable[[int], list[Any]]:
+    """An ``Arena.play(players_fn=...)`` chooser: episode ``i`` has ``learner`` in seat
+    ``learner_seat(i, num_seats)`` and ``opponent()`` (called once per other seat, in seat
+    order: a fixed player, or one sampled from a pool) everywhere else."""
+
+    def choose(i: int) -> list[Any]:
+        me = learner_seat(i, num_seats)
+        return [learner if s == me else opponent() for s in range(num_seats)]
+
+    return choose
