@@ -42,12 +42,12 @@ def test_per_env_rule_does_not_depend_on_option_values():
     other, _ = _stage(1.0000001e-6)(b)
     # whitening two values with the unbiased std gives +-1/sqrt(2) in each env
     s = 1 / math.sqrt(2)
-    assert same[:, 0].tolist() == pytest.approx([s, -s, -s, s], abs=1e-5)
-    assert other[:, 0].tolist() == pytest.approx(same[:, 0].tolist(), abs=1e-9)
+    assert same.sum(1).tolist() == pytest.approx([s, -s, -s, s], abs=1e-5)
+    assert other.sum(1).tolist() == pytest.approx(same.sum(1).tolist(), abs=1e-9)
     # the pooled numbers the old code gave for equal options: mean 1.125, std over 4
     pooled = [(r - 1.125) / (math.sqrt(sum((x - 1.125) ** 2 for x in (1, 0, .5, 3)) / 3))
               for r in (1, 0, .5, 3)]
-    assert same[:, 0].tolist() != pytest.approx(pooled, abs=1e-3)
+    assert same.sum(1).tolist() != pytest.approx(pooled, abs=1e-3)
 
 
 def test_env_options_override_global_options_per_env():
@@ -61,7 +61,7 @@ def test_env_options_override_global_options_per_env():
     adv, _ = stage(b2)
     # tictactoe: R - mean = +-0.5 (no scaling); nim: (R - 1.75) / (std 1.7678 + 1e-6)
     sd = math.sqrt(2 * 1.25 ** 2)
-    assert adv[:, 0].tolist() == pytest.approx([0.5, -0.5, -1.25 / (sd + 1e-6),
+    assert adv.sum(1).tolist() == pytest.approx([0.5, -0.5, -1.25 / (sd + 1e-6),
                                                1.25 / (sd + 1e-6)], abs=1e-5)
 
 
@@ -80,13 +80,13 @@ def test_stage_owns_and_checkpoints_estimator_state():
     assert stage.state is not None
     adv1, _ = stage(b)
     # first call: baseline 0 -> A = R; then b <- 0.5 * 0 + 0.5 * mean_env R
-    assert adv1[:, 0].tolist() == pytest.approx([1.0, 0.0, 0.5, 3.0])
+    assert adv1.sum(1).tolist() == pytest.approx([1.0, 0.0, 0.5, 3.0])
     saved = stage.state_dict()
     fresh = AdvantageStage("role_ema", {"decay": 0.5, "init": 0.0})
     fresh.load_state_dict(saved)
     adv2, _ = fresh(b)
     # baselines 0.25 (tictactoe seat 0: mean 0.5) and 0.875 (nim: mean 1.75)
-    assert adv2[:, 0].tolist() == pytest.approx([0.75, -0.25, -0.375, 2.125])
+    assert adv2.sum(1).tolist() == pytest.approx([0.75, -0.25, -0.375, 2.125])
     assert stage(b)[0].tolist() == adv2.tolist()
     with pytest.raises(ValueError, match="does not fit"):
         AdvantageStage("grpo").load_state_dict(saved)
@@ -118,3 +118,13 @@ def test_no_estimator_or_objective_name_is_compared_outside_its_registry():
             if pattern.search(line):
                 offenders.append(f"{rel}:{i}: {line.strip()}")
     assert not offenders, "\n".join(offenders)
+
+
+def test_env_options_follow_an_openspiel_alias_to_the_canonical_name():
+    cfg = from_dict({"algorithm": {"estimator": "grpo"},
+                     "envs": [{"name": "tic_tac_toe", "estimator_options": {"scale": False}}]})
+    stage = AdvantageStage.from_config(cfg)
+    assert stage.env_options == {"tictactoe": {"scale": False}}
+    b = _two_env_batch().with_fields(group=torch.tensor([0, 0, 1, 1]))
+    adv, _ = stage(b)
+    assert adv[:2].sum(1).tolist() == pytest.approx([0.5, -0.5])  # not scaled: R - mean

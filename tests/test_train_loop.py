@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from sparring.advantages.stage import AdvantageStage
 from sparring.data import Episode, Turn, collate
 from sparring.train.checkpoint import step_dirs
 from sparring.train.config import from_dict
-from sparring.advantages.stage import AdvantageStage
 from sparring.train.loop import rollout_metrics, train
 from sparring.train.metrics import read_metrics
 from tests import train_helpers as th
@@ -82,7 +82,7 @@ def test_crash_writes_a_checkpoint_and_reraises(tmp_path):
     doc = json.loads((dirs[0][1] / "state.json").read_text())
     assert doc["meta"]["crash"].startswith("KeyboardInterrupt")
     assert sorted(p.name for p in dirs[0][1].iterdir()) == [
-        "model.safetensors", "state.json", "state.safetensors"]
+        "manifest.json", "model.safetensors", "state.json", "state.safetensors"]
     assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(".")]
     with pytest.raises(FileExistsError):
         train(cfg, model, rollout_fn, run_dir=tmp_path)

@@ -18,6 +18,7 @@ The stage (`stage.AdvantageStage`) is the one path a trainer takes from a batch 
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -96,4 +97,5 @@ def list_estimators() -> list:
 
 
 # the families register their estimators and shapers on import (after `estimator` exists)
-from sparring.advantages import critic, filters, group, shaping, turn, turn_dense  # noqa: E402,F401,I001
+for _family in ("group", "turn", "turn_dense", "critic", "shaping", "filters"):
+    importlib.import_module(f"sparring.advantages.{_family}")

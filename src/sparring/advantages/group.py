@@ -230,7 +230,7 @@ def ngrpo(batch: TurnBatch, *, max_reward: float | None = 1.0, unbiased: bool = 
     _check_eps(eps)
     v = trajectories(batch)
     r_max = float(v.R.max()) if max_reward is None else float(max_reward)
-    if bool((v.R > r_max).any()):
+    if v.n and float(v.R.max()) > r_max:
         raise ValueError(f"ngrpo: a return exceeds max_reward={r_max}")
     G = v.count()
     mu = (segment_sum(v.R, v.seg, v.n_seg) + r_max) / (G + 1)

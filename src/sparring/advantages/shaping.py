@@ -19,7 +19,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from sparring.advantages.normalize import check_choice, scope_ids
+from sparring.advantages.common import check_choice
+from sparring.advantages.normalize import scope_ids
 from sparring.data import TurnBatch
 from sparring.kl import kl_estimate
 from sparring.registry import Registry

@@ -9,14 +9,19 @@ A checkpoint is a folder ``RUN/checkpoints/step_000042/`` holding
   containers are encoded losslessly (int dict keys, tuples, numpy arrays); tensors go
   to safetensors under their path.
 
-Written to a temporary folder then renamed, so a kill never leaves a half checkpoint.
-Nothing is unpickled on load.
+* ``manifest.json``, written last: the size and sha256 of every other file.
+
+Each file is flushed to disk, the folder is written under a temporary name then renamed,
+so a kill never leaves a half checkpoint; the manifest catches what a crash cannot
+explain (a disk or a copy that garbled a file). `latest_intact_checkpoint` is the newest
+checkpoint that passes `verify_checkpoint`. Nothing is unpickled on load.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-import os
+import logging
 import random
 import re
 import shutil
@@ -27,11 +32,21 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from sparring.train.atomic import atomic_write, atomic_write_text, fsync_dir
+
+log = logging.getLogger(__name__)
+
 CKPT_DIR = "checkpoints"
+MANIFEST = "manifest.json"
 _STEP_RE = re.compile(r"^step_(\d+)$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that is missing, torn or corrupted (the message names it)."""
 
 
 # ---------------------------------------------------------------- lossless encoding
@@ -107,24 +122,42 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+class Snapshot:
+    """An object's state frozen now: `encode`d, so it shares nothing with the live object,
+    which may go on changing. Stateful itself, so it can be checkpointed in its place."""
+
+    def __init__(self, obj: Any):
+        self.tensors: dict[str, Tensor] = {}
+        self.doc = encode(obj.state_dict(), self.tensors)
+
+    def state_dict(self) -> Any:
+        return decode(self.doc, self.tensors)
+
+
 # ---------------------------------------------------------------- save / load
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
 
 
-def _write_tensors(path: Path, tensors: Mapping[str, Tensor]) -> None:
+def write_tensors(path: str | Path, tensors: Mapping[str, Tensor]) -> Path:
+    """Save ``tensors`` to the safetensors file ``path`` with `atomic_write`."""
     # copies break storage sharing (tied embeddings), which safetensors refuses
-    save_file({k: v.detach().to("cpu", copy=True).contiguous() for k, v in tensors.items()},
-              str(path))
+    cpu = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in tensors.items()}
+    return atomic_write(path, lambda tmp: save_file(cpu, str(tmp)))
+
+
+def read_tensors(path: str | Path) -> dict[str, Tensor]:
+    """The tensors of a safetensors file; a torn or garbled file is a `CheckpointError`."""
+    try:
+        return load_file(str(path), device="cpu")
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
 
 
 def step_dirs(run_dir: str | Path) -> list[tuple[int, Path]]:
@@ -134,6 +167,25 @@ def step_dirs(run_dir: str | Path) -> list[tuple[int, Path]]:
     found = [(int(m.group(1)), p) for p in root.iterdir()
              if p.is_dir() and (m := _STEP_RE.match(p.name))]
     return sorted(found)
+
+
+def tidy_checkpoints(run_dir: str | Path) -> None:
+    """Clean up after a save that was killed: remove its temporary folder, and put back a
+    step it was replacing (``.old-step_N-*`` with no ``step_N``). Call it only while
+    holding the run's lock (`sparring.train.runlock`)."""
+    root = Path(run_dir) / CKPT_DIR
+    if not root.is_dir():
+        return
+    for p in sorted(root.iterdir()):
+        if p.name.startswith(".tmp-step_"):
+            shutil.rmtree(p, ignore_errors=True)
+        elif p.name.startswith(".old-step_"):
+            final = root / p.name[len(".old-"):].rsplit("-", 1)[0]
+            if final.exists():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.rename(final)
+                log.warning("put back %s, whose replacement was interrupted", final)
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
@@ -152,16 +204,15 @@ def save_checkpoint(run_dir: str | Path, step: int, *, weights: Mapping[str, Map
     tmp.mkdir()
     try:
         for name, tensors in weights.items():
-            _write_tensors(tmp / f"{name}.safetensors", tensors)
+            write_tensors(tmp / f"{name}.safetensors", tensors)
         tensors: dict[str, Tensor] = {}
         states = {name: encode(obj.state_dict(), tensors, name) for name, obj in stateful.items()}
-        _write_tensors(tmp / "state.safetensors", tensors)
+        write_tensors(tmp / "state.safetensors", tensors)
         doc = {"step": step, "meta": dict(meta or {}), "weights": sorted(weights), "state": states}
-        with open(tmp / "state.json", "w", encoding="utf-8") as f:
-            json.dump(doc, f, allow_nan=True)
-            f.flush()
-            os.fsync(f.fileno())
-        _fsync_dir(tmp)
+        atomic_write_text(tmp / "state.json", json.dumps(doc, allow_nan=True))
+        files = {p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
+                 for p in sorted(tmp.iterdir())}
+        atomic_write_text(tmp / MANIFEST, json.dumps({"files": files}, indent=1))
         if final.exists():  # re-saving a step (e.g. a crash right after a periodic save)
             old = root / f".old-{final.name}-{uuid.uuid4().hex[:8]}"
             final.rename(old)
@@ -169,7 +220,7 @@ def save_checkpoint(run_dir: str | Path, step: int, *, weights: Mapping[str, Map
             shutil.rmtree(old, ignore_errors=True)
         else:
             tmp.rename(final)
-        _fsync_dir(root)
+        fsync_dir(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -179,28 +230,138 @@ def save_checkpoint(run_dir: str | Path, step: int, *, weights: Mapping[str, Map
     return final
 
 
-def load_weights(ckpt: str | Path, name: str) -> dict[str, Tensor]:
-    path = Path(ckpt) / f"{name}.safetensors"
+def _manifest(ckpt: Path) -> dict[str, Any] | None:
+    """The ``files`` of ``ckpt``'s manifest; None for a checkpoint written before manifests."""
+    path = ckpt / MANIFEST
+    if not path.exists():
+        return None
+    try:
+        files = json.loads(path.read_text(encoding="utf-8"))["files"]
+        if not isinstance(files, dict):
+            raise TypeError("'files' is not a mapping")
+        return files
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{path}: not a valid manifest ({e})") from None
+
+
+def _check_file(ckpt: Path, name: str, files: Mapping[str, Any] | None) -> None:
+    """``ckpt/name`` exists and (with a manifest) has its recorded size and sha256."""
+    path = ckpt / name
+    if not path.exists():
+        raise CheckpointError(f"{path} is missing")
+    if files is None:
+        return
+    if name not in files:
+        raise CheckpointError(f"{path} is not in {ckpt / MANIFEST}")
+    want = files[name]
+    size = path.stat().st_size
+    if size != want["bytes"]:
+        raise CheckpointError(f"{path} has {size} bytes, the manifest says {want['bytes']} "
+                              "(truncated or overwritten)")
+    if sha256_file(path) != want["sha256"]:
+        raise CheckpointError(f"{path} does not match its sha256 in the manifest (corrupted)")
+
+
+def _read_doc(ckpt: Path) -> dict[str, Any]:
+    path = ckpt / "state.json"
+    if not path.exists():
+        raise CheckpointError(f"{path} is missing")
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+    if not (isinstance(doc, dict) and isinstance(doc.get("step"), int)
+            and isinstance(doc.get("state"), dict)):
+        raise CheckpointError(f"{path}: not a checkpoint state (no integer 'step' or no 'state')")
+    return doc
+
+
+def verify_checkpoint(ckpt: str | Path) -> None:
+    """Raise `CheckpointError` naming the first problem with ``ckpt``: a file missing from
+    it or differing from the manifest, or a ``state.json`` / safetensors header that does
+    not parse. A checkpoint with no manifest (written by an older sparring) gets the
+    parse checks only, with a warning."""
+    ckpt = Path(ckpt)
+    files = _manifest(ckpt)
+    if files is None:
+        log.warning("%s has no %s (written by an older sparring): only its structure is "
+                    "checked", ckpt, MANIFEST)
+    else:
+        for name in files:
+            _check_file(ckpt, name, files)
+    doc = _read_doc(ckpt)
+    for name in ["state", *doc.get("weights", [])]:
+        path = ckpt / f"{name}.safetensors"
+        if files is None:
+            _check_file(ckpt, path.name, None)
+        elif path.name not in files:
+            raise CheckpointError(f"{path} is not in {ckpt / MANIFEST}")
+        try:
+            with safe_open(str(path), "pt"):
+                pass
+        except (SafetensorError, OSError) as e:
+            raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
+
+
+def latest_intact_checkpoint(run_dir: str | Path, *, set_aside: bool = False) -> Path | None:
+    """The newest checkpoint of ``run_dir`` that passes `verify_checkpoint`, warning about
+    each newer one skipped and why (``set_aside``: renamed ``corrupt-step_N`` too, so a new
+    save of that step does not delete it). None when the run has no checkpoint at all; a
+    `CheckpointError` when it has some and none is intact."""
+    skipped = []
+    for _, ckpt in reversed(step_dirs(run_dir)):
+        try:
+            verify_checkpoint(ckpt)
+            return ckpt
+        except CheckpointError as e:
+            note = ""
+            if set_aside:
+                aside = ckpt.with_name(f"corrupt-{ckpt.name}-{uuid.uuid4().hex[:8]}")
+                ckpt.rename(aside)
+                note = f" (moved to {aside.name})"
+            skipped.append(f"{ckpt.name}: {e}")
+            log.warning("skipping checkpoint %s%s: %s", ckpt, note, e)
+    if skipped:
+        raise CheckpointError(f"{run_dir} has no intact checkpoint ({'; '.join(skipped)})")
+    return None
+
+
+def load_weights(ckpt: str | Path, name: str, *, verify: bool = True) -> dict[str, Tensor]:
+    """The weights dict ``name`` of ``ckpt``, checked against its manifest (``verify``)."""
+    ckpt = Path(ckpt)
+    path = ckpt / f"{name}.safetensors"
     if not path.exists():
         raise FileNotFoundError(f"checkpoint {ckpt} has no weights {name!r} ({path.name})")
-    return load_file(str(path), device="cpu")
+    if verify:
+        _check_file(ckpt, path.name, _manifest(ckpt))
+    return read_tensors(path)
 
 
 def load_checkpoint(ckpt: str | Path, stateful: Mapping[str, Any],
-                    strict: bool = True) -> dict[str, Any]:
+                    strict: bool = True, *, verify: bool = True) -> dict[str, Any]:
     """Restore every object of ``stateful`` from ``ckpt``; returns the JSON document.
 
+    Everything is read (and with ``verify`` checked against the manifest) before any object
+    is touched, so a bad file raises `CheckpointError` with the objects as they were.
     ``strict``: an object in ``stateful`` that the checkpoint does not hold is an error.
     """
     ckpt = Path(ckpt)
-    with open(ckpt / "state.json", encoding="utf-8") as f:
-        doc = json.load(f)
-    tensors = load_file(str(ckpt / "state.safetensors"), device="cpu")
+    if verify:
+        files = _manifest(ckpt)
+        for name in ("state.json", "state.safetensors"):
+            _check_file(ckpt, name, files)
+    doc = _read_doc(ckpt)
+    tensors = read_tensors(ckpt / "state.safetensors")
     missing = [k for k in stateful if k not in doc["state"]]
     if missing and strict:
         raise KeyError(f"checkpoint {ckpt} holds no state for {missing}; "
                        f"it has {sorted(doc['state'])}")
-    for name, obj in stateful.items():
-        if name in doc["state"]:
-            obj.load_state_dict(decode(doc["state"][name], tensors))
+    try:
+        states = {name: decode(doc["state"][name], tensors) for name in stateful
+                  if name in doc["state"]}
+    except KeyError as e:
+        raise CheckpointError(f"{ckpt / 'state.safetensors'} lacks tensor {e} that "
+                              "state.json refers to") from None
+    for name, state in states.items():
+        stateful[name].load_state_dict(state)
     return doc

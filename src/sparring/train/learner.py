@@ -10,8 +10,9 @@ whole mini-batch, so the accumulated gradient over micro-batches does not depend
 micro-batch size. The reference is the frozen initial model (with LoRA: the base model
 with adapters disabled) or a "magnet": an EMA of the policy's weights, updated after each
 optimizer step (regularised self-play, R-NaD / magnetic mirror descent).
-A non-finite loss or gradient skips the optimizer step with a warning; after
-``max_skipped_updates`` consecutive skips `NonFiniteError` is raised.
+A non-finite loss or gradient skips the optimizer step with a warning, and so does a step
+that would leave a weight or an optimizer moment non-finite (it is undone, bit for bit);
+after ``max_skipped_updates`` consecutive skips `NonFiniteError` is raised.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ import copy
 import logging
 import math
 from collections import defaultdict
-from contextlib import nullcontext
 from collections.abc import Collection
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -54,7 +55,7 @@ _ROW_OPTIONS = {"group": "group", "rewards": "returns", "agent": "agent", "episo
 
 
 class NonFiniteError(RuntimeError):
-    """Too many consecutive updates had a non-finite loss or gradient."""
+    """Too many consecutive updates had a non-finite loss, gradient or updated weight."""
 
 
 class Learner:
@@ -79,7 +80,7 @@ class Learner:
             self.ref_model = copy.deepcopy(model).eval()
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
-        # ArCHer's utterance critic has its own optimizer (sparring.train.archer)
+        # ArCHer's utterance critic has its own optimizer (sparring.critic.archer)
         self.archer = (Archer(model, cfg) if "utterance_critic" in self.needs
                        and a.value != "off" else None)
         self.critic: Critic | None = None
@@ -289,6 +290,69 @@ class Learner:
                 f"stopping (limit train.max_skipped_updates={limit}). Lower optim.lr, check "
                 f"rewards/advantages for NaN or inf, or raise optim.max_grad_norm clipping.")
 
+    def _step_stays_finite(self) -> bool:
+        """True when this AdamW step provably leaves every weight and moment finite, from
+        maxima of the tensors it reads (no copies). Per parameter group, the new first
+        moment is a convex mix of the old one and the gradient, so ``|m'| <= M = max(max|m|,
+        max|g|)``; the step is ``p' = p (1 - lr wd) - lr / (1 - b1^t) m' / (sqrt(v'_hat) + eps)``,
+        so ``|p'| <= max|p| |1 - lr wd| + lr M / ((1 - b1) eps)``, and ``v' <= max v + max g^2``.
+        Both bounds must stay under a quarter of the weights' largest float (room for
+        rounding); a NaN or inf anywhere fails the test."""
+        if type(self.optimizer) is not torch.optim.AdamW:
+            return False
+
+        def amax(ts: list[Tensor]) -> float:  # max |x| over all of ts, one device sync
+            if not ts:
+                return 0.0
+            if hasattr(torch.nn.utils, "get_total_norm"):  # torch >= 2.6: foreach kernels
+                return float(torch.nn.utils.get_total_norm(ts, math.inf))
+            return float(torch.stack([t.detach().abs().max().float() for t in ts]).max())
+
+        for group in self.optimizer.param_groups:
+            ps = [p for p in group["params"] if p.grad is not None]
+            if not ps:
+                continue
+            lr, wd, (b1, _), eps = (float(group["lr"]), group["weight_decay"], group["betas"],
+                                    group["eps"])
+            if not (eps > 0 and 0 <= b1 < 1):
+                return False
+            states = [self.optimizer.state.get(p, {}) for p in ps]
+            g = amax([p.grad for p in ps])
+            m = max(amax([s["exp_avg"] for s in states if "exp_avg" in s]), g)
+            p_bound = amax(ps) * abs(1 - lr * wd) + lr * m / ((1 - b1) * eps)
+            v_bound = amax([s["exp_avg_sq"] for s in states if "exp_avg_sq" in s]) + g * g
+            limit = min(torch.finfo(p.dtype).max for p in ps) / 4
+            if not (p_bound < limit and v_bound < limit):
+                return False
+        return True
+
+    def _guarded_step(self) -> bool:
+        """``optimizer.step()``, unless it makes a weight or a moment non-finite: then the
+        weights and the optimizer are put back bit for bit and the result is False. When
+        `_step_stays_finite` proves the step safe (any sane learning rate) no copy is made;
+        otherwise the parameters and their optimizer state are copied first."""
+        if self._step_stays_finite():
+            self.optimizer.step()
+            return True
+        params = [p for g in self.optimizer.param_groups for p in g["params"]
+                  if p.grad is not None]
+        saved = [(p, p.detach().clone(), {k: v.clone() if isinstance(v, Tensor) else v
+                                          for k, v in self.optimizer.state.get(p, {}).items()})
+                 for p in params]
+        self.optimizer.step()
+        after = [t for p in params for t in (p, *self.optimizer.state[p].values())
+                 if isinstance(t, Tensor) and t.is_floating_point()]
+        if all(bool(torch.isfinite(t).all()) for t in after):
+            return True
+        with torch.no_grad():
+            for p, weights, state in saved:
+                p.copy_(weights)
+                if state:
+                    self.optimizer.state[p] = state
+                else:  # its first step: AdamW had no state for it
+                    self.optimizer.state.pop(p, None)
+        return False
+
     def _magnet_step(self) -> None:
         a = self.cfg.algorithm
         if self.ref_model is None or a.kl.reference != "magnet":
@@ -352,7 +416,10 @@ class Learner:
                     skips += 1
                     self._skip("non-finite gradient")
                     continue
-                self.optimizer.step()
+                if not self._guarded_step():
+                    skips += 1
+                    self._skip("non-finite weight after the optimizer step (step undone)")
+                    continue
                 self.optimizer.zero_grad(set_to_none=True)
                 self.consecutive_skips = 0
                 self._magnet_step()

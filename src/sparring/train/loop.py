@@ -10,42 +10,58 @@
    filters, per environment (`sparring.advantages.stage.AdvantageStage`),
 4. ``learner.update(batch, adv, keep)``,
 5. metrics to ``metrics.jsonl``; evaluation every ``eval.every`` steps and at the end;
-   a checkpoint every ``checkpoint.every`` steps, at the end, and on a crash
-   (exception or Ctrl-C) before the error propagates.
+   a checkpoint every ``checkpoint.every`` steps and at the end.
 
-``resume(run_dir, model, rollout_fn, ...)`` continues from the last checkpoint; with the
-same seeds on CPU the metrics match an uninterrupted run. With ``lora.enabled`` the
-adapters are injected into ``model`` in place, so a ``rollout_fn`` that closes over
-``model`` samples from the trained policy.
+A crash (exception or Ctrl-C) writes a checkpoint of the last finished step before the
+error propagates, when it can be exact: during the rollout (the model, learner and stage
+are still as that step left them; the RNGs and the ``stateful`` objects the rollout moves
+on are snapshotted at each step's start). A crash part-way through the update writes none
+(it would mix two steps); the last periodic checkpoint stands.
+
+``resume(run_dir, model, rollout_fn, ...)`` continues from the newest intact checkpoint
+(skipping, with a warning, any that fail their manifest); with the same seeds on CPU the
+metrics match an uninterrupted run. One process at a time trains in a run folder
+(`sparring.train.runlock`). With ``lora.enabled`` the adapters are injected into
+``model`` in place, so a ``rollout_fn`` that closes over ``model`` samples from the
+trained policy. See docs/reliability.md for what survives which failure.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-
-from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from sparring.advantages.stage import AdvantageStage
 from sparring.data import Episode, TurnBatch, collate
 from sparring.segments import segment_first
 from sparring.train.checkpoint import (
+    CheckpointError,
     RNGState,
+    Snapshot,
     latest_checkpoint,
+    latest_intact_checkpoint,
     load_checkpoint,
     load_weights,
+    read_tensors,
     save_checkpoint,
     seed_everything,
+    sha256_file,
     step_dirs,
+    tidy_checkpoints,
+    write_tensors,
 )
 from sparring.train.config import Config, load_config, save_config
 from sparring.train.learner import Learner
 from sparring.train.lora import apply_lora, is_peft, load_trainable_state, trainable_state
-from sparring.train.metrics import MetricsLogger, truncate_metrics
+from sparring.train.metrics import METRICS_FILE, MetricsLogger, set_aside_metrics, truncate_metrics
+from sparring.train.runlock import RunLock
+
+log = logging.getLogger(__name__)
 
 RolloutFn = Callable[[int], Sequence[Episode]]
 EvalFn = Callable[[int, Learner], Mapping[str, Any]]  # (step, learner) -> metrics
@@ -92,19 +108,42 @@ def _run_dir(cfg: Config) -> Path:
     return Path(cfg.train.run_dir.format(name=cfg.train.name, time=time.strftime("%Y%m%d-%H%M%S")))
 
 
+def _load_reference(run: Path, sha256: str | None) -> dict[str, Tensor]:
+    """``run``'s reference weights, checked against the digest its checkpoints record."""
+    path = run / REFERENCE_FILE
+    if not path.exists():
+        raise CheckpointError(f"{path} is missing (this run's KL reference)")
+    if sha256 is not None and sha256_file(path) != sha256:
+        raise CheckpointError(f"{path} does not match the sha256 its checkpoints record "
+                              "(corrupted)")
+    return read_tensors(path)
+
+
 def train(cfg: Config, model: nn.Module, rollout_fn: RolloutFn, eval_fn: EvalFn | None = None,
           stateful: Mapping[str, Any] | None = None, *, run_dir: str | Path | None = None,
           pad_id: int = 0, resume: bool = False) -> Path:
     """Train ``model`` on ``rollout_fn``'s episodes; returns the run folder.
 
     ``stateful``: extra objects with ``state_dict``/``load_state_dict`` (running baselines,
-    opponent pools, the rollout's generators) saved in every checkpoint.
+    opponent pools, the rollout's generators) saved in every checkpoint; their state is
+    also snapshotted at the start of every step (for an exact crash checkpoint), so it
+    should be small. The run folder is locked while training (`RunLockedError` if another
+    process holds it).
     """
     run = Path(run_dir) if run_dir is not None else _run_dir(cfg)
     run.mkdir(parents=True, exist_ok=True)
+    with RunLock(run):
+        return _train(cfg, model, rollout_fn, eval_fn, stateful, run, pad_id, resume)
+
+
+def _train(cfg: Config, model: nn.Module, rollout_fn: RolloutFn, eval_fn: EvalFn | None,
+           stateful: Mapping[str, Any] | None, run: Path, pad_id: int, resume: bool) -> Path:
+    """`train`, with the run folder's lock held."""
+    tidy_checkpoints(run)
     if not resume:
         if latest_checkpoint(run) is not None:
             raise FileExistsError(f"{run} already holds a run; resume it or pick another run_dir")
+        set_aside_metrics(run)
         save_config(cfg, run / CONFIG_FILE)
         seed_everything(cfg.train.seed)
     if cfg.lora.enabled and not is_peft(model):
@@ -115,38 +154,50 @@ def train(cfg: Config, model: nn.Module, rollout_fn: RolloutFn, eval_fn: EvalFn 
     objects: dict[str, Any] = {"learner": learner, "stage": stage, "rng": RNGState()}
     objects.update({f"user.{k}": v for k, v in (stateful or {}).items()})
     ref_state = learner.reference_state()
+    ref_sha256: str | None = None
     start = 0
     if resume:
-        ckpt = latest_checkpoint(run)
+        ckpt = latest_intact_checkpoint(run, set_aside=True)  # checks every file's sha256
         if ckpt is None:
             raise FileNotFoundError(f"{run} has no checkpoint to resume from")
-        load_trainable_state(model, load_weights(ckpt, weights_name))
+        weights = load_weights(ckpt, weights_name, verify=False)
+        doc = load_checkpoint(ckpt, objects, verify=False)
+        load_trainable_state(model, weights)
         if ref_state is not None:
-            learner.load_reference_state(load_file(str(run / REFERENCE_FILE)))
-        start = int(load_checkpoint(ckpt, objects)["step"])
-        truncate_metrics(run / "metrics.jsonl", start)
+            ref_sha256 = doc["meta"].get("reference_sha256")
+            learner.load_reference_state(_load_reference(run, ref_sha256))
+        start = int(doc["step"])
+        truncate_metrics(run / METRICS_FILE, start)
     elif ref_state is not None:
-        save_file({k: v.detach().to("cpu", copy=True).contiguous() for k, v in ref_state.items()},
-                  str(run / REFERENCE_FILE))
+        ref_sha256 = sha256_file(write_tensors(run / REFERENCE_FILE, ref_state))
     total, lg = cfg.train.steps, cfg.logging
     logger = MetricsLogger(run, total_steps=total, start_step=start, progress=lg.progress,
                            keys=lg.keys, tensorboard=lg.tensorboard, wandb=lg.wandb,
                            wandb_project=lg.wandb_project, config=None)
     layout = batch_layout(cfg, stage)
     done = start
+    # what a crash checkpoint saves: the objects as step `done` left them, or None while
+    # the model, learner and stage are part-way through the next step
+    boundary: Mapping[str, Any] | None = objects
 
-    def checkpoint(step: int, meta: dict[str, Any] | None = None) -> None:
+    def checkpoint(step: int, stateful: Mapping[str, Any] = objects,
+                   meta: dict[str, Any] | None = None) -> None:
+        meta = {**({"reference_sha256": ref_sha256} if ref_sha256 else {}), **(meta or {})}
         save_checkpoint(run, step, weights={weights_name: trainable_state(model)},
-                        stateful=objects, meta=meta, keep=cfg.checkpoint.keep)
+                        stateful=stateful, meta=meta, keep=cfg.checkpoint.keep)
 
     try:
         if start == 0 and eval_fn is not None and cfg.eval.at_start:
             logger.log(0, {f"eval/{k}": v for k, v in eval_fn(0, learner).items()})
         for i in range(start, total):
+            # the rollout moves the RNGs and the user's objects on, not the learner or stage
+            boundary = {k: v if k in ("learner", "stage") else Snapshot(v)
+                        for k, v in objects.items()}
             t0 = time.perf_counter()
             episodes = list(rollout_fn(i))
             t1 = time.perf_counter()
             batch = collate(episodes, layout=layout, pad_id=pad_id).to(learner.device)
+            boundary = None
             batch, critic_metrics = learner.annotate(batch, stage.needs)
             adv, keep = stage(batch)
             metrics = rollout_metrics(episodes, batch, adv, keep)
@@ -164,13 +215,24 @@ def train(cfg: Config, model: nn.Module, rollout_fn: RolloutFn, eval_fn: EvalFn 
                 metrics.update({f"eval/{k}": v for k, v in eval_fn(step, learner).items()})
                 metrics["time/eval"] = time.perf_counter() - t3
             logger.log(step, metrics)
-            done = step
+            done, boundary = step, objects
             ck = cfg.checkpoint.every
             if step == total or (ck and step % ck == 0):
                 checkpoint(step)
     except BaseException as e:
-        if not any(s == done for s, _ in step_dirs(run)):
-            checkpoint(done, {"crash": f"{type(e).__name__}: {e}"})
+        saved = [s for s, _ in step_dirs(run)]
+        if done in saved or done == 0:
+            pass  # nothing to add (a run stopped in its first step simply starts again)
+        elif boundary is None:
+            log.warning("%s part-way through step %d: no crash checkpoint (it would mix two "
+                        "steps); --resume continues from step %s", type(e).__name__, done + 1,
+                        saved[-1] if saved else "0 (none saved: start again)")
+        else:
+            try:
+                checkpoint(done, boundary, {"crash": f"{type(e).__name__}: {e}"})
+            except Exception as save_error:  # e.g. the disk is full: report the first error
+                log.warning("could not write a crash checkpoint at step %d: %s", done,
+                            save_error)
         raise
     finally:
         logger.close()
@@ -180,10 +242,16 @@ def train(cfg: Config, model: nn.Module, rollout_fn: RolloutFn, eval_fn: EvalFn 
 def resume(run_dir: str | Path, model: nn.Module, rollout_fn: RolloutFn,
            eval_fn: EvalFn | None = None, stateful: Mapping[str, Any] | None = None, *,
            overrides: Sequence[str] = (), pad_id: int = 0) -> Path:
-    """Continue the run in ``run_dir`` from its last checkpoint (its saved config +
+    """Continue the run in ``run_dir`` from its newest intact checkpoint (its saved config +
     ``overrides``, e.g. ``train.steps=200`` to extend it)."""
-    cfg = load_config(Path(run_dir) / CONFIG_FILE, list(overrides))
-    if overrides:
-        save_config(cfg, Path(run_dir) / CONFIG_FILE)
-    return train(cfg, model, rollout_fn, eval_fn, stateful, run_dir=run_dir, pad_id=pad_id,
-                 resume=True)
+    run = Path(run_dir)
+    if not step_dirs(run):
+        why = ("does not exist" if not run.is_dir() else
+               "has no checkpoint to resume from (a run stopped before its first checkpoint "
+               "starts again without --resume)")
+        raise FileNotFoundError(f"{run} {why}")
+    with RunLock(run):
+        cfg = load_config(run / CONFIG_FILE, list(overrides))
+        if overrides:
+            save_config(cfg, run / CONFIG_FILE)
+        return _train(cfg, model, rollout_fn, eval_fn, stateful, run, pad_id, resume=True)
