@@ -5,11 +5,12 @@
 #   version is pinned, so nothing replaces it.
 # * Otherwise torch==2.13.0 is installed first; on these machines pip resolves it to the
 #   local CPU wheel, so no multi-GB CUDA build is pulled.
-# Extras: SPARRING_EXTRAS (default "dev,lora,openspiel"), e.g. SPARRING_EXTRAS=dev,vllm.
+# Extras: SPARRING_EXTRAS (default "dev,lora,openspiel,pettingzoo,gymnasium,tensorboard,wandb":
+# what the default tests exercise), e.g. SPARRING_EXTRAS=dev,vllm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${SPARRING_VENV:-.venv}"
-extras="${SPARRING_EXTRAS:-dev,lora,openspiel}"
+extras="${SPARRING_EXTRAS:-dev,lora,openspiel,pettingzoo,gymnasium,tensorboard,wandb}"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 py="$venv/bin/python"
 if ! "$py" -c "import torch" 2>/dev/null; then

@@ -89,7 +89,7 @@ def test_config_with_an_alias_validates_trains_and_evaluates(tmp_path, capsys,
     assert main(["eval", str(run), "--env", "tic_tac_toe", "--vs", "random", "--games", "2"]) == 0
     assert "tictactoe" in capsys.readouterr().out
     assert main(["eval", str(run), "--env", "bogus_game", "--games", "2"]) == 2
-    assert "unknown environment 'bogus_game'" in capsys.readouterr().out
+    assert "unknown environment 'bogus_game'" in capsys.readouterr().err
 
     policy, run_cfg, _ = load_policy(run)
     moves = iter("123456789")

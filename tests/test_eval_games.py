@@ -11,7 +11,7 @@ from sparring.eval.exploitability import exploitability
 from sparring.eval.games import action_probabilities, policy_exploitability
 from sparring.eval.periodic import env_options
 from sparring.policy.sampling import SamplingParams
-from sparring.train.config import load_config
+from sparring.train.config import ConfigError, load_config
 from sparring.train.setup import build
 
 CONFIGS = Path(__file__).parents[1] / "configs"
@@ -76,6 +76,68 @@ def test_env_options_find_a_spec_by_name_or_alias():
     assert env_options(cfg, "leduc") == {}
 
 
-def test_unknown_eval_opponent_is_a_build_error(tmp_path):
-    with pytest.raises(ValueError, match="eval.opponents: unknown 'bogus'.*allowed: .*random"):
-        build(_cfg(["eval.opponents=[random,bogus]"]), tmp_path)
+def test_unknown_eval_opponent_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"eval.opponents.1: unknown opponent 'bogus'.*"
+                                          r"allowed: .*random"):
+        _cfg(["eval.opponents=[random,bogus]"])
+
+
+class Garbage:
+    """A model-like policy whose every answer is unparsable."""
+
+    name = "garbage"
+
+    def __init__(self):
+        from sparring.policy.tiny import build_tokenizer
+
+        self.tokenizer = build_tokenizer()
+
+    def generate(self, prompts, sampling=None, allowed=None):
+        from sparring.policy.sampling import Generation
+
+        ids = self.tokenizer.encode("zz", add_special_tokens=False)
+        return [Generation(token_ids=ids, logprobs=[0.0] * len(ids), text="zz",
+                           finish_reason="eos") for _ in prompts]
+
+
+@pytest.mark.parametrize("penalty", [0.0, -1.0])
+def test_a_forfeited_game_is_a_loss_whatever_the_penalty(penalty):
+    """Issue 16: with invalid_action=forfeit a model that never plays a legal move scored
+    draw = non_loss = 1 (a game forfeited before any reward has score 0)."""
+    from sparring.envs.bots import make_bot
+    from sparring.envs.invalid import InvalidActionPolicy
+    from sparring.eval.games import evaluate_vs_bot
+    from sparring.rollout.arena import Arena
+
+    arena = Arena(invalid=InvalidActionPolicy("forfeit", penalty))
+    r = evaluate_vs_bot(arena, Garbage(), SamplingParams(), "tictactoe", {},
+                        make_bot("random", 0), 6)
+    # 6 games, the model forfeits its first move in each: 6 losses, 0 wins, 0 draws
+    assert (r["win"], r["draw"], r["loss"], r["non_loss"]) == (0.0, 0.0, 1.0, 0.0)
+    assert r["non_loss_seat0"] == r["non_loss_seat1"] == 0.0
+    assert r["forfeit_rate"] == 1.0 and r["invalid_rate"] == 1.0
+    assert r["mean_return"] == penalty  # the arena's total: no game reward, one penalty
+    assert r["loss_lo"] > 0.5  # Wilson(6 of 6) lower bound = 0.6097
+
+
+def test_outcome_by_hand():
+    from sparring.data import Episode
+    from sparring.eval.games import outcome
+
+    forfeit = Episode(env="tictactoe", seed=0, group=0, num_agents=2, returns=[0.0, -1.0],
+                      info={"forfeit": 1, "env_returns": [0.0, 0.0]})
+    assert outcome(forfeit, 1) == (-1, -1.0) and outcome(forfeit, 0) == (1, 0.0)
+    played = Episode(env="tictactoe", seed=0, group=0, num_agents=2, returns=[0.5, -1.5],
+                     info={"env_returns": [1.0, -1.0]})
+    assert outcome(played, 0) == (1, 1.0) and outcome(played, 1) == (-1, -1.0)
+    tie = Episode(env="tictactoe", seed=0, group=0, num_agents=2, returns=[0.0, 0.0],
+                  info={"env_returns": [0.0, 0.0]})
+    assert outcome(tie, 0) == (0, 0.0)
+
+
+def test_eval_games_below_one_is_an_error():
+    from sparring.eval.games import evaluate_vs_bot
+    from sparring.rollout.arena import Arena
+
+    with pytest.raises(ValueError, match="games: must be >= 1, got 0"):
+        evaluate_vs_bot(Arena(), Garbage(), SamplingParams(), "tictactoe", {}, None, 0)

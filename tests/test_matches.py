@@ -131,3 +131,17 @@ def test_round_robin_elo_orders_players():
     assert elo["minimax"] > elo["random"] and elo["minimax"] > elo["low"]
     assert res.overall["minimax"].losses == 0
     assert res.overall["minimax"].games == 160
+
+
+def test_a_forfeit_is_a_loss_even_without_a_penalty():
+    """Issue 16: with penalty 0 a game forfeited before any reward has returns [0, 0]; the
+    forfeiting seat still loses (and loses its Elo pairings), the other seat wins."""
+    junk = Scripted(lambda prompt: "zz", name="junk")
+    res = play_match("tictactoe", {"bot": lowest, "junk": junk}, games=2, penalty=0.0)
+    assert all(g.returns == [0.0, 0.0] for g in res.games)  # the case a draw hid
+    j, b = res.overall["junk"], res.overall["bot"]
+    assert (j.wins, j.draws, j.losses, j.forfeits) == (0, 0, 4, 4)
+    assert (b.wins, b.draws, b.losses) == (4, 0, 0)
+    assert all(res.per_seat[("junk", s)].losses == 2 for s in (0, 1))
+    scores = {(i, s) for i, _, s in res.pairwise()}
+    assert scores == {("bot", 1.0), ("junk", 0.0)}  # the seat listed first scores s

@@ -1,13 +1,14 @@
 """The rollout schedule of a run (sparring.rollout.schedule): episode counts, opponents,
 seat rotation, determinism per step."""
 
+import shutil
 from pathlib import Path
 
 import pytest
 
 from sparring.rollout.schedule import episode_counts
 from sparring.rollout.seating import learner_seat, rotating
-from sparring.train.config import load_config
+from sparring.train.config import ConfigError, load_config
 from sparring.train.setup import build
 
 CONFIGS = Path(__file__).parents[1] / "configs"
@@ -74,7 +75,62 @@ def test_an_alias_plays_exactly_as_the_canonical_name(tmp_path):
         [[t.action_ids for t in e.turns] for e in eb]
 
 
-def test_unknown_opponent_is_a_clear_error(tmp_path):
-    cfg = _cfg(["envs.0.opponents=[self,bogus]"])
-    with pytest.raises(ValueError, match="bogus.*allowed: self, pool, .*random"):
-        build(cfg, tmp_path)
+def test_unknown_opponent_is_a_config_error_naming_the_key():
+    with pytest.raises(ConfigError, match=r"envs.0.opponents.1: unknown opponent 'bogus' "
+                                          r"\(allowed: self, pool, .*random"):
+        _cfg(["envs.0.opponents=[self,bogus]"])
+
+
+def _snapshot_steps(run):
+    return sorted(int(p.name.split("-")[1]) for p in (run / "pool").iterdir())
+
+
+def _pool_cfg():
+    return _cfg(["rollout.pool_every=1", "rollout.pool_max=2", "envs.0.opponents=[pool]",
+                 "rollout.episodes_per_step=4"])
+
+
+def test_pool_paths_are_relative_to_the_run_folder(tmp_path):
+    """Issue 16: snapshot paths were stored as given (runs/rel/pool/step-N), so a moved run
+    folder or a relative run_dir resumed from another directory could not load them."""
+    roll = build(_pool_cfg(), tmp_path / "a").rollout_fn
+    roll(0), roll(1), roll(2)
+    paths = [c["path"] for c in roll.state_dict()["pool"]["checkpoints"]]
+    assert paths == ["pool/step-000001", "pool/step-000002"]
+    state = roll.state_dict()
+    (tmp_path / "a").rename(tmp_path / "b")  # move the run folder
+    moved = build(_pool_cfg(), tmp_path / "b").rollout_fn
+    moved.load_state_dict(state)
+    snapshot = moved.pool._player(moved.pool.checkpoints[0])  # loaded from the new place
+    assert snapshot.name == "ckpt-1" and not snapshot.train
+    assert len(moved(3)) == 4
+    legacy = {**state["pool"], "checkpoints": [{"path": "runs/old/pool/step-000002",
+                                                "step": 2, "name": "ckpt-2"}]}
+    moved.load_state_dict({"pool": legacy})  # a run saved before paths were relative
+    assert moved.state_dict()["pool"]["checkpoints"][0]["path"] == "pool/step-000002"
+
+
+def test_pool_folder_keeps_the_sampled_snapshots_and_those_kept_checkpoints_need(tmp_path):
+    """Issue 16: 29 snapshots after 300 steps with pool_max=5. Each step first deletes the
+    snapshots its pool no longer holds; a kept checkpoint at step c keeps the pool_max
+    snapshots before c (its pool) and every later one; killed writes go on the first step."""
+    run = tmp_path / "run"
+    roll = build(_pool_cfg(), run).rollout_fn
+    (run / "pool" / "step-000009.tmp").mkdir(parents=True)  # a snapshot write that was killed
+    for step in range(6):
+        roll(step)
+    # snapshots 1..5; at step 5's start the pool held [3, 4], so 1 and 2 went; 3 goes next
+    assert _snapshot_steps(run) == [3, 4, 5]
+    assert [c.step for c in roll.pool.checkpoints] == [4, 5]
+    assert not (run / "pool" / "step-000009.tmp").exists()
+
+    run2 = tmp_path / "run2"
+    roll = build(_pool_cfg(), run2).rollout_fn
+    (run2 / "checkpoints" / "step_000003").mkdir(parents=True)  # its pool holds 1 and 2
+    for step in range(6):
+        roll(step)
+    assert _snapshot_steps(run2) == [1, 2, 3, 4, 5]
+    shutil.rmtree(run2 / "checkpoints" / "step_000003")
+    (run2 / "checkpoints" / "step_000005").mkdir()  # its pool holds 3 and 4
+    roll(6)
+    assert _snapshot_steps(run2) == [3, 4, 5, 6]

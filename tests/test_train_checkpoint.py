@@ -120,3 +120,52 @@ def test_optimizer_state_round_trips_exactly(tmp_path):
         (p**2).sum().backward()
         o.step()
     assert torch.equal(w, w2)
+
+
+def test_manifest_lists_every_file_with_its_size_and_sha256(tmp_path):
+    import hashlib
+
+    from sparring.train.checkpoint import MANIFEST, verify_checkpoint
+
+    ck = save_checkpoint(tmp_path, 2, weights={"model": {"w": torch.arange(6.0)}},
+                         stateful={"box": Box(NESTED)})
+    files = json.loads((ck / MANIFEST).read_text())["files"]
+    on_disk = sorted(p.name for p in ck.iterdir() if p.name != MANIFEST)
+    assert sorted(files) == on_disk == ["model.safetensors", "state.json", "state.safetensors"]
+    for name, entry in files.items():
+        data = (ck / name).read_bytes()
+        assert entry == {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    verify_checkpoint(ck)
+
+
+def test_a_bad_file_raises_before_any_object_is_touched(tmp_path):
+    from sparring.train.checkpoint import CheckpointError
+
+    ck = save_checkpoint(tmp_path, 1, weights={}, stateful={"a": Box({"x": 1}),
+                                                            "b": Box({"t": torch.ones(3)})})
+    data = bytearray((ck / "state.safetensors").read_bytes())
+    data[-1] ^= 1
+    (ck / "state.safetensors").write_bytes(bytes(data))
+    a, b = Box("untouched"), Box("untouched")
+    with pytest.raises(CheckpointError, match="state.safetensors does not match its sha256"):
+        load_checkpoint(ck, {"a": a, "b": b})
+    assert a.state == b.state == "untouched"
+    (ck / "state.json").write_text("{")
+    with pytest.raises(CheckpointError, match="state.json"):
+        load_checkpoint(ck, {"a": a}, verify=False)  # even unverified: a clear error
+    assert a.state == "untouched"
+
+
+def test_a_snapshot_keeps_the_state_it_was_taken_with(tmp_path):
+    from sparring.train.checkpoint import Snapshot
+
+    live = Box({"ema": {"g0": 0.5}, "t": torch.zeros(2), "rng": (1, [2, 3])})
+    snap = Snapshot(live)
+    live.state["ema"]["g0"] = 9.0  # the live object goes on changing, in place
+    live.state["t"].add_(1)
+    live.state["rng"][1].append(4)
+    ck = save_checkpoint(tmp_path, 1, weights={}, stateful={"box": snap})
+    back = Box()
+    load_checkpoint(ck, {"box": back})
+    assert back.state["ema"] == {"g0": 0.5} and back.state["t"].tolist() == [0.0, 0.0]
+    assert back.state["rng"] == (1, [2, 3])

@@ -156,3 +156,102 @@ def test_every_config_field_is_read_somewhere():
     code = "\n".join(p.read_text(encoding="utf-8") for p in src.rglob("*.py") if p != declared)
     unread = [key for key, name in _config_fields() if not re.search(rf"\.{name}\b", code)]
     assert not unread, f"config fields read nowhere: {unread}"
+
+
+# ---------------------------------------------------------------- issue 16: config gaps
+
+ENV = {"envs": [{"name": "tictactoe"}]}
+
+
+@pytest.mark.parametrize("args, match", [
+    (["algorithm.estimator=gae", "algorithm.value=off"],
+     r"algorithm.value: estimator 'gae' needs values"),
+    (["eval.opponents=[random,zz]"], r"eval.opponents.1: unknown opponent 'zz'.*allowed: .*random"),
+    (["rollout.pool_bots=[foo]"], r"rollout.pool_bots.0: unknown opponent 'foo'"),
+    (["envs.0.opponents=[self,randm]"], r"envs.0.opponents.1: unknown opponent 'randm'; "
+                                        r"did you mean 'random'"),
+    (["envs.0.options.bogus=1"], r"envs.0.options: tictactoe has no option 'bogus' "
+                                 r"\(allowed: compact\)"),
+    (["envs.0.name=calculator", "envs.0.options.max_calls=0"],
+     r"envs.0.options: calculator rejects .*max_calls=0; must be >= 1"),
+    (["envs.0.name=calculator", "envs.0.options.max_call=2"],
+     r"envs.0.options: calculator has no option 'max_call'; did you mean 'max_calls'"),
+    (["model.device=banana"], r"model.device: 'banana' is not a device"),
+    (["model.device=cuda:x"], r"model.device: 'cuda:x' is not a device"),
+    (["model.options.hidden=32"], r"model.options: the tiny model has no option 'hidden'; "
+                                  r"did you mean 'hidden_size'"),
+    (["model.options.num_layers=two"], r"model.options.num_layers: expected int, got 'two'"),
+    (["model.options.num_layers=0"], r"model.options.num_layers: 0 is out of range"),
+    (["model.options.hidden_size=30"], r"model.options: hidden_size=30 must be divisible"),
+    (["train.run_dir={nam}"], r"train.run_dir: '\{nam\}' is not a valid pattern "
+                              r"\(unknown field \{nam\}\)"),
+    (["train.run_dir=runs/{name"], r"train.run_dir: 'runs/\{name' is not a valid pattern"),
+    ([f"train.seed={2**32}"], r"train.seed: 4294967296 is out of range \(must be <= 4294967295\)"),
+    (["train.seed=-1"], r"train.seed: -1 is out of range \(must be >= 0\)"),
+    (["envs.0.opponents=[pool]", "rollout.pool_bots=[]"],
+     r"envs.0.opponents: 'pool' .*rollout.pool_bots is empty.*pool_every is 0"),
+    (["envs.0.opponents=[pool]", "rollout.pool_bots=[]", "rollout.pool_every=5"],
+     r"envs.0.opponents: 'pool' .*nothing to sample before its first snapshot"),
+    (["optim.lr=.inf"], r"optim.lr: expected a finite number, got inf"),
+    (["optim.lr=nan"], r"optim.lr: expected a finite number, got nan"),
+    (["rollout.invalid_penalty=-inf"], r"rollout.invalid_penalty: expected a finite number"),
+])
+def test_issue16_invalid_configs_fail_in_validate_naming_the_key(args, match):
+    with pytest.raises(ConfigError, match=match):
+        from_dict(ENV, args)
+
+
+def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("train:\n  steps: [1\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: not valid YAML at line 3, column 1"):
+        load_config(path)
+
+
+def test_on_and_off_are_choices_not_booleans(tmp_path):
+    """YAML 1.1 reads a bare `off` as false; `algorithm.value=off` means the choice 'off'."""
+    assert from_dict(ENV, ["algorithm.value=off"]).algorithm.value == "off"
+    assert from_dict(ENV, ["algorithm.value=on"]).algorithm.value == "on"
+    path = tmp_path / "c.yaml"
+    path.write_text("envs: [{name: tictactoe}]\nalgorithm: {value: off}\n")
+    assert load_config(path).algorithm.value == "off"
+    with pytest.raises(ConfigError, match="lora.enabled: expected true or false"):
+        from_dict(ENV, ["lora.enabled=maybe"])  # a bool field is still a bool
+
+
+def test_warnings_for_rounded_episodes_idle_opponents_and_one_episode_groups():
+    from sparring.train.config import config_warnings
+
+    cfg = from_dict({"envs": [{"name": "tictactoe", "group_size": 16,
+                               "opponents": ["self", "random"]}]},
+                    ["rollout.episodes_per_step=10"])
+    notes = config_warnings(cfg)
+    assert any("episodes_per_step=10 is rounded to whole groups (envs.0.group_size=16): "
+               "each step plays 16 episodes" in n for n in notes)
+    assert any("envs.0.opponents: 1 group(s) a step for 2 opponent kinds: random get no "
+               "episodes" in n for n in notes)
+    grpo = from_dict({"envs": [{"name": "tictactoe"}]},
+                     ["algorithm.estimator=grpo", "rollout.episodes_per_step=8"])
+    assert any(n.startswith("envs.0.group_size=1: estimator 'grpo'") for n in
+               config_warnings(grpo))
+    fine = from_dict({"envs": [{"name": "tictactoe", "group_size": 4}]},
+                     ["algorithm.estimator=grpo", "rollout.episodes_per_step=8"])
+    assert config_warnings(fine) == []
+
+
+def test_resume_overrides_that_change_the_model_are_refused():
+    from sparring.train.config import check_resume_overrides
+
+    saved = from_dict(ENV)
+    check_resume_overrides(saved, from_dict(ENV, ["train.steps=500", "optim.lr=1e-3",
+                                                  "model.device=cpu", "eval.games=10"]))
+    for args, key in ((["model.options.hidden_size=32"], "model.options.hidden_size"),
+                      (["model.name=/elsewhere"], "model.name"),
+                      (["lora.enabled=true"], "lora.enabled"),
+                      (["lora.r=4"], "lora.r"),
+                      (["algorithm.value_hidden=8"], "algorithm.value_hidden"),
+                      (["algorithm.kl.reference=magnet"], "algorithm.kl.reference"),
+                      (["rollout.pool_bots=[minimax]"], "rollout.pool_bots"),
+                      (["model.trust_remote_code=true"], "model.trust_remote_code")):
+        with pytest.raises(ConfigError, match=rf"^{key}: cannot change on --resume"):
+            check_resume_overrides(saved, from_dict(ENV, args))

@@ -51,3 +51,30 @@ def test_sigkill_then_resume_from_the_cli_matches_an_uninterrupted_run(tmp_path)
     want, got = _metrics(full), _metrics(killed)
     assert [r["step"] for r in got] == list(range(STEPS + 1))
     assert got == want
+
+
+def test_a_relative_run_folder_moved_elsewhere_resumes_from_another_directory(tmp_path,
+                                                                              monkeypatch):
+    """Issue 16: pool snapshot paths were stored as given ('runs/rel/pool/step-000001'), so
+    a relative train.run_dir resumed from another directory, or a moved run folder, failed."""
+    import shutil
+
+    from sparring.cli import main
+    from sparring.train.checkpoint import latest_checkpoint
+
+    small = ["model.options={hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_heads: 2, "
+             "intermediate_size: 64}", "rollout.episodes_per_step=8", "envs.0.group_size=4",
+             "envs.0.opponents=[pool]", "rollout.pool_every=1", "train.epochs=1",
+             "eval.games=2", "eval.at_start=false", "logging.progress=false",
+             "checkpoint.every=1"]
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", *small, "train.steps=2", "train.run_dir=runs/rel"]) == 0
+    shutil.move("runs/rel", "moved")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert main(["train", "--resume", "../moved", "train.steps=3"]) == 0
+    run = tmp_path / "moved"
+    assert [r["step"] for r in _metrics(run)] == [1, 2, 3]
+    state = json.loads((latest_checkpoint(run) / "state.json").read_text())
+    pool = state["state"]["user.rollouts"]["pool"]["checkpoints"]
+    assert [c["path"] for c in pool] == ["pool/step-000001", "pool/step-000002"]

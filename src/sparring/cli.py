@@ -1,8 +1,16 @@
-"""Command line: ``sparring list|train|eval|play|report``."""
+"""Command line: ``sparring list|train|eval|play|report|export``.
+
+`main` is the boundary between the user and the code: a user error (a bad config or
+argument, a missing or unwritable file, a full disk, a locked or unresumable run folder)
+is one line on stderr naming the key or the file, exit code 2; Ctrl-C is exit code 130.
+``--debug`` (before or after the command) shows the full traceback instead.
+"""
 
 from __future__ import annotations
 
 import argparse
+import errno
+import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -36,6 +44,17 @@ def _registry_entries(what: str) -> list:
 
 def cmd_list(args: argparse.Namespace) -> int:
     console = Console(width=200 if not sys.stdout.isatty() else None)
+    from sparring.plugins import PluginError
+
+    unknown = [w for w in args.what if w not in LISTABLE]
+    try:
+        if unknown:
+            raise ValueError(f"list: unknown {', '.join(map(repr, unknown))}; allowed: "
+                             f"{', '.join(LISTABLE)}")
+        _import_plugins(args)
+    except (PluginError, ValueError) as e:
+        Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {e}")
+        return 2
     for what in args.what or LISTABLE:
         try:
             entries = _registry_entries(what)
@@ -60,29 +79,23 @@ def _split_train_args(items: Sequence[str]) -> tuple[str | None, list[str]]:
     return items[0], list(items[1:])
 
 
-def _recipe_dirs() -> list[Path]:
-    """Where recipe names are looked up: ./configs, then the checkout's configs/."""
-    here = Path("configs")
-    repo = Path(__file__).resolve().parents[2] / "configs"
-    return [here] + ([repo] if repo.is_dir() and repo.resolve() != here.resolve() else [])
+def _import_plugins(args: argparse.Namespace) -> None:
+    """``--plugin`` modules, imported before any config is read (`sparring.plugins`)."""
+    from sparring.plugins import import_plugins
 
-
-def _resolve_config(name: str | None) -> Path | None:
-    if name is None:
-        name = "default"
-    elif Path(name).is_file():
-        return Path(name)
-    for d in _recipe_dirs():
-        for cand in (d / f"{name}.yaml", d / name):
-            if cand.is_file():
-                return cand
-    if name == "default":
-        return None
-    raise FileNotFoundError(f"no config {name!r} (not a file, not configs/{name}.yaml)")
+    import_plugins(getattr(args, "plugin", None) or [])
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from sparring.train.config import ConfigError, commented_yaml, load_config, to_dict
+    from sparring.plugins import PluginError
+    from sparring.train.config import (
+        ConfigError,
+        commented_yaml,
+        config_warnings,
+        find_recipe,
+        load_config,
+        to_dict,
+    )
 
     console = Console(stderr=True, soft_wrap=True)
     if args.print_defaults:
@@ -90,33 +103,42 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 0
     name, overrides = _split_train_args(args.items)
     try:
+        _import_plugins(args)
         if args.resume:
             if name is not None:
                 raise ConfigError("--resume takes the run's own config; give only overrides")
-            cfg = load_config(Path(args.resume) / "config.yaml", overrides)
+            cfg = _resume_config(args, overrides)
         else:
-            cfg = load_config(_resolve_config(name), overrides)
-    except (ConfigError, FileNotFoundError) as e:
-        console.print(f"[red]config error:[/red] {e}")
-        return 2
+            cfg = load_config(find_recipe(name), overrides)
+        cfg.plugins += [p for p in args.plugin or [] if p not in cfg.plugins]  # kept in the run
+    except PluginError as e:
+        raise ConfigError(str(e)) from e
     if args.print_config:
         print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
         return 0
+    _check_device(cfg.model.device)
+    for note in config_warnings(cfg):
+        console.print(f"[yellow]warning:[/yellow] {note}")
     from sparring.train.loop import _run_dir, resume, train
     from sparring.train.setup import build
 
     run_dir = Path(args.resume) if args.resume else _run_dir(cfg)
+    parts = build(cfg, run_dir)
     try:
-        parts = build(cfg, run_dir)
-    except ValueError as e:
-        console.print(f"[red]config error:[/red] {e}")
-        return 2
-    if args.resume:
-        run = resume(args.resume, parts.model, parts.rollout_fn, parts.eval_fn, parts.stateful,
-                     overrides=overrides, pad_id=parts.pad_id)
-    else:
-        run = train(cfg, parts.model, parts.rollout_fn, parts.eval_fn, parts.stateful,
-                    run_dir=run_dir, pad_id=parts.pad_id)
+        if args.resume:
+            run = resume(args.resume, parts.model, parts.rollout_fn, parts.eval_fn,
+                         parts.stateful, overrides=overrides, pad_id=parts.pad_id)
+        else:
+            run = train(cfg, parts.model, parts.rollout_fn, parts.eval_fn, parts.stateful,
+                        run_dir=run_dir, pad_id=parts.pad_id)
+    except KeyboardInterrupt as e:
+        raise Interrupted(f"interrupted; {_resume_hint(run_dir)}") from e
+    except OSError as e:
+        if e.errno != errno.ENOSPC:
+            raise
+        raise CommandError(f"no space left on device writing {e.filename or run_dir}; "
+                           f"{_resume_hint(run_dir)}") from e
+    if not args.resume:
         from sparring.train.summary import print_summary
 
         print_summary(run, console)
@@ -124,14 +146,94 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+class CommandError(Exception):
+    """A user error whose message is already the one line to print."""
+
+
+class Interrupted(Exception):
+    """Ctrl-C, with a line saying what was kept."""
+
+
+def _resume_hint(run_dir: Path) -> str:
+    """What survives in ``run_dir``: its newest checkpoint (written whole or not at all)."""
+    from sparring.train.checkpoint import latest_checkpoint
+
+    ckpt = latest_checkpoint(run_dir) if run_dir.is_dir() else None
+    if ckpt is None:
+        return "no checkpoint was written yet: start the run again"
+    return (f"the last checkpoint, {ckpt}, is intact: continue with "
+            f"`sparring train --resume {run_dir}`")
+
+
+def _resume_config(args: argparse.Namespace, overrides: list[str]):
+    """The config of ``--resume RUN_DIR`` plus ``overrides``, checked before anything is
+    written: the folder has a checkpoint, the overrides leave the model's shape alone, and
+    the folder runs no code of its own (its plugins and ``model.trust_remote_code`` count
+    only with ``--trust-remote-code``; plugins named with ``--plugin`` are already loaded)."""
+    from sparring.train.checkpoint import step_dirs
+    from sparring.train.config import check_resume_overrides
+    from sparring.train.restore import read_run_config
+
+    run = Path(args.resume)
+    if not run.is_dir():
+        raise CommandError(f"--resume: no run folder {run}")
+    if not (run / "config.yaml").is_file():
+        raise CommandError(f"--resume: {run} has no config.yaml (not a run folder)")
+    if not step_dirs(run):
+        raise CommandError(f"--resume: {run} has no checkpoint to resume from (a run stopped "
+                           "before its first checkpoint starts again without --resume)")
+    trust = args.trust_remote_code
+    saved = read_run_config(run / "config.yaml", trust_remote_code=trust)
+    cfg = read_run_config(run / "config.yaml", overrides, trust_remote_code=trust)
+    check_resume_overrides(saved, cfg)
+    given = {_plugin_key(p) for p in args.plugin or []}
+    unloaded = [p for p in saved.plugins if _plugin_key(p) not in given]
+    if unloaded and not trust:
+        raise CommandError(f"--resume: {run / 'config.yaml'} lists plugins {unloaded}; a run "
+                           "folder runs no code on its own: name them with --plugin, or pass "
+                           "--trust-remote-code")
+    return cfg
+
+
+def _plugin_key(name: str) -> str:
+    """A plugin as `sparring.plugins` finds it: a .py path resolved, a module by name."""
+    return str(Path(name).resolve()) if name.endswith(".py") or "/" in name else name
+
+
+def _check_device(device: str) -> None:
+    """``model.device`` exists on this machine (a config may be valid for another one)."""
+    import torch
+
+    from sparring.train.config import ConfigError
+
+    kind = device.split(":")[0]
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"model.device: {device!r}, but torch sees no CUDA device here "
+                          "(use cpu or auto)")
+    if kind == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"model.device: {device!r}, but MPS is not available here "
+                          "(use cpu or auto)")
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from sparring.export import export
+
+    try:
+        out = export(args.run_dir, args.out_dir, dtype=args.dtype, overwrite=args.overwrite,
+                     trust_remote_code=args.trust_remote_code)
+    except (FileNotFoundError, FileExistsError, ValueError, ImportError) as e:
+        Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {e}")
+        return 2
+    print(out)
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from sparring.report import write_report
 
-    try:
-        path = write_report(args.run_dir, args.out)
-    except FileNotFoundError as e:
-        Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {e}")
-        return 2
+    if not Path(args.run_dir).is_dir():
+        raise CommandError(f"no run folder {args.run_dir}")
+    path = write_report(args.run_dir, args.out)
     print(path)
     return 0
 
@@ -145,16 +247,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from sparring.rollout.schedule import make_arena
     from sparring.train.restore import load_policy
 
-    console = Console()
+    console = Console(width=200 if not sys.stdout.isatty() else None)  # no wrapping in pipes
+    unknown = [b for b in args.vs if b not in BOTS]
+    if unknown or not args.vs:
+        raise CommandError(f"--vs: unknown {', '.join(map(repr, unknown)) or 'empty list'}; "
+                           f"allowed: {', '.join(BOTS.names())}")
     try:
-        unknown = [b for b in args.vs if b not in BOTS]
-        if unknown:
-            raise ValueError(f"--vs: unknown {unknown}; allowed: {', '.join(BOTS.names())}")
         envs = [env_entry(e).name for e in args.env or []]
-        policy, cfg, ckpt = load_policy(args.checkpoint)
-    except (FileNotFoundError, ValueError, UnknownNameError) as e:
-        console.print(f"[red]error:[/red] {e}")
-        return 2
+    except UnknownNameError as e:
+        raise CommandError(f"--env: {e}") from None
+    policy, cfg, ckpt = load_policy(args.checkpoint, trust_remote_code=args.trust_remote_code)
     envs = envs or list(dict.fromkeys(env_entry(s.name).name for s in cfg.envs))
     arena = make_arena(cfg.rollout)
     from sparring.policy.sampling import SamplingParams
@@ -162,7 +264,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     sampling = SamplingParams(temperature=cfg.rollout.temperature, greedy=not args.sample,
                               max_new_tokens=cfg.rollout.max_new_tokens)
     table = Table(title=f"{ckpt} ({args.games} games each, Wilson 95% intervals)")
-    for col in ("env", "opponent", "win", "draw", "loss", "non-loss", "invalid"):
+    for col in ("env", "opponent", "win", "draw", "loss", "non-loss", "forfeit", "invalid"):
         table.add_column(col)
     for env in envs:
         opts = env_options(cfg, env)
@@ -171,7 +273,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                                 args.games, seed=args.seed)
             table.add_row(env, bot, *(f"{r[k]:.3f} [{r[k + '_lo']:.3f}, {r[k + '_hi']:.3f}]"
                                       for k in ("win", "draw", "loss", "non_loss")),
-                          f"{r['invalid_rate']:.3f}")
+                          f"{r['forfeit_rate']:.3f}", f"{r['invalid_rate']:.3f}")
         if has_game_tree(env):
             console.print(f"{env} exploitability: "
                           f"{policy_exploitability(arena, policy, env, opts):.4f}")
@@ -187,18 +289,22 @@ def cmd_play(args: argparse.Namespace) -> int:
 
     try:
         env = env_entry(args.env).name if args.env else None
-        policy, cfg, _ = load_policy(args.checkpoint)
-    except (FileNotFoundError, UnknownNameError) as e:
-        Console(stderr=True).print(f"[red]error:[/red] {e}")
-        return 2
+    except UnknownNameError as e:
+        raise CommandError(f"--env: {e}") from None
+    if args.seat < 0:
+        raise CommandError(f"--seat: must be >= 0, got {args.seat}")
+    policy, cfg, _ = load_policy(args.checkpoint, trust_remote_code=args.trust_remote_code)
     env = env or cfg.envs[0].name
-    play(policy, cfg, env, human_seat=args.seat, greedy=not args.sample, seed=args.seed)
+    try:
+        play(policy, cfg, env, human_seat=args.seat, greedy=not args.sample, seed=args.seed)
+    except EOFError:  # Ctrl-D at the prompt
+        print("\nend of input: game abandoned")
     return 0
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "list": cmd_list, "train": cmd_train, "report": cmd_report, "eval": cmd_eval,
-    "play": cmd_play}
+    "play": cmd_play, "export": cmd_export}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -206,15 +312,35 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     lp = sub.add_parser("list", help="list estimators, shapers, objectives, aggregations, "
                         "environments, bots")
-    lp.add_argument("what", nargs="*", choices=LISTABLE, help="what to list (default: all)")
+    # no argparse `choices`: Python 3.11 checks an empty `nargs="*"` against them and fails
+    lp.add_argument("what", nargs="*", metavar="WHAT",
+                    help=f"what to list: {', '.join(LISTABLE)} (default: all)")
+    lp.add_argument("--plugin", action="append", metavar="MODULE",
+                    help="import a module (or .py file) that registers its own entries first")
     tp = sub.add_parser("train", help="train a policy: sparring train [CONFIG] [key.sub=value ...]")
     tp.add_argument("items", nargs="*", metavar="CONFIG|key=value",
                     help="a YAML file or a recipe name in configs/, then overrides")
     tp.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR")
+    tp.add_argument("--plugin", action="append", metavar="MODULE",
+                    help="import a module (or .py file) that registers its own envs, "
+                    "estimators, objectives or shapers before the config is checked "
+                    "(repeatable; also the config key `plugins`)")
+    tp.add_argument("--trust-remote-code", action="store_true",
+                    help="with --resume: let the run folder's model code and plugins run "
+                    "(off: its config.yaml cannot make them run)")
     tp.add_argument("--print-config", action="store_true",
                     help="print the resolved config and exit")
     tp.add_argument("--print-defaults", action="store_true",
                     help="print every key with its default and help, and exit")
+    xp = sub.add_parser("export", help="write a trained policy as a Hugging Face model folder "
+                        "(LoRA merged, tokenizer and chat template included)")
+    xp.add_argument("run_dir", metavar="RUN_DIR", help="a run folder or a checkpoint folder")
+    xp.add_argument("out_dir", metavar="OUT_DIR", help="the folder to write")
+    xp.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                    help="weights' dtype (default: the run's model.dtype)")
+    xp.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists")
+    xp.add_argument("--trust-remote-code", action="store_true",
+                    help="let the model's own code run (off: the run folder's config cannot)")
     rp = sub.add_parser("report", help="plots and a markdown summary of a run")
     rp.add_argument("run_dir", metavar="RUN_DIR")
     ep = sub.add_parser("eval", help="evaluate a trained policy against bots")
@@ -223,7 +349,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="comma-separated bots (`sparring list bots`): random, minimax, mcts, cfr")
     ep.add_argument("--env", action="append",
                     help="environment, its name or an alias (default: the run's games)")
-    ep.add_argument("--games", type=int, default=400, help="games per opponent (seats rotate)")
+    ep.add_argument("--games", type=_positive_int, default=400,
+                    help="games per opponent (seats rotate)")
+    ep.add_argument("--trust-remote-code", action="store_true",
+                    help="let the model's own code run (off: the run folder's config cannot)")
     ep.add_argument("--sample", action="store_true", help="sample instead of greedy moves")
     ep.add_argument("--seed", type=int, default=0)
     pp = sub.add_parser("play", help="play against a trained policy in the terminal")
@@ -231,15 +360,76 @@ def build_parser() -> argparse.ArgumentParser:
     pp.add_argument("--env", help="game, its name or an alias (default: the run's first "
                     "environment)")
     pp.add_argument("--seat", type=int, default=0, help="your seat (0 moves first)")
+    pp.add_argument("--trust-remote-code", action="store_true",
+                    help="let the model's own code run (off: the run folder's config cannot)")
     pp.add_argument("--sample", action="store_true", help="the model samples instead of argmax")
     pp.add_argument("--seed", type=int, default=0)
     rp.add_argument("--out", default=None, help="output folder (default: RUN_DIR/report)")
+    p.add_argument("--debug", action="store_true",
+                   help="show the full traceback of an error instead of one line")
+    for sp in sub.choices.values():  # `sparring train ... --debug` works too
+        sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show the full traceback of an error instead of one line")
     return p
+
+
+class _LowerLevelFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return f"{record.levelname.lower()}: {record.getMessage()}"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
+    return n
+
+
+def _one_line(e: BaseException) -> str:
+    """The message of ``e`` on one line; an OS error as 'what: which file'."""
+    if isinstance(e, OSError) and e.strerror and e.filename is not None:
+        files = " -> ".join(str(f) for f in (e.filename, e.filename2) if f is not None)
+        text = f"{e.strerror}: {files}"
+    else:
+        text = str(e) or type(e).__name__
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that mean "the input is wrong", not "the code is wrong"."""
+    from sparring.registry import UnknownNameError
+    from sparring.train.runlock import RunLockedError
+
+    return (CommandError, ValueError, OSError, UnknownNameError, RunLockedError, ImportError)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return COMMANDS[args.command](args)
+    debug = bool(getattr(args, "debug", False))
+    root = logging.getLogger()
+    if not root.handlers:  # warnings as "warning: ..." lines on stderr
+        handler = logging.StreamHandler()
+        handler.setFormatter(_LowerLevelFormatter())
+        root.addHandler(handler)
+        root.setLevel(logging.WARNING)
+    try:
+        return COMMANDS[args.command](args)
+    except (KeyboardInterrupt, Interrupted) as e:
+        if debug:
+            raise
+        print(f"\n{e if isinstance(e, Interrupted) else 'interrupted'}", file=sys.stderr)
+        return 130
+    except _user_errors() as e:
+        if debug:
+            raise
+        from sparring.train.config import ConfigError
+
+        kind = "config error" if isinstance(e, ConfigError) else "error"
+        print(f"{kind}: {_one_line(e)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -24,10 +24,16 @@ def play(policy, cfg, env_name: str, human_seat: int = 0, greedy: bool = True,
          ask: Callable[[str], str] = input, say: Callable[[str], None] = print,
          seed: int = 0) -> list[float]:
     """One game: the human types moves (re-asked until legal), the model answers with
-    constrained decoding over the legal moves. Returns the game's per-seat returns."""
+    constrained decoding over the legal moves. Returns the game's per-seat returns. A game
+    ends with win / lose / draw; a single-seat task with the score (and whether the answer
+    was correct, when the task says). ``ask`` raising EOFError (Ctrl-D) ends the game."""
     options = env_options(cfg, env_name)
     env = make(env_name, **options)
+    if not (isinstance(human_seat, int) and 0 <= human_seat < env.num_seats):
+        raise ValueError(f"--seat: {env.name} has seats 0 to {env.num_seats - 1}, "
+                         f"got {human_seat!r}")
     env.reset(seed)
+    info: dict = {}
     r = cfg.rollout
     builder = PromptBuilder(policy.tokenizer, PromptConfig(
         history="state", max_prompt_tokens=r.max_prompt_tokens, system_prompt=r.system_prompt))
@@ -51,9 +57,15 @@ def play(policy, cfg, env_name: str, human_seat: int = 0, greedy: bool = True,
             res = env.parse(seat, gen.text)
             action = res.action if res.ok else (legal or [""])[0]
             say(f"model plays: {action}")
-        env.step(action)
+        info = env.step(action).info or {}
     returns = env.returns()
     say("\n" + env.observation(human_seat))
     mine = returns[human_seat]
-    say("you win" if mine > 0 else "you lose" if mine < 0 else "draw")
+    if env.num_seats == 1:  # a task: no one to win against
+        verdict = ("" if "correct" not in info else " (correct)" if info["correct"]
+                   else " (wrong" + (f": the answer is {info['answer']})" if "answer" in info
+                                    else ")"))
+        say(f"your score: {mine:g}{verdict}")
+    else:
+        say("you win" if mine > 0 else "you lose" if mine < 0 else "draw")
     return returns

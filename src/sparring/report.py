@@ -8,6 +8,7 @@ step, with ``<key>_lo`` / ``<key>_hi`` drawn as an interval band) and ``summary.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,6 +17,8 @@ from typing import Any
 import yaml
 
 from sparring.train.metrics import read_metrics
+
+log = logging.getLogger(__name__)
 
 PREFERRED = ("reward", "loss", "policy_loss", "kl", "entropy", "clip_frac", "approx_kl",
              "grad_norm", "value_loss", "adv_mean", "adv_std", "invalid_rate",
@@ -124,10 +127,34 @@ def _interval(rows, key: str, which: int) -> str:
     return f"{format_point(value, lo, hi)} (step {step})"
 
 
+def _read_config(path: Path) -> dict[str, Any] | None:
+    """The run's config as plain data (never imported or validated: a report reads it for
+    its headline only); None, with a warning, when it is unreadable."""
+    if not path.exists():
+        return None
+    try:
+        cfg = yaml.safe_load(path.read_text(encoding="utf-8", errors="replace"))
+    except yaml.YAMLError as e:
+        log.warning("%s is not valid YAML (%s); the report leaves out its headline", path,
+                    str(e).splitlines()[0])
+        return None
+    if not isinstance(cfg, dict):
+        log.warning("%s holds no config mapping; the report leaves out its headline", path)
+        return None
+    return cfg
+
+
+def _get(data: Any, *keys: str) -> Any:
+    """``data[k1][k2]...``, None where a level is missing or not a mapping."""
+    for k in keys:
+        data = data.get(k) if isinstance(data, dict) else None
+    return data
+
+
 def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path:
     """Write plots and ``summary.md`` for the run in ``run_dir``; returns the summary path."""
     run = Path(run_dir)
-    rows = read_metrics(run)
+    rows = [r for r in read_metrics(run) if _num(r.get("step"))]
     if not rows:
         raise FileNotFoundError(f"{run} has no metrics.jsonl rows to report on")
     out = Path(out_dir) if out_dir is not None else run / "report"
@@ -139,16 +166,17 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
         _grid(rows, timing, out / "timing.png", f"{run.name}: time and throughput"),
     ) if p is not None]
     md = [f"# Run report: {run.name}", ""]
-    cfg_path = run / "config.yaml"
-    if cfg_path.exists():
-        cfg = yaml.safe_load(cfg_path.read_text()) or {}
-        alg = cfg.get("algorithm", {})
-        envs = ", ".join(e.get("name", "?") for e in cfg.get("envs", [])) or "-"
-        md += [f"- estimator: `{alg.get('estimator')}`, objective: `{alg.get('objective')}`, "
-               f"aggregation: `{alg.get('aggregation')}`, KL: {alg.get('kl', {}).get('coef')} "
-               f"({alg.get('kl', {}).get('reference')})",
-               f"- envs: {envs}; steps: {cfg.get('train', {}).get('steps')}; "
-               f"model: `{cfg.get('model', {}).get('name')}`", ""]
+    cfg = _read_config(run / "config.yaml")
+    if cfg is not None:
+        envs = cfg.get("envs") if isinstance(cfg.get("envs"), list) else []
+        names = ", ".join(str(_get(e, "name") or "?") for e in envs) or "-"
+        md += [f"- estimator: `{_get(cfg, 'algorithm', 'estimator')}`, objective: "
+               f"`{_get(cfg, 'algorithm', 'objective')}`, aggregation: "
+               f"`{_get(cfg, 'algorithm', 'aggregation')}`, KL: "
+               f"{_get(cfg, 'algorithm', 'kl', 'coef')} "
+               f"({_get(cfg, 'algorithm', 'kl', 'reference')})",
+               f"- envs: {names}; steps: {_get(cfg, 'train', 'steps')}; "
+               f"model: `{_get(cfg, 'model', 'name')}`", ""]
     last = max(r["step"] for r in rows)
     md += [f"Steps logged: {last}.", ""]
     if evals:

@@ -35,6 +35,8 @@ _ENV_MODULES: tuple[str, ...] = (
     "sparring.envs.tasks.calculator",
     "sparring.envs.adapters.open_spiel",  # imports pyspiel only when an env is built
     "sparring.envs.adapters.textarena",  # imports textarena only when an env is built
+    "sparring.envs.adapters.pettingzoo",  # imports pettingzoo only when an env is built
+    "sparring.envs.adapters.gymnasium",  # imports gymnasium only when an env is built
 )
 
 

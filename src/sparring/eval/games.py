@@ -1,10 +1,13 @@
 """Evaluation of a model policy in games: matches against bots, exact exploitability.
 
 * `evaluate_vs_bot`: ``n`` games through the arena, the learner in seat ``i % seats`` of
-  game ``i`` (so every seat is played equally often), the bot elsewhere. Outcome from the
-  game's own score (``info["env_returns"]``, no invalid-move penalties): win > 0,
-  draw = 0, loss < 0. Reports rates with Wilson 95% intervals (``_lo``/``_hi``), per-seat
-  non-loss rates, the mean return and the learner's invalid-action rate.
+  game ``i`` (so every seat is played equally often), the bot elsewhere. Outcome
+  (`outcome`): a game the learner forfeited (an invalid move under the ``forfeit`` or
+  ``retry`` policy, ``info["forfeit"]``) is a loss whatever the score; otherwise the game's
+  own score (``info["env_returns"]``, no invalid-move penalties): win > 0, draw = 0,
+  loss < 0. Reports rates with Wilson 95% intervals (``_lo``/``_hi``), per-seat non-loss
+  rates, the forfeit rate, the mean return (a forfeited game counts its arena total, the
+  penalty included) and the learner's invalid-action rate.
 * `policy_exploitability`: the model's action probabilities at every information state
   of a game that declares its tree (Kuhn, Leduc poker; `sparring.envs.has_game_tree`) --
   the constrained-decoding distribution over legal actions, the prompt being the current
@@ -17,6 +20,7 @@ from typing import Any
 
 import torch
 
+from sparring.data import Episode
 from sparring.envs import env_entry, make
 from sparring.eval.exploitability import exploitability
 from sparring.eval.stats import wilson
@@ -29,23 +33,38 @@ from sparring.rollout.prompts import PromptBuilder, PromptConfig
 from sparring.rollout.seating import learner_seat, rotating
 
 
+def outcome(ep: Episode, seat: int) -> tuple[int, float]:
+    """(+1 win, 0 draw or -1 loss, return) of ``seat`` in a two-sided game ``ep``. A forfeit
+    loses for the seat that forfeited and wins for the others, whatever the score (a game
+    forfeited before any reward would otherwise look like a draw); its return is the
+    arena's total, penalty included. Otherwise the sign of the game's own score."""
+    forfeit = ep.info.get("forfeit")
+    if forfeit is not None:
+        return (-1 if forfeit == seat else 1), float(ep.returns[seat])
+    r = float(ep.info.get("env_returns", ep.returns)[seat])
+    return (r > 0) - (r < 0), r
+
+
 def evaluate_vs_bot(arena: Arena, policy: HFPolicy, sampling: SamplingParams, env: str,
                     options: dict[str, Any], bot: Any, n: int, seed: int = 0) -> dict[str, float]:
+    if n < 1:
+        raise ValueError(f"games: must be >= 1, got {n}")
     me = ModelPlayer(policy, name="eval", train=False, sampling=sampling)
     other = BotPlayer(bot, name="bot")
     seats = make(env, **options).num_seats
     eps = arena.play(env, dict(options), seeds=[seed + i for i in range(n)], group_size=1,
                      players_fn=rotating(me, lambda: other, seats))
-    wins = draws = losses = 0
+    wins = draws = losses = forfeits = 0
     ret = 0.0
     per_seat = [[0, 0] for _ in range(seats)]  # [non-losses, games]
     my_turns = invalid = 0
     for i, ep in enumerate(eps):
         seat = learner_seat(i, seats)
-        r = float(ep.info.get("env_returns", ep.returns)[seat])
+        score, r = outcome(ep, seat)
         ret += r
-        wins, draws, losses = wins + (r > 0), draws + (r == 0), losses + (r < 0)
-        per_seat[seat][0] += r >= 0
+        wins, draws, losses = wins + (score > 0), draws + (score == 0), losses + (score < 0)
+        forfeits += ep.info.get("forfeit") == seat
+        per_seat[seat][0] += score >= 0
         per_seat[seat][1] += 1
         mine = [t for t in ep.turns if t.agent == seat]
         my_turns += len(mine)
@@ -56,6 +75,7 @@ def evaluate_vs_bot(arena: Arena, policy: HFPolicy, sampling: SamplingParams, en
         out[key], out[f"{key}_lo"], out[f"{key}_hi"] = k / n, lo, hi
     for s, (k, m) in enumerate(per_seat):
         out[f"non_loss_seat{s}"] = k / max(m, 1)
+    out["forfeit_rate"] = forfeits / n
     out["invalid_rate"] = invalid / max(my_turns, 1)
     return out
 

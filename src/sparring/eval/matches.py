@@ -11,7 +11,9 @@ invalid-action mode ``forfeit``); a bot's is a bug and raises.
 Every seed is played once in every cyclic seating of the players (paired seeds: the same
 deal with the seats swapped), so seat advantage and deal luck cancel in the totals.
 A game's outcome for a player: win (unique best return), draw (tied best), loss; returns
-are the arena's per-seat totals (the game's rewards plus the forfeit penalty).
+are the arena's per-seat totals (the game's rewards plus the forfeit penalty). A seat that
+forfeits loses whatever the returns (with ``penalty=0`` a forfeit before any reward would
+otherwise tie); the other seats are ranked among themselves.
 """
 
 from __future__ import annotations
@@ -69,13 +71,17 @@ class MatchResult:
     games: list[GameLog] = field(default_factory=list)
 
     def pairwise(self) -> list[tuple[str, str, float]]:
-        """(i, j, score of i) for every pair of seats in every game, for Elo."""
+        """(i, j, score of i) for every pair of seats in every game, for Elo; a seat that
+        forfeited loses to every other."""
         out = []
         for g in self.games:
             for a in range(len(g.seating)):
                 for b in range(a + 1, len(g.seating)):
                     ra, rb = g.returns[a], g.returns[b]
-                    out.append((g.seating[a], g.seating[b], 1.0 if ra > rb else 0.5 if ra == rb else 0.0))
+                    score = 1.0 if ra > rb else 0.5 if ra == rb else 0.0
+                    if g.forfeit in (a, b):
+                        score = 0.0 if g.forfeit == a else 1.0
+                    out.append((g.seating[a], g.seating[b], score))
         return out
 
     def elo(self, prior: float = 1.0) -> dict[str, float]:
@@ -103,12 +109,15 @@ class MatchResult:
 
 def _record(res: MatchResult, g: GameLog) -> None:
     res.games.append(g)
-    best = max(g.returns)
-    n_best = sum(r == best for r in g.returns)
+    ranked = [r for s, r in enumerate(g.returns) if s != g.forfeit]  # a forfeit ranks last
+    best = max(ranked) if ranked else None
+    n_best = sum(r == best for r in ranked)
     for seat, name in enumerate(g.seating):
         r = g.returns[seat]
         for rec in (res.overall.setdefault(name, Record()), res.per_seat.setdefault((name, seat), Record())):
-            if r == best and n_best == 1:
+            if seat == g.forfeit:
+                rec.losses += 1
+            elif r == best and n_best == 1:
                 rec.wins += 1
             elif r == best:
                 rec.draws += 1

@@ -8,7 +8,9 @@ Sampling weights over the pool's entries (bots first, then checkpoints oldest to
 
 Probabilities are the weights normalised. ``max_checkpoints`` keeps only the newest
 ones. Checkpoints are folders loaded on demand by ``loader(path) -> policy`` (default
-`HFPolicy.from_pretrained`), keeping the ``cache_size`` most recently used in memory, and
+`HFPolicy.from_pretrained`; the path is passed as recorded, so a run's rollouts record
+paths relative to the run folder and their loader resolves them there, see
+`sparring.rollout.schedule.Rollouts`), keeping the ``cache_size`` most recently used in memory, and
 play as ``ModelPlayer(train=False)`` (their turns are context, not training rows).
 `state_dict` / `load_state_dict` save the checkpoint list and the sampler's RNG state (plain
 JSON); bots are code, so the restoring side adds the same bots first (names are checked).

@@ -6,7 +6,8 @@ Per step, each env spec of ``cfg.envs`` gets ``weight``-proportional episodes
 * ``self``: self-play, the training policy in every seat (each seat's turns are its own agent);
 * ``pool``: the learner in a rotating seat against the opponent pool (bots of
   ``rollout.pool_bots`` and past snapshots of the policy, one added every
-  ``rollout.pool_every`` steps, kept under ``RUN_DIR/pool``);
+  ``rollout.pool_every`` steps, kept under ``RUN_DIR/pool``; see `Rollouts` for what stays
+  on disk);
 * a bot name (`sparring.envs.bots.BOTS`): the learner in a rotating seat against that bot
   (`sparring.rollout.seating`).
 
@@ -17,6 +18,7 @@ alias plays exactly as under its canonical name.
 
 from __future__ import annotations
 
+import re
 import shutil
 import zlib
 from pathlib import Path
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
     from sparring.train.config import Config, EnvSpec, RolloutConfig
 
 SPECIAL_OPPONENTS = ("self", "pool")  # opponent kinds besides the bots of BOTS
+_SNAPSHOT_RE = re.compile(r"^step-(\d+)$")
 
 
 def check_opponents(spec: EnvSpec) -> None:
@@ -75,7 +78,18 @@ def stable_seed(*parts: Any) -> int:
 
 class Rollouts:
     """The rollout function of one run, ``rollouts(step) -> episodes``, and its state (the
-    opponent pool, checkpointed through `state_dict`)."""
+    opponent pool, checkpointed through `state_dict`).
+
+    Pool snapshots live in ``RUN_DIR/pool/step-NNNNNN`` and the pool records them relative
+    to the run folder (``pool/step-NNNNNN``), so a run folder can be moved or resumed from
+    another working directory. Disk: at the start of each step (the state a checkpoint or
+    a crash checkpoint of the previous step saves) every snapshot the pool no longer holds
+    is deleted, except those the pool of a kept checkpoint holds (the ``pool_max`` newest
+    before the oldest checkpoint in ``RUN_DIR/checkpoints``, and any later one), so every
+    kept checkpoint can resume; at most ``pool_max + 1`` (the one the newest snapshot
+    replaced) plus those. Temporaries of a snapshot write that was killed (``*.tmp``) are
+    removed on the first step, when the run folder is locked by the training loop.
+    """
 
     def __init__(self, cfg: Config, policy: HFPolicy, run_dir: Path):
         self.cfg, self.policy, self.run_dir = cfg, policy, Path(run_dir)
@@ -98,10 +112,11 @@ class Rollouts:
         self.env_names = [env_entry(s.name).name for s in cfg.envs]  # canonical, per spec
         self.num_seats = [make(s.name, **s.options).num_seats for s in cfg.envs]  # per spec
         self._step = 0
+        self._tidied = False
 
     def _load_snapshot(self, path: str) -> HFPolicy:
         m = self.cfg.model
-        p = HFPolicy.from_pretrained(path, device=m.device, dtype=m.dtype,
+        p = HFPolicy.from_pretrained(self.run_dir / path, device=m.device, dtype=m.dtype,
                                      seed=self._snapshot_seed(path), name=Path(path).name)
         p.tokenizer = self.policy.tokenizer
         return p
@@ -132,10 +147,42 @@ class Rollouts:
         self.policy.tokenizer.save_pretrained(tmp)
         shutil.rmtree(folder, ignore_errors=True)  # a resumed run rewrites its own snapshot
         tmp.rename(folder)
-        self.pool.add_checkpoint(str(folder), step)
+        self.pool.add_checkpoint(folder.relative_to(self.run_dir).as_posix(), step)
+
+    def _snapshots(self) -> list[tuple[int, Path]]:
+        """(step, folder) of the snapshots on disk, oldest first."""
+        root = self.run_dir / "pool"
+        found = [(int(m.group(1)), p) for p in root.iterdir()
+                 if p.is_dir() and (m := _SNAPSHOT_RE.match(p.name))] if root.is_dir() else []
+        return sorted(found)
+
+    def _tidy_pool(self) -> None:
+        """Delete killed writes (``*.tmp``) and the snapshots no one can sample (see the
+        class docstring)."""
+        from sparring.train.checkpoint import step_dirs
+
+        root = self.run_dir / "pool"
+        if not root.is_dir():
+            return
+        if not self._tidied:
+            for p in root.glob("*.tmp"):
+                shutil.rmtree(p, ignore_errors=True)
+            self._tidied = True
+        snaps = self._snapshots()
+        live = {Path(c.path).name for c in self.pool.checkpoints}
+        kept = [s for s, _ in step_dirs(self.run_dir)]
+        need_from = None  # snapshots from this step on may be in a kept checkpoint's pool
+        if kept:
+            older = [s for s, _ in snaps if s < kept[0]]
+            window = older[-self.pool.max_checkpoints:] if self.pool.max_checkpoints else older
+            need_from = window[0] if window else kept[0]
+        for step, folder in snaps:
+            if folder.name not in live and (need_from is None or step < need_from):
+                shutil.rmtree(folder, ignore_errors=True)
 
     def __call__(self, step: int) -> list[Episode]:
         self._reseed(step)
+        self._tidy_pool()
         self._snapshot(step)
         episodes: list[Episode] = []
         group = 0
@@ -165,4 +212,9 @@ class Rollouts:
         return {"pool": self.pool.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.pool.load_state_dict(state["pool"])
+        pool = dict(state["pool"])
+        # runs saved before paths were relative recorded RUN_DIR/pool/step-N as given
+        pool["checkpoints"] = [{**c, "path": f"pool/{Path(c['path']).name}"}
+                               if Path(c["path"]).parent.name == "pool" else c
+                               for c in pool["checkpoints"]]
+        self.pool.load_state_dict(pool)

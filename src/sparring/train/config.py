@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import yaml
 
-from sparring.train.overrides import ConfigError, apply_override, build
+from sparring.train.overrides import ConfigError, apply_override, build, did_you_mean
 
 
 def opt(default: Any, help: str, **check: float) -> Any:
@@ -77,7 +77,10 @@ class RolloutConfig:
     max_turns: int = opt(200, "turn budget per episode (truncated beyond)", ge=1)
     pool_every: int = opt(
         0, "add a snapshot of the policy to the opponent pool every N steps (0: never)", ge=0)
-    pool_max: int = opt(5, "past snapshots kept in the pool (the newest)", ge=1)
+    pool_max: int = opt(
+        5, "past snapshots kept in the pool (the newest); RUN_DIR/pool holds at most "
+        "pool_max + 1 of them plus those taken since the oldest kept checkpoint's pool "
+        "(so every kept checkpoint can resume); older ones are deleted", ge=1)
     pool_bots: list[str] = opt(["random"], "bots in the opponent pool besides snapshots")
     pool_mode: Literal["uniform", "recency"] = opt(
         "recency", "how the pool samples: uniformly, or favouring recent snapshots")
@@ -166,7 +169,7 @@ class TrainConfig:
                              "prompts share, once per forward (same loss and gradient, fewer "
                              "FLOPs; used when at most half the rows' prompts are distinct or "
                              "they share 8+ leading tokens)")
-    seed: int = opt(0, "seed of python, numpy and torch")
+    seed: int = opt(0, "seed of python, numpy and torch", ge=0, le=2**32 - 1)
     max_skipped_updates: int = opt(
         5, "stop after this many consecutive updates skipped for non-finite values", ge=1)
     run_dir: str = opt("runs/{name}-{time}", "run folder ({name} and {time} are filled in)")
@@ -221,6 +224,17 @@ class Config:
     eval: EvalConfig = opt(EvalConfig(), "periodic evaluation")
     checkpoint: CheckpointConfig = opt(CheckpointConfig(), "checkpoints")
     logging: LoggingConfig = opt(LoggingConfig(), "metrics sinks and progress bar")
+    plugins: list[str] = opt(
+        [], "modules (names or .py paths) imported before the config is checked: they "
+        "register their own envs, estimators, objectives, shapers (sparring.plugins)")
+
+    @classmethod
+    def load(cls, name: str | Path | None = None,
+             overrides: list[str] | tuple[str, ...] = ()) -> Config:
+        """A recipe by name (``"kuhn_selfplay"``: configs/kuhn_selfplay.yaml, found as
+        ``sparring train`` finds it) or a YAML path (None: the default run), plus
+        ``key.sub=value`` overrides; checked."""
+        return load_config(find_recipe(name), overrides)
 
 
 # ---------------------------------------------------------------- validation, I/O
@@ -290,6 +304,7 @@ def validate(cfg: Config) -> Config:
                        f"algorithm.shaping.{i}.options")
     for i, env in enumerate(cfg.envs):
         _registry_check("env", env.name, f"envs.{i}.name")
+        _env_options_check(i, env)
         _options_check("estimator", a.estimator, env.estimator_options,
                        f"envs.{i}.estimator_options")
     from sparring.advantages import ESTIMATORS
@@ -303,7 +318,172 @@ def validate(cfg: Config) -> Config:
     if cfg.train.microbatch_size and cfg.train.minibatch_size \
             and cfg.train.microbatch_size > cfg.train.minibatch_size:
         raise ConfigError("train.microbatch_size: must not exceed train.minibatch_size")
+    _model_check(cfg.model)
+    _run_dir_check(cfg.train.run_dir)
+    _opponents_check(cfg)
     return cfg
+
+
+def _model_check(m: ModelConfig) -> None:
+    """``model.device`` parses as a torch device; the tiny model's options are its fields."""
+    if m.device != "auto":
+        import torch
+        try:
+            torch.device(m.device)
+        except (RuntimeError, ValueError):
+            raise ConfigError(f"model.device: {m.device!r} is not a device (allowed: cpu, "
+                              "cuda, cuda:N, mps, auto)") from None
+    if m.name != "tiny":
+        return
+    import typing
+
+    from sparring.policy.tiny import TinyConfig
+    hints = typing.get_type_hints(TinyConfig)
+    for k, v in m.options.items():
+        if k not in hints:
+            raise ConfigError(f"model.options: the tiny model has no option {k!r}"
+                              f"{did_you_mean(str(k), list(hints))} (allowed: "
+                              f"{', '.join(hints)})")
+        want = hints[k]
+        if isinstance(v, bool) != (want is bool) or not isinstance(v, want):
+            raise ConfigError(f"model.options.{k}: expected {want.__name__}, got {v!r}")
+        if want is int and not v >= (0 if k == "seed" else 1):
+            raise ConfigError(f"model.options.{k}: {v!r} is out of range (must be >= "
+                              f"{0 if k == 'seed' else 1})")
+    try:
+        TinyConfig(**m.options)
+    except ValueError as e:
+        raise ConfigError(f"model.options: {e}") from None
+
+
+def _run_dir_check(run_dir: str) -> None:
+    try:
+        filled = run_dir.format(name="run", time="20000101-000000")
+    except (KeyError, IndexError, ValueError, AttributeError) as e:
+        why = f"unknown field {{{e.args[0]}}}" if isinstance(e, KeyError) else str(e)
+        raise ConfigError(f"train.run_dir: {run_dir!r} is not a valid pattern ({why}); "
+                          "the fields are {name} and {time}, write {{ and }} for braces") \
+            from None
+    if not filled.strip() or "\0" in filled:
+        raise ConfigError(f"train.run_dir: {run_dir!r} is not a folder name")
+
+
+def _env_options_check(i: int, env: EnvSpec) -> None:
+    """The options of ``envs.i`` are keywords its constructor takes, with values it accepts
+    (the env is built once here, so a bad value fails before any run folder exists)."""
+    import inspect
+
+    from sparring.envs import env_entry
+    entry = env_entry(env.name)
+    key = f"envs.{i}.options"
+    params = dict(inspect.signature(entry.fn).parameters)
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):  # a factory passing **options
+        cls = inspect.signature(entry.fn).return_annotation
+        if isinstance(cls, str):
+            cls = entry.fn.__globals__.get(cls, inspect.Signature.empty)
+        params = dict(inspect.signature(cls).parameters) if inspect.isclass(cls) else params
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        names = [n for n, p in params.items() if p.kind is not p.VAR_POSITIONAL
+                 and n != "self"]
+        for k in env.options:
+            if k not in names:
+                raise ConfigError(f"{key}: {entry.name} has no option {k!r}"
+                                  f"{did_you_mean(str(k), names)} (allowed: "
+                                  f"{', '.join(names) or 'none'})")
+    try:
+        entry.fn(**env.options)
+    except ImportError as e:
+        raise ConfigError(f"envs.{i}.name: {entry.name} needs an optional package ({e})") \
+            from None
+    except (TypeError, ValueError, KeyError) as e:
+        raise ConfigError(f"{key}: {entry.name} rejects {env.options!r}: {e}") from None
+
+
+def _opponents_check(cfg: Config) -> None:
+    """Bot names of ``envs.*.opponents``, ``rollout.pool_bots``, ``eval.opponents``; a
+    'pool' opponent needs a pool that is not empty at step 0."""
+    from sparring.envs.bots import BOTS
+    special = ("self", "pool")
+
+    def names(key: str, given: list[str], allowed: tuple[str, ...] = ()) -> None:
+        for j, name in enumerate(given):
+            if name not in allowed and name not in BOTS:
+                known = [*allowed, *BOTS.names()]
+                raise ConfigError(f"{key}.{j}: unknown opponent {name!r}"
+                                  f"{did_you_mean(name, known)} (allowed: {', '.join(known)})")
+
+    names("rollout.pool_bots", cfg.rollout.pool_bots)
+    names("eval.opponents", cfg.eval.opponents)
+    for i, env in enumerate(cfg.envs):
+        names(f"envs.{i}.opponents", env.opponents, special)
+        if "pool" in env.opponents and not cfg.rollout.pool_bots:
+            raise ConfigError(
+                f"envs.{i}.opponents: 'pool' samples from rollout.pool_bots and snapshots "
+                "of the policy, but rollout.pool_bots is empty, so the pool has nothing to "
+                "sample before its first snapshot"
+                + (" (and rollout.pool_every is 0: it never takes one)"
+                   if not cfg.rollout.pool_every else "")
+                + "; add a bot to rollout.pool_bots")
+
+
+def config_warnings(cfg: Config) -> list[str]:
+    """What a valid config does that its author may not expect (printed by ``sparring
+    train``): episode counts rounded to whole groups, opponents left without episodes,
+    a group-relative estimator with one episode per group."""
+    from sparring.advantages import ESTIMATORS
+    from sparring.rollout.schedule import episode_counts
+
+    out = []
+    counts = episode_counts(cfg)
+    if cfg.envs and sum(counts) != cfg.rollout.episodes_per_step:
+        sizes = ", ".join(f"envs.{i}.group_size={s.group_size}" for i, s in enumerate(cfg.envs))
+        out.append(f"rollout.episodes_per_step={cfg.rollout.episodes_per_step} is rounded to "
+                   f"whole groups ({sizes}): each step plays {sum(counts)} episodes "
+                   f"({' + '.join(map(str, counts))})")
+    needs_group = "group" in ESTIMATORS.get(cfg.algorithm.estimator).needs
+    for i, (spec, n) in enumerate(zip(cfg.envs, counts)):
+        kinds = spec.opponents or ["self"]
+        groups = n // spec.group_size
+        if groups < len(kinds):
+            out.append(f"envs.{i}.opponents: {groups} group(s) a step for {len(kinds)} "
+                       f"opponent kinds: {', '.join(dict.fromkeys(kinds[groups:]))} get no "
+                       "episodes (raise rollout.episodes_per_step)")
+        if needs_group and spec.group_size == 1:
+            out.append(f"envs.{i}.group_size=1: estimator {cfg.algorithm.estimator!r} compares "
+                       "the episodes of a group, and one episode per group has nothing to "
+                       "compare (zero advantages, but for the seats of a self-play game)")
+    return out
+
+
+_RESUME_FIXED = ("model", "lora", "algorithm.value", "algorithm.critic",
+                 "algorithm.value_hidden", "algorithm.kl.reference", "rollout.pool_bots")
+_RESUME_FREE = ("model.device",)
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    """{dotted key: value} of the mappings in ``d`` (an empty mapping has no keys)."""
+    if isinstance(d, dict):
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    return {prefix: d}
+
+
+def check_resume_overrides(saved: Config, resumed: Config) -> None:
+    """Raise `ConfigError` naming the first key whose change a checkpoint cannot follow:
+    the model's shape (``model.*`` but ``model.device``, ``lora.*``), the critic and the
+    KL reference (their weights are in the checkpoint), the pool's bots (its saved state
+    names them). ``trust_remote_code`` goes on the command line (``--trust-remote-code``)."""
+    old, new = _flat(to_dict(saved)), _flat(to_dict(resumed))
+    for key in sorted(set(old) | set(new)):
+        if old.get(key, None) == new.get(key, None) or key.startswith(_RESUME_FREE):
+            continue
+        if any(key == f or key.startswith(f + ".") for f in _RESUME_FIXED):
+            hint = (" (pass --trust-remote-code instead)" if key == "model.trust_remote_code"
+                    else "; start a new run for that")
+            raise ConfigError(f"{key}: cannot change on --resume (the checkpoint was made "
+                              f"with {old.get(key)!r}){hint}")
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:
@@ -317,22 +497,62 @@ def from_dict(data: dict[str, Any] | None, overrides: list[str] | tuple[str, ...
     cfg = build(Config, data or {})
     for item in overrides:
         apply_override(cfg, item)
+    from sparring.plugins import PluginError, import_plugins
+    try:
+        import_plugins(cfg.plugins)  # before the names they register are checked
+    except PluginError as e:
+        raise ConfigError(f"plugins: {e}") from None
     return validate(cfg) if check else cfg
+
+
+def recipe_dirs() -> list[Path]:
+    """Where recipe names are looked up: ./configs, then the checkout's configs/."""
+    here = Path("configs")
+    repo = Path(__file__).resolve().parents[3] / "configs"
+    return [here] + ([repo] if repo.is_dir() and repo.resolve() != here.resolve() else [])
+
+
+def find_recipe(name: str | Path | None) -> Path | None:
+    """The YAML file of ``name``: a path, or a recipe name in `recipe_dirs` (``"default"``
+    and None: configs/default.yaml, or None, the built-in defaults, when there is none)."""
+    if name is None:
+        name = "default"
+    elif Path(name).is_file():
+        return Path(name)
+    for d in recipe_dirs():
+        for cand in (d / f"{name}.yaml", d / name):
+            if cand.is_file():
+                return cand
+    if name == "default":
+        return None
+    raise FileNotFoundError(f"no config {str(name)!r} (not a file, not configs/{name}.yaml)")
+
+
+def read_yaml(path: str | Path) -> Any:
+    """The YAML document in ``path``; a syntax error is a `ConfigError` naming the file and
+    the line."""
+    with open(path, encoding="utf-8") as f:
+        try:
+            return yaml.safe_load(f)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise ConfigError(f"{path}: not valid YAML{where}: {problem}") from None
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
                 check: bool = True) -> Config:
     """Defaults <- YAML file ``path`` <- ``overrides``; validated unless ``check=False``."""
-    data = None
-    if path is not None:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
+    data = None if path is None else read_yaml(path)
     return from_dict(data, overrides, check)
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        yaml.safe_dump(to_dict(cfg), f, sort_keys=False)
+    """Write ``cfg`` as YAML atomically (a kill leaves the old file or the new one)."""
+    from sparring.train.atomic import atomic_write_text
+
+    atomic_write_text(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
 def commented_yaml(cls: type = Config, indent: int = 0) -> str:
@@ -353,5 +573,6 @@ def commented_yaml(cls: type = Config, indent: int = 0) -> str:
 
 __all__ = ["AlgorithmConfig", "ArcherConfig", "CheckpointConfig", "Config", "ConfigError", "EnvSpec",
            "EvalConfig", "KLConfig", "LoggingConfig", "LoraConfig", "ModelConfig",
-           "OptimConfig", "RolloutConfig", "TrainConfig", "apply_override", "commented_yaml",
-           "from_dict", "load_config", "save_config", "to_dict", "validate"]
+           "OptimConfig", "RolloutConfig", "TrainConfig", "apply_override", "check_resume_overrides",
+           "commented_yaml", "config_warnings", "find_recipe", "from_dict", "load_config",
+           "read_yaml", "save_config", "to_dict", "validate"]

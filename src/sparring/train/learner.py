@@ -54,6 +54,17 @@ _ROW_OPTIONS = {"group": "group", "rewards": "returns", "agent": "agent", "episo
                 "turn": "turn", "length": "length"}
 
 
+def _amax(ts: list[Tensor]) -> float:
+    """``max |x|`` over all the tensors ``ts`` (NaN if one holds a NaN), one device sync."""
+    if not ts:
+        return 0.0
+    if ts[0].is_cuda and hasattr(torch.nn.utils, "get_total_norm"):  # fused, torch >= 2.6
+        return float(torch.nn.utils.get_total_norm(ts, math.inf))
+    # on CPU the inf-norm is ~10x slower than aminmax
+    return float(torch.stack([torch.stack(torch.aminmax(t.detach())).float() for t in ts])
+                 .abs().max())
+
+
 class NonFiniteError(RuntimeError):
     """Too many consecutive updates had a non-finite loss, gradient or updated weight."""
 
@@ -290,48 +301,45 @@ class Learner:
                 f"stopping (limit train.max_skipped_updates={limit}). Lower optim.lr, check "
                 f"rewards/advantages for NaN or inf, or raise optim.max_grad_norm clipping.")
 
-    def _step_stays_finite(self) -> bool:
+    def _step_stays_finite(self, grad_norm: float) -> bool:
         """True when this AdamW step provably leaves every weight and moment finite, from
-        maxima of the tensors it reads (no copies). Per parameter group, the new first
-        moment is a convex mix of the old one and the gradient, so ``|m'| <= M = max(max|m|,
-        max|g|)``; the step is ``p' = p (1 - lr wd) - lr / (1 - b1^t) m' / (sqrt(v'_hat) + eps)``,
-        so ``|p'| <= max|p| |1 - lr wd| + lr M / ((1 - b1) eps)``, and ``v' <= max v + max g^2``.
-        Both bounds must stay under a quarter of the weights' largest float (room for
-        rounding); a NaN or inf anywhere fails the test."""
+        maxima of the tensors it reads (no copies). With ``G = grad_norm >= max|g|`` (the
+        gradients' norm before clipping), per parameter group: the new first moment is a
+        convex mix of the old one and the gradient, ``|m'| <= M = max(max|m|, G)``; the step
+        is ``p' = p (1 - lr wd) - lr / (1 - b1^t) m' / (sqrt(v'_hat) + eps)``, so
+        ``|p'| <= max|p| |1 - lr wd| + lr M / ((1 - b1) eps)``; and ``v' <= max v + G^2``.
+        These bounds and the step size ``lr / (1 - b1^t)`` must stay under a quarter of the
+        weights' largest float (room for rounding); a NaN or inf anywhere fails the test."""
         if type(self.optimizer) is not torch.optim.AdamW:
             return False
-
-        def amax(ts: list[Tensor]) -> float:  # max |x| over all of ts, one device sync
-            if not ts:
-                return 0.0
-            if hasattr(torch.nn.utils, "get_total_norm"):  # torch >= 2.6: foreach kernels
-                return float(torch.nn.utils.get_total_norm(ts, math.inf))
-            return float(torch.stack([t.detach().abs().max().float() for t in ts]).max())
-
         for group in self.optimizer.param_groups:
             ps = [p for p in group["params"] if p.grad is not None]
             if not ps:
                 continue
             lr, wd, (b1, _), eps = (float(group["lr"]), group["weight_decay"], group["betas"],
                                     group["eps"])
-            if not (eps > 0 and 0 <= b1 < 1):
-                return False
             states = [self.optimizer.state.get(p, {}) for p in ps]
-            g = amax([p.grad for p in ps])
-            m = max(amax([s["exp_avg"] for s in states if "exp_avg" in s]), g)
-            p_bound = amax(ps) * abs(1 - lr * wd) + lr * m / ((1 - b1) * eps)
-            v_bound = amax([s["exp_avg_sq"] for s in states if "exp_avg_sq" in s]) + g * g
+            p_max = _amax(ps)
+            m_max = _amax([s["exp_avg"] for s in states if "exp_avg" in s])
+            v_max = _amax([s["exp_avg_sq"] for s in states if "exp_avg_sq" in s])
+            if not (all(map(math.isfinite, (p_max, m_max, v_max, grad_norm, lr)))
+                    and eps > 0 and 0 <= b1 < 1):
+                return False
+            M = max(m_max, grad_norm)
+            p_bound = p_max * abs(1 - lr * wd) + lr * M / ((1 - b1) * eps)
+            v_bound = v_max + grad_norm**2
             limit = min(torch.finfo(p.dtype).max for p in ps) / 4
-            if not (p_bound < limit and v_bound < limit):
+            if not (p_bound < limit and v_bound < limit and lr / (1 - b1) < limit):
                 return False
         return True
 
-    def _guarded_step(self) -> bool:
+    def _guarded_step(self, grad_norm: float) -> bool:
         """``optimizer.step()``, unless it makes a weight or a moment non-finite: then the
         weights and the optimizer are put back bit for bit and the result is False. When
         `_step_stays_finite` proves the step safe (any sane learning rate) no copy is made;
-        otherwise the parameters and their optimizer state are copied first."""
-        if self._step_stays_finite():
+        otherwise the parameters and their optimizer state are copied first (and put back
+        too if the step raises, e.g. torch's overflow error for a step size beyond float32)."""
+        if self._step_stays_finite(grad_norm):
             self.optimizer.step()
             return True
         params = [p for g in self.optimizer.param_groups for p in g["params"]
@@ -339,18 +347,26 @@ class Learner:
         saved = [(p, p.detach().clone(), {k: v.clone() if isinstance(v, Tensor) else v
                                           for k, v in self.optimizer.state.get(p, {}).items()})
                  for p in params]
-        self.optimizer.step()
+
+        def put_back() -> None:
+            with torch.no_grad():
+                for p, weights, state in saved:
+                    p.copy_(weights)
+                    if state:
+                        self.optimizer.state[p] = state
+                    else:  # its first step: AdamW had no state for it
+                        self.optimizer.state.pop(p, None)
+
+        try:
+            self.optimizer.step()
+        except BaseException:
+            put_back()
+            raise
         after = [t for p in params for t in (p, *self.optimizer.state[p].values())
                  if isinstance(t, Tensor) and t.is_floating_point()]
         if all(bool(torch.isfinite(t).all()) for t in after):
             return True
-        with torch.no_grad():
-            for p, weights, state in saved:
-                p.copy_(weights)
-                if state:
-                    self.optimizer.state[p] = state
-                else:  # its first step: AdamW had no state for it
-                    self.optimizer.state.pop(p, None)
+        put_back()
         return False
 
     def _magnet_step(self) -> None:
@@ -416,7 +432,7 @@ class Learner:
                     skips += 1
                     self._skip("non-finite gradient")
                     continue
-                if not self._guarded_step():
+                if not self._guarded_step(gn):
                     skips += 1
                     self._skip("non-finite weight after the optimizer step (step undone)")
                     continue

@@ -166,8 +166,10 @@ def _train(cfg: Config, model: nn.Module, rollout_fn: RolloutFn, eval_fn: EvalFn
         if ref_state is not None:
             ref_sha256 = doc["meta"].get("reference_sha256")
             learner.load_reference_state(_load_reference(run, ref_sha256))
+            ref_sha256 = ref_sha256 or sha256_file(run / REFERENCE_FILE)  # older checkpoints
         start = int(doc["step"])
         truncate_metrics(run / METRICS_FILE, start)
+        save_config(cfg, run / CONFIG_FILE)  # the resumed config, once its checkpoint loaded
     elif ref_state is not None:
         ref_sha256 = sha256_file(write_tensors(run / REFERENCE_FILE, ref_state))
     total, lg = cfg.train.steps, cfg.logging
@@ -252,6 +254,4 @@ def resume(run_dir: str | Path, model: nn.Module, rollout_fn: RolloutFn,
         raise FileNotFoundError(f"{run} {why}")
     with RunLock(run):
         cfg = load_config(run / CONFIG_FILE, list(overrides))
-        if overrides:
-            save_config(cfg, run / CONFIG_FILE)
         return _train(cfg, model, rollout_fn, eval_fn, stateful, run, pad_id, resume=True)

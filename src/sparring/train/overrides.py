@@ -8,6 +8,7 @@ type; numeric bounds come from field metadata (``ge``, ``gt``, ``le``, ``lt``).
 from __future__ import annotations
 
 import difflib
+import math
 import types
 import typing
 from dataclasses import fields, is_dataclass
@@ -24,7 +25,7 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def _did_you_mean(word: str, choices: list[str]) -> str:
+def did_you_mean(word: str, choices: list[str]) -> str:
     close = difflib.get_close_matches(word, choices, n=1, cutoff=0.5)
     return f"; did you mean {close[0]!r}?" if close else ""
 
@@ -38,8 +39,10 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         inner = [a for a in args if a is not type(None)]
         return _coerce(value, inner[0], key)
     if origin is Literal:
+        if isinstance(value, bool) and ("on" if value else "off") in args:
+            value = "on" if value else "off"  # YAML 1.1 reads a bare on/off as a boolean
         if value not in args:
-            hint = _did_you_mean(str(value), [str(a) for a in args])
+            hint = did_you_mean(str(value), [str(a) for a in args])
             raise ConfigError(f"{key}: {value!r} is not allowed{hint} "
                               f"(allowed: {', '.join(map(str, args))})")
         return value
@@ -87,7 +90,13 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 raise ConfigError(f"{key}: expected a number, got {value!r}") from None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key}: expected a number, got {value!r}")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
+        if not math.isfinite(number):
+            raise ConfigError(f"{key}: expected a finite number, got {value!r}")
+        return number
     if tp is str:
         if not isinstance(value, str):
             raise ConfigError(f"{key}: expected a string, got {value!r}")
@@ -115,7 +124,7 @@ def build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     for k, v in data.items():
         key = f"{prefix}.{k}" if prefix else str(k)
         if k not in hints:
-            raise ConfigError(f"unknown key {key!r}{_did_you_mean(str(k), names)} "
+            raise ConfigError(f"unknown key {key!r}{did_you_mean(str(k), names)} "
                               f"(known in {prefix or 'the config'}: {', '.join(names)})")
         kwargs[k] = _coerce(v, hints[k], key)
     obj = cls(**kwargs)
@@ -132,6 +141,8 @@ def _parse_scalar(raw: str, tp: Any) -> Any:
         return None
     if base[0] is str:
         return raw
+    if typing.get_origin(base[0]) is Literal and raw in typing.get_args(base[0]):
+        return raw  # a choice is its own text (``off`` is not YAML's false here)
     try:
         return yaml.safe_load(raw)
     except yaml.YAMLError:
@@ -154,7 +165,7 @@ def apply_override(cfg: Any, item: str) -> None:
         if is_dataclass(obj):
             hints, names = _hints(type(obj)), [f.name for f in fields(obj)]
             if part not in hints:
-                raise ConfigError(f"unknown key {key!r}{_did_you_mean(part, names)} "
+                raise ConfigError(f"unknown key {key!r}{did_you_mean(part, names)} "
                                   f"(known in {'.'.join(done) or 'the config'}: {', '.join(names)})")
             if last:
                 tp = hints[part]

@@ -2,18 +2,27 @@
 
 ``RUN_DIR`` takes its latest checkpoint; ``RUN_DIR/checkpoints/step-N`` that one. The model
 is rebuilt from the run's ``config.yaml`` and its weights (or LoRA adapter) are loaded from
-safetensors; nothing is unpickled.
+safetensors; nothing is unpickled. A run folder is data, not code (`read_run_config`):
+its config's ``model.trust_remote_code`` is ignored (with a warning) and its ``plugins``
+are not imported unless the caller passes ``trust_remote_code=True`` (the command line's
+``--trust-remote-code``), so a folder with an ``auto_map`` and a Python file, or a plugin
+path, cannot run that file. Plugins the user names on the command line (``--plugin``) are
+imported by the command before the folder is read.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 from sparring.policy.hf import HFPolicy
-from sparring.train.checkpoint import latest_checkpoint, load_weights
-from sparring.train.config import Config, load_config
+from sparring.train.checkpoint import latest_intact_checkpoint, load_weights
+from sparring.train.config import Config, ConfigError, from_dict, read_yaml
 from sparring.train.lora import apply_lora, load_trainable_state
 from sparring.train.setup import load_model
+
+log = logging.getLogger(__name__)
 
 
 def find_checkpoint(path: str | Path) -> tuple[Path, Path]:
@@ -21,16 +30,50 @@ def find_checkpoint(path: str | Path) -> tuple[Path, Path]:
     p = Path(path)
     if (p / "state.json").exists():
         return p.parent.parent, p
-    ckpt = latest_checkpoint(p)
+    ckpt = latest_intact_checkpoint(p)  # a damaged newest one is skipped with a warning
     if ckpt is None:
-        raise FileNotFoundError(f"{p} is neither a checkpoint nor a run folder with checkpoints")
+        raise FileNotFoundError(f"{p} is neither a checkpoint nor a run folder with an intact "
+                                "checkpoint")
     return p, ckpt
 
 
-def load_policy(path: str | Path, device: str | None = None) -> tuple[HFPolicy, Config, Path]:
-    """The policy saved at ``path`` (a run folder or checkpoint), its config and checkpoint."""
+def read_run_config(path: str | Path, overrides: Sequence[str] = (), *,
+                    trust_remote_code: bool = False) -> Config:
+    """The config a run folder saved (``path``: its ``config.yaml``) plus ``overrides``, read
+    as data: without ``trust_remote_code`` its ``plugins`` are not imported (they stay in
+    ``cfg.plugins``; a name only they register is then an unknown name, and the error says
+    how to load them) and ``model.trust_remote_code`` is set to False, with a warning when
+    the folder asked for it. With it, both are honoured."""
+    data = read_yaml(path)
+    saved: list[str] = []
+    if not trust_remote_code and isinstance(data, dict) and data.get("plugins"):
+        data = dict(data)
+        listed = data.pop("plugins")
+        saved = [str(x) for x in listed] if isinstance(listed, list) else [str(listed)]
+    try:
+        cfg = from_dict(data, list(overrides))
+    except ConfigError as e:
+        if not saved:
+            raise
+        raise ConfigError(f"{e} ({path} lists plugins {saved}, not imported from a run "
+                          "folder: name them with --plugin, or pass --trust-remote-code)") \
+            from None
+    cfg.plugins = [*saved, *(p for p in cfg.plugins if p not in saved)]
+    if cfg.model.trust_remote_code and not trust_remote_code:
+        log.warning("%s sets model.trust_remote_code: true; ignored (a run folder does not "
+                    "run code unless you pass --trust-remote-code)", path)
+    cfg.model.trust_remote_code = trust_remote_code
+    return cfg
+
+
+def load_policy(path: str | Path, device: str | None = None, *,
+                trust_remote_code: bool = False) -> tuple[HFPolicy, Config, Path]:
+    """The policy saved at ``path`` (a run folder or checkpoint), its config and checkpoint.
+    The model's own code runs only with ``trust_remote_code`` (see the module docstring)."""
+    p = Path(path)
+    folder = p.parent.parent if (p / "state.json").exists() else p
+    cfg = read_run_config(folder / "config.yaml", trust_remote_code=trust_remote_code)
     run, ckpt = find_checkpoint(path)
-    cfg = load_config(run / "config.yaml")
     model, tok = load_model(cfg)
     if cfg.lora.enabled:
         model = apply_lora(model, cfg.lora)

@@ -15,7 +15,7 @@ from rich.table import Table
 from sparring.report import eval_point, format_point, metric_keys
 from sparring.train.metrics import read_metrics
 
-HEADLINE = ("non_loss", "win", "loss", "invalid_rate", "exploitability",
+HEADLINE = ("non_loss", "win", "loss", "invalid_rate", "forfeit_rate", "exploitability",
             "exploitability_average", "mean_return")
 
 

@@ -1,0 +1,325 @@
+"""Issue 16, the user-facing side: an ordinary user error at the command line is one line on
+stderr naming the key or the file (exit code 2; Ctrl-C: 130), never a traceback (that
+needs --debug), and it leaves no run folder behind and no run broken; a run folder is
+data, never code. docs/reliability.md lists each promise with the test here that holds it."""
+
+import errno
+import io
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sparring.cli import main
+from sparring.train.checkpoint import step_dirs, verify_checkpoint
+from sparring.train.config import ConfigError
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+TINY = ["model.options={hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_heads: 2, "
+        "intermediate_size: 64}", "rollout.episodes_per_step=8", "envs.0.group_size=4",
+        "train.epochs=1", "eval.games=2", "eval.at_start=false", "logging.progress=false"]
+
+
+def cli(capsys, *args):
+    """(exit code, stdout, stderr) of ``sparring ARGS`` run in this process."""
+    capsys.readouterr()
+    rc = main(list(args))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def one_line_error(err: str, prefix: str = "error: ") -> str:
+    """The single error line of ``err`` (warnings aside), checked to be no traceback."""
+    lines = [x for x in err.strip().splitlines() if x.strip() and not x.startswith("warning:")]
+    assert len(lines) == 1 and lines[0].startswith(prefix), err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A finished one-step tic-tac-toe run (tiny model)."""
+    folder = tmp_path_factory.mktemp("cli") / "run"
+    assert main(["train", *TINY, "train.steps=1", f"train.run_dir={folder}"]) == 0
+    return folder
+
+
+# ---------------------------------------------------------------- configs
+
+
+@pytest.mark.parametrize("args, key", [
+    (["envs.0.options.bogus=1"], "envs.0.options: tictactoe has no option 'bogus'"),
+    (["rollout.pool_bots=[foo]"], "rollout.pool_bots.0: unknown opponent 'foo'"),
+    (["eval.opponents=[zz]"], "eval.opponents.0: unknown opponent 'zz'"),
+    (["model.device=banana"], "model.device: 'banana' is not a device"),
+    (["train.run_dir={nam}"], "train.run_dir: '{nam}' is not a valid pattern"),
+    (["train.seed=4294967296"], "train.seed: 4294967296 is out of range"),
+    (["envs.0.opponents=[pool]", "rollout.pool_bots=[]", "rollout.pool_every=0"],
+     "envs.0.opponents: 'pool'"),
+    (["algorithm.estimator=gae", "algorithm.estimator_options={}", "algorithm.value=off"],
+     "algorithm.value: estimator 'gae' needs values"),
+    (["trian.steps=1"], "unknown key 'trian'; did you mean 'train'"),
+])
+def test_a_bad_config_is_one_line_and_leaves_no_run_folder(args, key, tmp_path, monkeypatch,
+                                                           capsys):
+    monkeypatch.chdir(tmp_path)
+    rc, _, err = cli(capsys, "train", *TINY, *args)
+    assert rc == 2
+    assert key in one_line_error(err, "config error: ")
+    assert list(tmp_path.iterdir()) == []  # no runs/ folder, nothing written
+
+
+def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    Path("bad.yaml").write_text("envs:\n  - {name: tictactoe\n")
+    rc, _, err = cli(capsys, "train", "bad.yaml")
+    assert rc == 2
+    assert "bad.yaml: not valid YAML at line 3" in one_line_error(err, "config error: ")
+
+
+def test_debug_shows_the_traceback_instead(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="envs.0.options"):
+        main(["--debug", "train", "envs.0.options.bogus=1"])
+    with pytest.raises(ConfigError, match="envs.0.options"):
+        main(["train", "envs.0.options.bogus=1", "--debug"])
+
+
+def test_rounded_episode_counts_are_a_warning_that_says_so(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    rc, _, err = cli(capsys, "train", *TINY, "rollout.episodes_per_step=11", "train.steps=1",
+                     "train.run_dir=r", "envs.0.opponents=[self]", "eval.every=0")
+    assert rc == 0
+    assert "warning: rollout.episodes_per_step=11 is rounded to whole groups " \
+           "(envs.0.group_size=4): each step plays 12 episodes" in err
+    assert json.loads(Path("r/metrics.jsonl").read_text().splitlines()[0])["episodes"] == 12
+
+
+# ---------------------------------------------------------------- eval, play, report
+
+
+@pytest.mark.parametrize("games", ["0", "-3", "many"])
+def test_eval_games_must_be_a_positive_count(games, run, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["eval", str(run), "--games", games])
+    assert e.value.code == 2
+    assert "argument --games:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--env", "nosuch"], "error: --env: unknown environment 'nosuch'"),
+    (["--vs", "nosuch"], "error: --vs: unknown 'nosuch'; allowed: "),
+])
+def test_eval_bad_arguments_are_one_line(args, message, run, capsys):
+    rc, _, err = cli(capsys, "eval", str(run), *args)
+    assert rc == 2 and one_line_error(err).startswith(message)
+
+
+def test_eval_and_play_of_a_folder_that_is_no_run(tmp_path, capsys):
+    for cmd in ("eval", "play", "report"):
+        rc, _, err = cli(capsys, cmd, str(tmp_path / "nowhere"))
+        assert rc == 2 and "nowhere" in one_line_error(err)
+
+
+def test_play_seat_and_env_are_checked(run, capsys):
+    rc, _, err = cli(capsys, "play", str(run), "--seat", "5")
+    assert rc == 2
+    assert one_line_error(err) == "error: --seat: tictactoe has seats 0 to 1, got 5"
+    rc, _, err = cli(capsys, "play", str(run), "--env", "nosuch")
+    assert rc == 2 and "--env: unknown environment 'nosuch'" in one_line_error(err)
+
+
+def test_play_ends_cleanly_on_ctrl_d_and_ctrl_c(run, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # Ctrl-D: end of input
+    rc, out, err = cli(capsys, "play", str(run))
+    assert rc == 0 and "game abandoned" in out and "Traceback" not in err
+
+    class CtrlC(io.StringIO):
+        def readline(self, *a):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(sys, "stdin", CtrlC())
+    rc, _, err = cli(capsys, "play", str(run))
+    assert rc == 130 and err.strip() == "interrupted"
+
+
+def test_play_scores_a_task_instead_of_calling_it_a_draw():
+    """Issue 16: a wrong calculator answer printed "draw"."""
+    from types import SimpleNamespace
+
+    from sparring.envs import make
+    from sparring.play import play
+    from sparring.policy.tiny import build_tokenizer
+    from sparring.train.config import from_dict
+
+    cfg = from_dict({"envs": [{"name": "calculator"}]})
+    question = make("calculator")
+    question.reset(3)
+    value = eval(question.question)  # noqa: S307 -- digits and + - * ( ) only: our oracle
+    said = []
+    policy = SimpleNamespace(tokenizer=build_tokenizer())
+    returns = play(policy, cfg, "calculator", ask=lambda _: f"answer: {value + 1}",
+                   say=said.append, seed=3)
+    assert returns == [0.0]
+    assert said[-1] == f"your score: 0 (wrong: the answer is {value})"
+    said.clear()
+    play(policy, cfg, "calculator", ask=lambda _: f"answer: {value}", say=said.append, seed=3)
+    assert said[-1] == "your score: 1 (correct)"
+
+
+def test_report_into_an_unwritable_place_is_one_line(run, capsys):
+    blocker = run.parent / "a_file"
+    blocker.write_text("")
+    rc, _, err = cli(capsys, "report", str(run), "--out", str(blocker / "report"))
+    assert rc == 2 and str(blocker) in one_line_error(err)
+
+
+def test_report_survives_a_damaged_config(tmp_path, capsys, caplog):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward": 0.5}\n')
+    (tmp_path / "config.yaml").write_text("algorithm: [unclosed\n")
+    rc, out, _ = cli(capsys, "report", str(tmp_path))
+    assert rc == 0 and out.strip() == str(tmp_path / "report" / "summary.md")
+    assert "config.yaml is not valid YAML" in caplog.text
+
+
+# ---------------------------------------------------------------- run folders
+
+
+def test_resume_of_a_folder_without_checkpoint(tmp_path, capsys):
+    rc, _, err = cli(capsys, "train", "--resume", str(tmp_path / "nowhere"))
+    assert rc == 2 and one_line_error(err) == f"error: --resume: no run folder {tmp_path}/nowhere"
+    (tmp_path / "config.yaml").write_text("envs: [{name: tictactoe}]\n")
+    rc, _, err = cli(capsys, "train", "--resume", str(tmp_path))
+    assert rc == 2 and "has no checkpoint to resume from" in one_line_error(err)
+
+
+def test_a_resume_override_of_the_model_is_refused_before_anything_is_written(run, capsys):
+    """Issue 16: `--resume RUN model.options.hidden_size=32` rewrote config.yaml, then failed
+    with a size mismatch, and the run could never be resumed, evaluated or played again."""
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    rc, _, err = cli(capsys, "train", "--resume", str(run), "model.options.hidden_size=64")
+    assert rc == 2
+    assert one_line_error(err, "config error: ").startswith(
+        "config error: model.options.hidden_size: cannot change on --resume")
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    rc, out, _ = cli(capsys, "eval", str(run), "--games", "2")
+    assert rc == 0 and "2 games each" in out
+
+
+def test_an_unwritable_run_folder_is_one_line(tmp_path, monkeypatch, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    rc, _, err = cli(capsys, "train", *TINY, "train.steps=1", f"train.run_dir={blocker}/run")
+    assert rc == 2 and f"{blocker}/run" in one_line_error(err)
+
+    def refuse(self, *a, **k):
+        raise PermissionError(errno.EACCES, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "mkdir", refuse)  # what a read-only folder does (we may be root)
+    rc, _, err = cli(capsys, "train", *TINY, "train.steps=1", f"train.run_dir={tmp_path}/ro")
+    assert rc == 2
+    assert one_line_error(err) == f"error: Permission denied: {tmp_path}/ro"
+
+
+def test_a_full_disk_while_checkpointing_says_the_last_checkpoint_is_intact(tmp_path,
+                                                                            monkeypatch, capsys):
+    import sparring.train.checkpoint as ck
+
+    real = ck.write_tensors
+
+    def full_at_step_2(path, tensors):
+        if "step_000002" in str(path):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(path, tensors)
+
+    monkeypatch.setattr(ck, "write_tensors", full_at_step_2)
+    folder = tmp_path / "run"
+    rc, _, err = cli(capsys, "train", *TINY, "train.steps=2", "checkpoint.every=1",
+                     f"train.run_dir={folder}")
+    assert rc == 2
+    line = one_line_error(err)
+    assert line.startswith("error: no space left on device writing ")
+    assert line.endswith(f"the last checkpoint, {folder}/checkpoints/step_000001, is intact: "
+                         f"continue with `sparring train --resume {folder}`")
+    assert [s for s, _ in step_dirs(folder)] == [1]
+    verify_checkpoint(folder / "checkpoints" / "step_000001")
+
+
+def test_ctrl_c_while_training_says_what_was_kept(tmp_path, monkeypatch, capsys):
+    from sparring.rollout.schedule import Rollouts
+
+    real = Rollouts.__call__
+
+    def stop_at_step_1(self, step):
+        if step == 1:
+            raise KeyboardInterrupt
+        return real(self, step)
+
+    monkeypatch.setattr(Rollouts, "__call__", stop_at_step_1)
+    folder = tmp_path / "run"
+    rc, _, err = cli(capsys, "train", *TINY, "train.steps=3", "checkpoint.every=0",
+                     f"train.run_dir={folder}")
+    assert rc == 130
+    assert err.strip().splitlines()[-1] == (
+        f"interrupted; the last checkpoint, {folder}/checkpoints/step_000001, is intact: "
+        f"continue with `sparring train --resume {folder}`")
+
+
+# ---------------------------------------------------------------- a run folder is data
+
+
+def _hostile_run(tmp_path: Path, marker: Path, *, model_code: bool = False,
+                 plugin: bool = False) -> Path:
+    """A run folder (one empty checkpoint) whose config asks for code to run: with
+    ``model_code`` a model folder with an ``auto_map`` and a Python file, and
+    ``trust_remote_code: true``; with ``plugin`` a plugin file in ``plugins``. Each file
+    writes ``marker`` when it runs."""
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_000001").mkdir(parents=True)
+    cfg = {"model": {"name": "tiny", "trust_remote_code": True}, "envs": [{"name": "tictactoe"}]}
+    if model_code:
+        model = tmp_path / "model"
+        model.mkdir()
+        (model / "config.json").write_text(json.dumps({"model_type": "evil", "auto_map": {
+            "AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilModel"}}))
+        (model / "evil.py").write_text(f"open({str(marker)!r}, 'a').write('model code ran\\n')\n")
+        cfg["model"]["name"] = str(model)
+    if plugin:
+        (run / "plugin.py").write_text(f"open({str(marker)!r}, 'a').write('plugin ran\\n')\n")
+        cfg["plugins"] = [str(run / "plugin.py")]
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    return run
+
+
+@pytest.mark.parametrize("command", [["eval"], ["play"], ["export", "OUT"]])
+@pytest.mark.parametrize("vector", ["model_code", "plugin"])
+def test_a_run_folder_runs_no_code_without_the_flag(command, vector, tmp_path, capsys, caplog):
+    """Issue 16: `sparring eval FOLDER` ran the folder's Python file because its own
+    config.yaml said trust_remote_code: true (and a listed plugin is code too)."""
+    marker = tmp_path / "marker"
+    run = _hostile_run(tmp_path, marker, **{vector: True})
+    args = [command[0], str(run), *[str(tmp_path / a) for a in command[1:]]]
+    rc, _, err = cli(capsys, *args)
+    assert rc == 2 and "\nerror: " in "\n" + err  # (transformers may log around it)
+    assert not marker.exists()
+    assert "trust_remote_code: true; ignored" in caplog.text  # the warning says why
+
+
+def test_resume_refuses_a_folder_that_lists_plugins(tmp_path, capsys):
+    marker = tmp_path / "marker"
+    run = _hostile_run(tmp_path, marker, plugin=True)
+    rc, _, err = cli(capsys, "train", "--resume", str(run))
+    assert rc == 2 and not marker.exists()
+    line = one_line_error(err)
+    assert "lists plugins" in line and "--plugin" in line and "--trust-remote-code" in line
+
+
+def test_the_flag_lets_the_folder_plugins_run(tmp_path, capsys):
+    """The positive control: the same folder with --trust-remote-code imports its plugin."""
+    marker = tmp_path / "marker"
+    run = _hostile_run(tmp_path, marker, plugin=True)
+    cli(capsys, "eval", str(run), "--trust-remote-code")
+    assert marker.read_text() == "plugin ran\n"
