@@ -5,8 +5,10 @@ A plugin is a module name (``my_plugin``, found on ``sys.path`` or in the curren
 directory) or the path of a ``.py`` file (``path/to/my_plugin.py``). Importing it runs its
 ``@register_env`` / ``@estimator`` / ``@objective`` / ``@shaper`` decorators, so a config
 can name what it registers. Name plugins with ``sparring train --plugin my_plugin`` or with
-the config's top-level ``plugins: [my_plugin]`` (the run's ``config.yaml`` keeps them, so
-``--resume``, ``eval``, ``play`` and ``export`` import them again).
+the config's top-level ``plugins: [my_plugin]``. The run's ``config.yaml`` keeps them, but a
+run folder is data: ``--resume``, ``eval``, ``play`` and ``export`` import its plugins only
+when named again with ``--plugin`` or with ``--trust-remote-code``
+(`sparring.train.restore.read_run_config`).
 
 `import_object("module:attr")` is the same lookup for one object (an adapter's text
 functions named in a YAML config).

@@ -55,7 +55,7 @@ from sparring.train.checkpoint import (
     tidy_checkpoints,
     write_tensors,
 )
-from sparring.train.config import Config, load_config, save_config
+from sparring.train.config import Config, load_config, save_config, to_dict
 from sparring.train.learner import Learner
 from sparring.train.lora import apply_lora, is_peft, load_trainable_state, trainable_state
 from sparring.train.metrics import METRICS_FILE, MetricsLogger, set_aside_metrics, truncate_metrics
@@ -175,7 +175,7 @@ def _train(cfg: Config, model: nn.Module, rollout_fn: RolloutFn, eval_fn: EvalFn
     total, lg = cfg.train.steps, cfg.logging
     logger = MetricsLogger(run, total_steps=total, start_step=start, progress=lg.progress,
                            keys=lg.keys, tensorboard=lg.tensorboard, wandb=lg.wandb,
-                           wandb_project=lg.wandb_project, config=None)
+                           wandb_project=lg.wandb_project, config=to_dict(cfg))
     layout = batch_layout(cfg, stage)
     done = start
     # what a crash checkpoint saves: the objects as step `done` left them, or None while

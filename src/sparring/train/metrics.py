@@ -10,6 +10,7 @@ a torn last line with a warning; an unreadable line before it is an error.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -128,15 +129,19 @@ class MetricsLogger:
             except ImportError as e:
                 raise ImportError("logging.tensorboard=true needs the `tensorboard` package: "
                                   "pip install 'sparring[tensorboard]'") from e
-            self.tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+            # a resumed run redoes the steps after its checkpoint: drop their old points
+            self.tb = SummaryWriter(str(self.run_dir / "tensorboard"),
+                                    purge_step=start_step or None)
         if wandb:
             try:
                 import wandb as wb
             except ImportError as e:
                 raise ImportError("logging.wandb=true needs the `wandb` package: "
                                   "pip install 'sparring[wandb]'") from e
+            # one W&B run per run folder, so a resumed run continues it
+            run_id = hashlib.sha1(str(self.run_dir.resolve()).encode()).hexdigest()[:16]
             self.wandb = wb.init(project=wandb_project, dir=str(self.run_dir), config=config,
-                                 name=self.run_dir.name, resume="allow")
+                                 name=self.run_dir.name, id=run_id, resume="allow")
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
         if progress:
             self.bar = ProgressBar(total_steps, start_step, keys or [])
