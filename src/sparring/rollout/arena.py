@@ -11,7 +11,12 @@ group-relative estimators compare its members; in self-play the seats of one epi
 the group id and ``Turn.agent`` = seat tells them apart). ``seat_players`` is one player
 for every seat (self-play) or a list with one player per seat; alternatively
 ``players_fn(episode_index) -> list of players`` chooses per episode (e.g. opponents
-sampled from an `OpponentPool`).
+sampled from an `OpponentPool`). ``sample_seeds`` (one per entry of ``seeds``) gives every
+model turn its own random stream, seeded from (its group's sample seed, the episode's index
+in the group, the turn's index), for policies whose ``generate`` takes ``seeds``: an
+episode then plays the same whatever else shares the batch, which lets a step's groups be
+split among rollout workers (`sparring.distributed`). Without it (or for a policy without
+``seeds``) model seats draw from their policy's generator in batch order.
 Players: see `sparring.rollout.players` (a bare policy or bot callable is accepted).
 
 Each step, every unfinished episode's current seat is served: bots act at once; model
@@ -40,6 +45,8 @@ episode), ``invalid`` ("illegal"/"unparsable"), ``prompt_text``/``action_text`` 
 
 from __future__ import annotations
 
+import inspect
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,6 +75,7 @@ class _Slot:
     retries: int = 0
     feedback: str = ""
     done: bool = False
+    sample_seed: int | None = None  # the episode's random stream (see Arena.play)
     req: dict[str, Any] = field(default_factory=dict)
 
 
@@ -92,19 +100,23 @@ class Arena:
 
     def play(self, env: str | Callable[[], Env], env_options: dict[str, Any] | None = None,
              seeds: Sequence[int] = (0,), group_size: int = 1, seat_players: SeatPlayers = None,
-             group_offset: int = 0, players_fn: Callable[[int], SeatPlayers] | None = None
-             ) -> list[Episode]:
+             group_offset: int = 0, players_fn: Callable[[int], SeatPlayers] | None = None,
+             sample_seeds: Sequence[int] | None = None) -> list[Episode]:
         """Play ``len(seeds) * group_size`` episodes to the end; see the module docstring."""
         if group_size < 1:
             raise ValueError(f"group_size={group_size}; must be >= 1")
         if (seat_players is None) == (players_fn is None):
             raise ValueError("play: give exactly one of seat_players (a policy for self-play, or "
                              "one player per seat) and players_fn (episode index -> players)")
+        if sample_seeds is not None and len(sample_seeds) != len(seeds):
+            raise ValueError(f"play: {len(sample_seeds)} sample_seeds for {len(seeds)} seeds")
         slots = []
         for j, seed in enumerate(seeds):
-            for _ in range(group_size):
+            for m in range(group_size):
                 sp = players_fn(len(slots)) if players_fn is not None else seat_players
                 slots.append(self._start(env, env_options or {}, int(seed), group_offset + j, sp))
+                if sample_seeds is not None:
+                    slots[-1].sample_seed = _mix(sample_seeds[j], m)
         self._builders.clear()
         active = [s for s in slots if not s.done]
         while active:
@@ -124,8 +136,12 @@ class Arena:
             for (_, sp), group in calls.items():
                 policy = group[0].players[group[0].req["seat"]].policy
                 allowed = [s.req["legal"] for s in group]
+                kw: dict[str, Any] = {}
+                if sample_seeds is not None and _takes_seeds(policy):
+                    kw["seeds"] = [_mix(s.sample_seed, len(s.ep.turns)) for s in group]
                 gens = policy.generate([s.req["rendered"].ids for s in group], sp,
-                                       allowed=allowed if any(a is not None for a in allowed) else None)
+                                       allowed=allowed if any(a is not None for a in allowed) else None,
+                                       **kw)
                 for s, gen in zip(group, gens):
                     self._apply(s, s.req["seat"], gen.text, gen, s.req["rendered"])
             active = [s for s in active if not s.done]
@@ -214,3 +230,22 @@ class Arena:
         s.done = True
         s.ep.returns = list(s.totals)
         s.ep.info["env_returns"] = [float(x) for x in s.env.returns()]
+
+
+def _mix(*parts: Any) -> int:
+    """A 31-bit seed from ``parts``, the same in every process."""
+    return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
+
+
+_SEEDS: dict[type, bool] = {}
+
+
+def _takes_seeds(policy: Any) -> bool:
+    """Whether ``policy.generate`` takes per-prompt ``seeds`` (`HFPolicy` does)."""
+    kind = type(policy)
+    if kind not in _SEEDS:
+        try:
+            _SEEDS[kind] = "seeds" in inspect.signature(policy.generate).parameters
+        except (TypeError, ValueError):
+            _SEEDS[kind] = False
+    return _SEEDS[kind]

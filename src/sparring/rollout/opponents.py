@@ -82,8 +82,9 @@ class OpponentPool:
         total = sum(w)
         return [x / total for x in w]
 
-    def sample(self) -> Player:
-        k = self.rng.choices(range(len(self)), weights=self.probabilities())[0]
+    def sample(self, rng: random.Random | None = None) -> Player:
+        """An entry drawn with `probabilities`, from ``rng`` (default: the pool's own)."""
+        k = (rng or self.rng).choices(range(len(self)), weights=self.probabilities())[0]
         if k < len(self.bots):
             return self.bots[k]
         return self._player(self.checkpoints[k - len(self.bots)])

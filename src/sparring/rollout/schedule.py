@@ -11,16 +11,24 @@ Per step, each env spec of ``cfg.envs`` gets ``weight``-proportional episodes
 * a bot name (`sparring.envs.bots.BOTS`): the learner in a rotating seat against that bot
   (`sparring.rollout.seating`).
 
-Rollouts are deterministic in (``train.seed``, step): the sampler and the bots are reseeded
-at every step, which makes a resumed run repeat an uninterrupted one. An env named by an
-alias plays exactly as under its canonical name.
+Rollouts are deterministic in (``train.seed``, step), group by group: a step is a list of
+`GroupTask`s (`group_tasks`), and each group's start state, model samples (one random stream
+per episode turn, `Arena.play`'s ``sample_seeds``), bot moves and pool draws are seeded from
+(``train.seed``, step, env, opponent kind, group index) alone. So a resumed run repeats an
+uninterrupted one, and `Rollouts.play` of any split of the tasks, concatenated in task
+order, gives the same episodes as the whole step (what `sparring.distributed` relies on).
+An env named by an alias plays exactly as under its canonical name.
 """
 
 from __future__ import annotations
 
+import copy
+import random
 import re
 import shutil
 import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +67,31 @@ def episode_counts(cfg: Config) -> list[int]:
         n = cfg.rollout.episodes_per_step * s.weight / total_w
         out.append(max(s.group_size, int(round(n / s.group_size)) * s.group_size))
     return out
+
+
+@dataclass(frozen=True)
+class GroupTask:
+    """One group of a step: env spec ``spec`` (index in ``cfg.envs``), opponent kind ``kind``
+    (index in its ``opponents``), the group's index ``index`` among that kind's groups, and
+    its id ``group`` in the step (``Episode.group``)."""
+
+    spec: int
+    kind: int
+    index: int
+    group: int
+
+
+def group_tasks(cfg: Config) -> list[GroupTask]:
+    """The groups of every step, in order: per env spec, its opponent kinds in turn, each
+    kind ``n_groups // len(kinds)`` groups (the first ``n_groups % len(kinds)`` one more)."""
+    tasks: list[GroupTask] = []
+    for i, (spec, n) in enumerate(zip(cfg.envs, episode_counts(cfg))):
+        kinds = spec.opponents or ["self"]
+        n_groups = n // spec.group_size
+        for k in range(len(kinds)):
+            g = n_groups // len(kinds) + (1 if k < n_groups % len(kinds) else 0)
+            tasks += [GroupTask(i, k, j, len(tasks) + j) for j in range(g)]
+    return tasks
 
 
 def make_arena(r: RolloutConfig) -> Arena:
@@ -127,11 +160,10 @@ class Rollouts:
         return stable_seed(self.cfg.train.seed, self._step, Path(path).name)
 
     def _reseed(self, step: int) -> None:
+        """The policies' own generators, for backends without per-prompt seeds (their
+        samples then depend on the batch; `HFPolicy` takes seeds and does not use these)."""
         self._step = step
-        base = self.cfg.train.seed * 1_000_003 + step * 7919
-        self.policy.generator.manual_seed(base)
-        for k, bot in enumerate([*self.bots.values(), *self.pool_bots.values()]):
-            bot.rng.seed(base + 101 * (k + 1))
+        self.policy.generator.manual_seed(self.cfg.train.seed * 1_000_003 + step * 7919)
         for path, player in self.pool._cache.items():  # snapshots loaded in earlier steps
             player.policy.generator.manual_seed(self._snapshot_seed(path))
 
@@ -181,32 +213,78 @@ class Rollouts:
                 shutil.rmtree(folder, ignore_errors=True)
 
     def __call__(self, step: int) -> list[Episode]:
+        """Step ``step``'s episodes: `begin_step`, then every group."""
+        self.begin_step(step)
+        return self.play(step, group_tasks(self.cfg))
+
+    def begin_step(self, step: int) -> None:
+        """The pool's upkeep at the start of ``step`` (tidy the snapshots, take this step's
+        one), done once per step by whoever owns the pool (the driver, with workers)."""
         self._reseed(step)
         self._tidy_pool()
         self._snapshot(step)
+
+    def play(self, step: int, tasks: Sequence[GroupTask]) -> list[Episode]:
+        """The episodes of ``tasks`` (groups of `group_tasks`) at ``step``, in task order;
+        the same episodes whichever other groups are played with them. Consecutive groups
+        of one (env, opponent kind) share one `Arena.play` (batched generation)."""
+        self._reseed(step)
         episodes: list[Episode] = []
-        group = 0
-        for spec, name, n, num_seats in zip(self.cfg.envs, self.env_names,
-                                            episode_counts(self.cfg), self.num_seats):
-            kinds = spec.opponents or ["self"]
-            n_groups = n // spec.group_size
-            for k, kind in enumerate(kinds):
-                g = n_groups // len(kinds) + (1 if k < n_groups % len(kinds) else 0)
-                if g == 0:
-                    continue
-                seeds = [stable_seed(self.cfg.train.seed, step, name, k, j) for j in range(g)]
-                kw: dict[str, Any] = dict(seeds=seeds, group_size=spec.group_size,
-                                          group_offset=group)
-                if kind == "self":
-                    kw["seat_players"] = self.learner
-                elif kind == "pool":
-                    kw["players_fn"] = self.pool.players_fn(self.learner, num_seats)
-                else:
-                    bot = BotPlayer(self.bots[kind], name=kind)
-                    kw["players_fn"] = rotating(self.learner, lambda bot=bot: bot, num_seats)
-                episodes += self.arena.play(name, dict(spec.options), **kw)
-                group += g
+        run: list[GroupTask] = []
+        for t in [*tasks, None]:
+            if run and (t is None or (t.spec, t.kind, t.index) != (
+                    run[-1].spec, run[-1].kind, run[-1].index + 1)):
+                episodes += self._play_run(step, run)
+                run = []
+            if t is not None:
+                run.append(t)
         return episodes
+
+    def _play_run(self, step: int, run: list[GroupTask]) -> list[Episode]:
+        """Consecutive groups of one (env spec, opponent kind) in one `Arena.play`. Per group:
+        its start seed, its sample seed, its own copies of the bots (their RNGs seeded per
+        group) and its own RNG for pool draws; the learner's seat rotates with the episode's
+        index among the kind's episodes of the step."""
+        spec, k = self.cfg.envs[run[0].spec], run[0].kind
+        name, num_seats = self.env_names[run[0].spec], self.num_seats[run[0].spec]
+        kind = (spec.opponents or ["self"])[k]
+        seeds = [stable_seed(self.cfg.train.seed, step, name, k, t.index) for t in run]
+        kw: dict[str, Any] = dict(seeds=seeds, group_size=spec.group_size,
+                                  group_offset=run[0].group,
+                                  sample_seeds=[stable_seed(s, "sample") for s in seeds])
+        if kind == "self":
+            kw["seat_players"] = self.learner
+        else:
+            choosers = [rotating(self.learner, self._opponents(kind, s), num_seats)
+                        for s in seeds]
+            gs = spec.group_size
+
+            def players(i: int) -> list[Any]:  # i: the episode's index in this call
+                t, m = divmod(i, gs)
+                return choosers[t](run[t].index * gs + m)
+
+            kw["players_fn"] = players
+        return self.arena.play(name, dict(spec.options), **kw)
+
+    def _opponents(self, kind: str, seed: int) -> Any:
+        """A group's opponent chooser for ``kind``: a bot of its own, or draws from the pool
+        with the group's RNG (pool bots: the group's own copies)."""
+        def group_bot(bot: Any, name: str) -> BotPlayer:
+            mine = copy.copy(bot)  # shares its memo tables, not its RNG
+            mine.rng = random.Random(stable_seed(seed, "bot", name))
+            return BotPlayer(mine, name=name)
+
+        if kind != "pool":
+            player = group_bot(self.bots[kind], kind)
+            return lambda: player
+        rng = random.Random(stable_seed(seed, "pool"))
+        mine = {p.name: group_bot(p.fn, p.name) for p in self.pool.bots}
+
+        def draw() -> Any:
+            p = self.pool.sample(rng)
+            return mine[p.name] if isinstance(p, BotPlayer) else p
+
+        return draw
 
     def state_dict(self) -> dict[str, Any]:
         return {"pool": self.pool.state_dict()}

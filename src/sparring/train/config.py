@@ -40,6 +40,14 @@ class ModelConfig:
         "float32", "dtype the weights are loaded in and trained in")
     device: str = opt("cpu", "'cpu', 'cuda', 'cuda:N', 'mps' or 'auto'")
     trust_remote_code: bool = opt(False, "allow model code from the hub (off unless you trust it)")
+    backend: Literal["hf", "vllm"] = opt(
+        "hf", "what samples the learner's rollouts: 'hf' (transformers, the learner's own model) "
+        "or 'vllm' (a vLLM engine in this process, given the learner's weights before each "
+        "rollout; install with SPARRING_EXTRAS=...,vllm). Evaluation and opponents stay on hf")
+    vllm_options: dict[str, Any] = opt(
+        {}, "more vllm.LLM arguments with backend=vllm, e.g. {enforce_eager: true} (skips the "
+        "compile warm-up), kv_cache_memory_bytes (CPU, default 1 GiB), gpu_memory_utilization "
+        "(GPU, default 0.3)")
 
 
 @dataclass
@@ -213,6 +221,37 @@ class LoggingConfig:
 
 
 @dataclass
+class DistributedConfig:
+    rollout_workers: int = opt(
+        0, "rollout workers as Ray actors, each with its own environments, share of the "
+        "step's groups and policy backend; the learner stays in this process (0: rollouts "
+        "run here; needs the ray extra: pip install 'sparring[ray]')", ge=0)
+    mode: Literal["sync", "async"] = opt(
+        "sync", "'sync': each step's rollouts use the newest weights (the same metrics as "
+        "rollout_workers=0); 'async': workers run up to max_staleness steps ahead on older "
+        "weights while the learner updates, with an importance correction")
+    max_staleness: int = opt(
+        1, "async: rollouts may come from weights up to this many updates old", ge=0)
+    correction: Literal["token", "turn", "off"] = opt(
+        "token", "async: multiply the advantages by truncated importance weights "
+        "min(pi_old / pi_behaviour, correction_clip), pi_old recomputed by the learner, "
+        "pi_behaviour recorded at sampling: per token, or per turn (the ratio of the turn's "
+        "whole action), or off")
+    correction_clip: float = opt(2.0, "async: truncation c of the importance weights", gt=0)
+    weight_sync: Literal["auto", "object_store", "collective"] = opt(
+        "auto", "how new weights reach the workers: the Ray object store (one copy, "
+        "fetched by each worker), a collective broadcast (NCCL on GPUs, gloo on CPUs), or "
+        "auto: collective when the workers have GPUs, else the object store")
+    address: str | None = opt(
+        None, "Ray cluster to join: 'auto' (the one `ray start --head` started), "
+        "'HOST:PORT' or 'ray://HOST:10001'; null: start Ray on this machine")
+    worker_cpus: float = opt(1.0, "CPUs Ray reserves per rollout worker", gt=0)
+    worker_gpus: float = opt(0.0, "GPUs per rollout worker (fractions share one GPU)", ge=0)
+    max_restarts: int = opt(
+        3, "dead rollout workers replaced per step before the step fails", ge=0)
+
+
+@dataclass
 class Config:
     model: ModelConfig = opt(ModelConfig(), "the policy model")
     envs: list[EnvSpec] = opt([], "environments of the run (mixed in one batch by weight)")
@@ -224,6 +263,9 @@ class Config:
     eval: EvalConfig = opt(EvalConfig(), "periodic evaluation")
     checkpoint: CheckpointConfig = opt(CheckpointConfig(), "checkpoints")
     logging: LoggingConfig = opt(LoggingConfig(), "metrics sinks and progress bar")
+    distributed: DistributedConfig = opt(
+        DistributedConfig(), "rollout workers on Ray (optional extra: pip install "
+        "'sparring[ray]'; docs/cluster.md)")
     plugins: list[str] = opt(
         [], "modules (names or .py paths) imported before the config is checked: they "
         "register their own envs, estimators, objectives, shapers (sparring.plugins)")
@@ -321,7 +363,28 @@ def validate(cfg: Config) -> Config:
     _model_check(cfg.model)
     _run_dir_check(cfg.train.run_dir)
     _opponents_check(cfg)
+    _distributed_check(cfg.distributed)
     return cfg
+
+
+def _distributed_check(d: DistributedConfig) -> None:
+    """Any ``distributed.*`` away from its default needs Ray (the error gives the install
+    command); async needs workers and a staleness bound of at least one update."""
+    default = DistributedConfig()
+    changed = [f.name for f in fields(d) if getattr(d, f.name) != getattr(default, f.name)]
+    if not changed:
+        return
+    import importlib.util
+    if importlib.util.find_spec("ray") is None:
+        raise ConfigError(f"distributed.{changed[0]}: rollout workers run on Ray, which is not "
+                          "installed: pip install 'sparring[ray]' (from a checkout: "
+                          "SPARRING_EXTRAS=dev,ray bash scripts/setup.sh)")
+    if d.mode == "async" and d.rollout_workers == 0:
+        raise ConfigError("distributed.mode: async needs rollout workers "
+                          "(distributed.rollout_workers >= 1)")
+    if d.mode == "async" and d.max_staleness == 0:
+        raise ConfigError("distributed.max_staleness: async needs >= 1 (0 updates of "
+                          "staleness is distributed.mode=sync)")
 
 
 def _model_check(m: ModelConfig) -> None:
@@ -571,7 +634,8 @@ def commented_yaml(cls: type = Config, indent: int = 0) -> str:
     return "\n".join(out)
 
 
-__all__ = ["AlgorithmConfig", "ArcherConfig", "CheckpointConfig", "Config", "ConfigError", "EnvSpec",
+__all__ = ["AlgorithmConfig", "ArcherConfig", "CheckpointConfig", "Config", "ConfigError",
+           "DistributedConfig", "EnvSpec",
            "EvalConfig", "KLConfig", "LoggingConfig", "LoraConfig", "ModelConfig",
            "OptimConfig", "RolloutConfig", "TrainConfig", "apply_override", "check_resume_overrides",
            "commented_yaml", "config_warnings", "find_recipe", "from_dict", "load_config",

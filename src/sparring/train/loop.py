@@ -8,7 +8,10 @@
    replay buffer first --, reference log-probs, entropies),
 3. ``adv, keep = stage(batch)``: reward shapers, estimator, advantage shapers and keep
    filters, per environment (`sparring.advantages.stage.AdvantageStage`),
-4. ``learner.update(batch, adv, keep)``,
+4. ``learner.update(batch, adv, keep)``; before it, a ``rollout_fn`` with a method
+   ``correct(step, episodes, batch, adv, learner) -> (batch, adv, metrics)`` (the Ray
+   rollout workers, `sparring.distributed.RayRollouts`) may reweight samples drawn by
+   older weights and adds its metrics,
 5. metrics to ``metrics.jsonl``; evaluation every ``eval.every`` steps and at the end;
    a checkpoint every ``checkpoint.every`` steps and at the end.
 
@@ -177,6 +180,7 @@ def _train(cfg: Config, model: nn.Module, rollout_fn: RolloutFn, eval_fn: EvalFn
                            keys=lg.keys, tensorboard=lg.tensorboard, wandb=lg.wandb,
                            wandb_project=lg.wandb_project, config=to_dict(cfg))
     layout = batch_layout(cfg, stage)
+    correct = getattr(rollout_fn, "correct", None)
     done = start
     # what a crash checkpoint saves: the objects as step `done` left them, or None while
     # the model, learner and stage are part-way through the next step
@@ -202,8 +206,12 @@ def _train(cfg: Config, model: nn.Module, rollout_fn: RolloutFn, eval_fn: EvalFn
             boundary = None
             batch, critic_metrics = learner.annotate(batch, stage.needs)
             adv, keep = stage(batch)
+            off_policy: dict[str, float] = {}
+            if correct is not None:  # e.g. async rollout workers: stale samples reweighted
+                batch, adv, off_policy = correct(i, episodes, batch, adv, learner)
             metrics = rollout_metrics(episodes, batch, adv, keep)
             metrics.update(critic_metrics)
+            metrics.update(off_policy)
             metrics.update(learner.update(batch, adv, keep))
             t2 = time.perf_counter()
             n_tok = sum(len(t.action_ids) for ep in episodes for t in ep.turns)

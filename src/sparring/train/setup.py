@@ -2,7 +2,11 @@
 
 `load_model` builds the policy model (in ``model.dtype``) and its tokenizer; `build` adds the
 rollout schedule (`sparring.rollout.schedule.Rollouts`) and the periodic evaluation
-(`sparring.eval.periodic.make_eval_fn`). ``sparring train`` passes the parts to
+(`sparring.eval.periodic.make_eval_fn`). With ``model.backend=vllm`` the rollouts' learner
+seats sample from a `sparring.policy.vllm.VLLMPolicy` that receives the learner's weights
+before every step (`sparring.rollout.synced.EngineRollouts`). With
+``distributed.rollout_workers`` the rollouts run on Ray actors
+(`sparring.distributed.RayRollouts`; each builds its own parts with this function). ``sparring train`` passes the parts to
 `sparring.train.loop.train`.
 """
 
@@ -28,7 +32,7 @@ class RunParts:
     model: Any
     tokenizer: Any
     policy: HFPolicy
-    rollout_fn: Rollouts
+    rollout_fn: Rollouts  # an EngineRollouts over them with model.backend=vllm
     eval_fn: EvalFn
     stateful: dict[str, Any] = field(default_factory=dict)
     pad_id: int = 0
@@ -69,6 +73,19 @@ def build(cfg: Config, run_dir: str | Path | None = None) -> RunParts:
     model, tok = load_model(cfg)
     policy = HFPolicy(model, tok, device=cfg.model.device, seed=cfg.train.seed, name="learner")
     rollouts = Rollouts(cfg, policy, Path(run_dir or "runs/unnamed"))
-    return RunParts(model=policy.model, tokenizer=tok, policy=policy, rollout_fn=rollouts,
+    rollout_fn: Any = rollouts
+    if cfg.distributed.rollout_workers:  # rollouts on Ray actors (each with its backend)
+        from sparring.distributed import RayRollouts
+
+        rollout_fn = RayRollouts(cfg, rollouts, policy.model, Path(run_dir or "runs/unnamed"))
+    elif cfg.model.backend == "vllm":  # the learner's seats sample from a vLLM engine
+        from sparring.policy.vllm import VLLMPolicy
+        from sparring.rollout.synced import EngineRollouts
+
+        engine = VLLMPolicy.from_model(policy.model, tok, seed=cfg.train.seed, name="learner",
+                                       trust_remote_code=cfg.model.trust_remote_code,
+                                       **dict(cfg.model.vllm_options))
+        rollout_fn = EngineRollouts(rollouts, engine, policy.model)
+    return RunParts(model=policy.model, tokenizer=tok, policy=policy, rollout_fn=rollout_fn,
                     eval_fn=make_eval_fn(cfg, rollouts.arena, policy),
                     stateful={"rollouts": rollouts}, pad_id=policy.pad_id)

@@ -1,0 +1,128 @@
+"""Scale-out: training steps/s of the default recipe with 0, 1 and 2 Ray rollout workers.
+
+    PYTHONPATH=src python bench/scale.py             # 2 warm-up + 8 timed steps per setting
+    PYTHONPATH=src python bench/scale.py --quick     # 1 + 2 steps, to check the script works
+
+Prints, from one run, for configs/default.yaml (evaluation off, no checkpoint but the
+last): steps/s over the timed steps (a step: its rollout and its update, as the training
+loop times them; the workers' start and the warm-up steps are not counted), as a ratio to
+the single-process run, with the rollout and update seconds per step and the rollout
+tokens/s. Settings: 0 workers (rollouts in the training process), 1 and 2 workers
+(``distributed.rollout_workers``, synchronous: the same metrics as 0), and 2 workers
+asynchronous with ``max_staleness=1`` (rollouts of the next step overlap the update). Ray
+runs locally with ``num_cpus`` = this machine's CPU count; each worker takes one CPU and
+one torch thread, and so does the training process unless ``--threads`` says otherwise
+(on a 2-core machine shared with other jobs, two torch threads made the default recipe's
+step 15-20x slower: OpenMP threads waiting on each other).
+
+With the vLLM backend installed (``sparring.policy.vllm`` and the ``vllm`` package), a
+``model.backend=vllm`` row (0 workers) is added; without it the script says it skipped it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SETTINGS = [
+    ("0 workers (single process)", []),
+    ("1 worker, sync", ["distributed.rollout_workers=1"]),
+    ("2 workers, sync", ["distributed.rollout_workers=2"]),
+    ("2 workers, async (staleness 1)", ["distributed.rollout_workers=2",
+                                        "distributed.mode=async",
+                                        "distributed.max_staleness=1"]),
+]
+
+
+def run(overrides: list[str], warmup: int, steps: int, folder: Path) -> dict[str, float]:
+    """Train ``warmup + steps`` steps of the default recipe; timings of the last ``steps``."""
+    from sparring.train.config import load_config
+    from sparring.train.loop import train
+    from sparring.train.setup import build
+
+    cfg = load_config(ROOT / "configs" / "default.yaml", [
+        f"train.steps={warmup + steps}", "eval.at_start=false", "checkpoint.every=0",
+        "logging.progress=false", *overrides])
+    parts = build(cfg, folder)
+    try:
+        train(cfg, parts.model, parts.rollout_fn, None, parts.stateful, run_dir=folder,
+              pad_id=parts.pad_id)
+    finally:
+        if hasattr(parts.rollout_fn, "close"):
+            parts.rollout_fn.close()
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    timed = [r for r in rows if r["step"] > warmup]
+    rollout = sum(r["time/rollout"] for r in timed) / len(timed)
+    update = sum(r["time/update"] for r in timed) / len(timed)
+    tokens = sum(r["throughput/tokens_per_s"] * r["time/rollout"] for r in timed)
+    return {"steps_per_s": 1.0 / (rollout + update), "rollout_s": rollout, "update_s": update,
+            "tokens_per_s": tokens / sum(r["time/rollout"] for r in timed),
+            "reward": timed[-1]["reward"]}
+
+
+def vllm_available() -> str | None:
+    """None when the vLLM backend can run here, else why not."""
+    if importlib.util.find_spec("vllm") is None:
+        return "the vllm package is not installed; SPARRING_EXTRAS=...,vllm bash scripts/setup.sh"
+    try:
+        import sparring.policy.vllm  # noqa: F401
+    except ImportError as e:
+        return f"sparring.policy.vllm does not import: {e}"
+    return None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=8, help="timed steps per setting")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps per setting")
+    ap.add_argument("--quick", action="store_true", help="1 warm-up and 2 timed steps")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of the training process")
+    args = ap.parse_args()
+    warmup, steps = (1, 2) if args.quick else (args.warmup, args.steps)
+    if importlib.util.find_spec("ray") is None:
+        sys.exit("bench/scale.py needs Ray: pip install 'sparring[ray]'")
+    import ray
+    import torch
+
+    cpus = os.cpu_count() or 1
+    torch.set_num_threads(args.threads)
+    print(f"configs/default.yaml, {warmup} warm-up + {steps} timed steps per setting; "
+          f"{cpus} CPUs, torch {torch.__version__} ({torch.get_num_threads()} threads in the "
+          "training process), Ray", ray.__version__)
+    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+    settings = list(SETTINGS)
+    why_not = vllm_available()
+    if why_not is None:
+        settings.append(("vLLM backend, 0 workers", ["model.backend=vllm"]))
+    tmp = Path(tempfile.mkdtemp(prefix="sparring-scale-"))
+    results = []
+    try:
+        for k, (name, overrides) in enumerate(settings):
+            t = time.perf_counter()
+            res = run(overrides, warmup, steps, tmp / str(k))
+            res["wall_s"] = time.perf_counter() - t
+            results.append((name, res))
+            print(f"  done: {name} ({res['wall_s']:.0f} s with start-up)", flush=True)
+    finally:
+        ray.shutdown()
+        shutil.rmtree(tmp, ignore_errors=True)
+    base = results[0][1]["steps_per_s"]
+    print("\n| setting | steps/s | vs 0 workers | rollout s/step | update s/step | "
+          "rollout tokens/s |\n|---|---|---|---|---|---|")
+    for name, r in results:
+        print(f"| {name} | {r['steps_per_s']:.3f} | {r['steps_per_s'] / base:.2f}x | "
+              f"{r['rollout_s']:.3f} | {r['update_s']:.3f} | {r['tokens_per_s']:.0f} |")
+    if why_not is not None:
+        print(f"\nvLLM backend: skipped: {why_not}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""One rollout worker: what a Ray actor of `sparring.distributed.rollouts.RayRollouts` runs.
+
+A worker builds the run's parts as ``sparring train`` does (`sparring.train.setup.build`
+with no workers of its own): the model, its policy backend (HF, or the vLLM engine with
+``model.backend=vllm``), the environments and the rollout schedule. It never trains; the
+driver sends it
+
+* weights (`set_weights`, through the Ray object store, or `receive_weights`, a collective
+  broadcast from the driver), tagged with a version (the number of updates they include);
+* the opponent pool's state with every share of groups to play (`play`): the driver owns
+  the pool (its snapshots, its checkpointed state), the worker only samples from it. Pool
+  snapshots are read from ``RUN_DIR/pool``, so on several machines the run folder must be
+  on storage every node sees.
+
+`play` returns the share's episodes, each tagged ``info["weights_version"]``.
+The class is plain Python: `RayRollouts` wraps it with ``ray.remote``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from sparring.data import Episode
+from sparring.rollout.schedule import GroupTask
+from sparring.train.config import Config, DistributedConfig
+
+
+class RolloutWorker:
+    def __init__(self, cfg: Config, run_dir: str, rank: int):
+        from sparring.plugins import import_plugins
+        from sparring.train.lora import apply_lora
+        from sparring.train.setup import build
+
+        import_plugins(cfg.plugins)  # the envs, estimators ... they register
+        model = cfg.model
+        if model.device.startswith("cuda"):  # the learner's GPU index means nothing here:
+            if not torch.cuda.is_available():  # Ray shows each worker its own GPUs
+                raise RuntimeError(f"rollout worker {rank}: model.device={model.device} but "
+                                   "this worker sees no GPU (set distributed.worker_gpus)")
+            model = dataclasses.replace(model, device="cuda")
+        self.rank = rank
+        local = dataclasses.replace(cfg, model=model, distributed=DistributedConfig())
+        self.parts = build(local, Path(run_dir))
+        self.model = self.parts.model
+        if cfg.lora.enabled:  # adapters injected in place, as the driver's: the same keys
+            apply_lora(self.model, cfg.lora)
+        self.version = -1
+        self._pool: dict[str, Any] | None = None
+        self._group: Any = None  # the collective weight group, when one is formed
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    # ------------------------------------------------------------------ weights
+
+    def set_weights(self, version: int, state: dict[str, Tensor]) -> int:
+        """Load ``state`` (all weights, or only the trainable ones) as ``version``."""
+        self._load(state)
+        self.version = version
+        return version
+
+    def _load(self, state: dict[str, Tensor]) -> None:
+        unexpected = self.model.load_state_dict(state, strict=False).unexpected_keys
+        if unexpected:
+            raise KeyError(f"rollout worker {self.rank}: weights the model does not have: "
+                           f"{unexpected[:5]}")
+        self.model.eval()
+
+    def join_group(self, host: str, port: int, world: int, backend: str,
+                   timeout_s: float) -> bool:
+        """Join the driver's weight group as rank ``self.rank + 1`` (a previous group is
+        dropped; `sparring.distributed.weights.CollectiveSync`)."""
+        from sparring.distributed.weights import make_group, tcp_store
+
+        store = tcp_store(host, port, world, timeout_s)
+        self._group = (make_group(backend, store, world, self.rank + 1, timeout_s), store)
+        return True
+
+    def receive_weights(self, version: int, layout: list[tuple[str, list[int], str]]) -> int:
+        """Receive a broadcast of the tensors ``layout`` names (name, shape, dtype) from the
+        driver (rank 0) into the model, as ``version``."""
+        from sparring.distributed.weights import receive_broadcast
+
+        if self._group is None:
+            raise RuntimeError(f"rollout worker {self.rank} is in no weight group")
+        device = next(self.model.parameters()).device
+        self._load(receive_broadcast(self._group[0], layout, device))
+        self.version = version
+        return version
+
+    # ------------------------------------------------------------------ rollouts
+
+    def play(self, step: int, tasks: Sequence[GroupTask], pool: dict[str, Any],
+             version: int) -> tuple[list[Episode], dict[str, float]]:
+        """The episodes of ``tasks`` at ``step`` with the weights of ``version`` (which must
+        be loaded: the driver sends them first), and the worker's timings."""
+        if version != self.version:
+            raise RuntimeError(f"rollout worker {self.rank}: asked for weights version "
+                               f"{version}, has {self.version}")
+        if pool != self._pool:  # only when the driver's pool changed (it drops its cache)
+            self.parts.rollout_fn.load_state_dict({"pool": pool})
+            self._pool = pool
+        t0 = time.perf_counter()
+        episodes = self.parts.rollout_fn.play(step, tasks)
+        for ep in episodes:
+            ep.info["weights_version"] = version
+        return episodes, {"play_s": time.perf_counter() - t0}

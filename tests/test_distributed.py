@@ -1,0 +1,262 @@
+"""Rollout workers on Ray (sparring.distributed): the split of a step's groups, the
+importance weights of async mode, the config errors without Ray, and -- with Ray, on a
+local two-CPU instance and the tiny model -- that synchronous workers reproduce the
+single-process run, that a worker killed mid-step is replaced without counting an
+episode twice, that resume stays exact, and that async mode logs its staleness and
+correction."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from sparring.distributed.correction import importance_weights, turn_ids
+from sparring.distributed.split import split_groups
+from sparring.rollout.schedule import group_tasks
+from sparring.train.config import ConfigError, load_config
+from sparring.train.setup import build
+
+CONFIGS = Path(__file__).parents[1] / "configs"
+# the default recipe (self-play, two random kinds, the pool) in miniature: 6 groups of 4
+SMALL = ["model.options.hidden_size=32", "model.options.num_layers=1",
+         "model.options.intermediate_size=64", "model.options.num_heads=2",
+         "model.options.num_kv_heads=2", "rollout.episodes_per_step=24", "envs.0.group_size=4",
+         "rollout.pool_every=1", "train.epochs=1", "train.minibatch_size=0",
+         "optim.schedule=constant", "eval.at_start=false", "logging.progress=false",
+         "checkpoint.every=1"]
+STEPS = 3
+HAS_RAY = importlib.util.find_spec("ray") is not None
+needs_ray = pytest.mark.skipif(not HAS_RAY, reason="needs the ray extra (pip install "
+                               "'sparring[ray]')")
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _cfg(extra=(), steps=STEPS):
+    return load_config(CONFIGS / "default.yaml", [*SMALL, f"train.steps={steps}", *extra])
+
+
+# ---------------------------------------------------------------- the split
+
+
+def test_split_is_contiguous_in_group_order_and_balanced():
+    shares = split_groups(list(range(12)), [16] * 12, 2)
+    assert shares == [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11]]
+    # 12 groups for 5 workers: each group goes where its middle episode falls (fifths of 192)
+    assert split_groups(list(range(12)), [16] * 12, 5) == [[0, 1], [2, 3, 4], [5, 6],
+                                                           [7, 8, 9], [10, 11]]
+    # sizes count: a group of 100 episodes after four of 4 (middles 2, 6, 10, 14, 66 of 116)
+    assert split_groups(list("abcde"), [4, 4, 4, 4, 100], 2) == [["a", "b", "c", "d"], ["e"]]
+    assert split_groups([7, 8], [4, 4], 3) == [[7], [8], []]  # fewer groups than workers
+    with pytest.raises(ValueError, match="n=0"):
+        split_groups([1], [1], 0)
+
+
+def test_any_split_of_a_step_plays_the_same_episodes(tmp_path):
+    """What sync workers rely on: each group is seeded on its own (start, model samples,
+    bots, pool draws), so halves of a step, concatenated, are the whole step."""
+    cfg = _cfg()
+    roll = build(cfg, tmp_path).rollout_fn
+    roll(0)
+    whole = roll(1)  # step 1 adds the first snapshot to the pool: pool draws include it
+    tasks = group_tasks(cfg)
+    assert [t.group for t in tasks] == list(range(6))
+    assert [(t.kind, t.index) for t in tasks] == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0),
+                                                  (3, 0)]
+    for cut in (1, 3, 5):
+        parts = roll.play(1, tasks[cut:]) + roll.play(1, tasks[:cut])  # any order of calls
+        parts = parts[len(parts) - 4 * cut:] + parts[:len(parts) - 4 * cut]
+        assert [e.group for e in parts] == [e.group for e in whole]
+        assert [e.info["players"] for e in parts] == [e.info["players"] for e in whole]
+        assert [[t.action_ids for t in e.turns] for e in parts] == \
+            [[t.action_ids for t in e.turns] for e in whole]
+        # the same log-probs up to float rounding (the forward's batch is another one)
+        got = [lp for e in parts for t in e.turns for lp in t.logprobs or []]
+        assert got == pytest.approx([lp for e in whole for t in e.turns
+                                     for lp in t.logprobs or []], abs=1e-5)
+    assert "ckpt-1" in {p for e in whole for p in e.info["players"]}
+
+
+# ---------------------------------------------------------------- importance weights
+
+
+def test_importance_weights_per_token_and_per_turn():
+    mask = torch.tensor([[0, 1, 1, 0, 1], [1, 1, 0, 0, 0]], dtype=torch.bool)
+    assert turn_ids(mask).tolist() == [[-1, 0, 0, -1, 1], [2, 2, -1, -1, -1]]
+    p_old = torch.tensor([[1.0, 0.6, 0.4, 1.0, 0.9], [0.3, 0.6, 1.0, 1.0, 1.0]])
+    p_beh = torch.tensor([[0.5, 0.4, 0.5, 0.2, 0.3], [0.3, 0.2, 1.0, 1.0, 1.0]])
+    w, st = importance_weights(p_old.log(), p_beh.log(), mask, level="token", clip=2.0)
+    # ratios on the mask: 1.5, 0.8, 3 -> 2 | 1, 3 -> 2; 1 outside it
+    want = torch.tensor([[1.0, 1.5, 0.8, 1.0, 2.0], [1.0, 2.0, 1.0, 1.0, 1.0]])
+    assert torch.allclose(w, want, atol=1e-6)
+    assert st["weight_mean"] == pytest.approx((1.5 + 0.8 + 2 + 1 + 2) / 5, abs=1e-6)
+    assert st["weight_max"] == pytest.approx(2.0)
+    assert st["truncated"] == pytest.approx(2 / 5)
+    w, st = importance_weights(p_old.log(), p_beh.log(), mask, level="turn", clip=2.0)
+    # turns: 1.5 * 0.8 = 1.2 | 3 -> 2 | 1 * 3 = 3 -> 2
+    want = torch.tensor([[1.0, 1.2, 1.2, 1.0, 2.0], [2.0, 2.0, 1.0, 1.0, 1.0]])
+    assert torch.allclose(w, want, atol=1e-6)
+    assert st["weight_mean"] == pytest.approx((1.2 + 2 + 2) / 3, abs=1e-6)
+    assert st["truncated"] == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="level='seq'"):
+        importance_weights(p_old, p_beh, mask, level="seq")
+
+
+# ---------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize("override", ["distributed.rollout_workers=2",
+                                      "distributed.address=auto"])
+def test_distributed_options_without_ray_name_the_key_and_the_install(monkeypatch, override):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "ray" else real(name, *a))
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"{key}: .*pip install 'sparring\[ray\]'"):
+        _cfg([override])
+    assert _cfg().distributed.rollout_workers == 0  # the defaults need nothing
+
+
+@needs_ray
+@pytest.mark.parametrize("args, match", [
+    (["distributed.mode=async"], r"distributed.mode: async needs rollout workers"),
+    (["distributed.mode=async", "distributed.rollout_workers=1", "distributed.max_staleness=0"],
+     r"distributed.max_staleness: async needs >= 1"),
+    (["distributed.weight_sync=nccl"], r"distributed.weight_sync"),
+    (["distributed.rollout_workers=-1"], r"distributed.rollout_workers"),
+])
+def test_bad_distributed_options_name_the_key(args, match):
+    with pytest.raises(ConfigError, match=match):
+        _cfg(args)
+
+
+# ---------------------------------------------------------------- with Ray
+
+
+def _metrics(run):
+    return [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
+
+
+def _comparable(rows):
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "throughput/",
+                                                             "distributed/"))}
+            for r in rows]
+
+
+def _assert_same_metrics(a, b):
+    a, b = _comparable(a), _comparable(b)
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    for ra, rb in zip(a, b):
+        assert ra.keys() == rb.keys()
+        for k in ra:  # the sampler's batch differs: logits agree to float rounding
+            assert math.isclose(ra[k], rb[k], rel_tol=1e-4, abs_tol=1e-6), (ra["step"], k)
+
+
+def _train(cfg, run, *, setup=None):
+    from sparring.train.loop import train
+
+    parts = build(cfg, run)
+    try:
+        if setup is not None:
+            setup(parts.rollout_fn)
+        train(cfg, parts.model, parts.rollout_fn, None, parts.stateful, run_dir=run,
+              pad_id=parts.pad_id)
+    finally:
+        if hasattr(parts.rollout_fn, "close"):
+            parts.rollout_fn.close()
+    return _metrics(run)
+
+
+@pytest.fixture(scope="module")
+def single_process(tmp_path_factory):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the workers (one CPU, one thread each)
+    try:
+        yield _train(_cfg(), tmp_path_factory.mktemp("single"))
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    if not HAS_RAY:
+        pytest.skip("needs the ray extra (pip install 'sparring[ray]')")
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def test_sync_workers_reproduce_the_single_process_run_and_survive_a_kill(
+        local_ray, single_process, tmp_path):
+    """Two workers: the same metrics step for step. At step 1 worker 0 is SIGKILLed right
+    after its share is queued: a replacement replays that share, training goes on, and the
+    episodes (so the metrics) are still those of the single-process run."""
+    killed = []
+
+    def kill_mid_step(rollouts):
+        queue = rollouts._queue
+        pid = rollouts.pids()[0]
+
+        def queue_then_kill(step, version):
+            queue(step, version)
+            if step == 1 and not killed:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+
+        rollouts._queue = queue_then_kill
+
+    rows = _train(_cfg(["distributed.rollout_workers=2"]), tmp_path, setup=kill_mid_step)
+    assert killed
+    _assert_same_metrics(single_process, rows)
+    assert [r["distributed/restarts"] for r in rows] == [0.0, 1.0, 0.0]
+    assert all(r["episodes"] == 24 for r in rows)  # no share lost, none counted twice
+
+
+def test_resume_with_workers_is_exact(local_ray, single_process, tmp_path):
+    """Two steps with one worker, then --resume to three: the single-process metrics. The
+    opponent pool (checkpointed by the driver) keeps its snapshots across the resume."""
+    from sparring.train.loop import resume
+
+    first = _train(_cfg(["distributed.rollout_workers=1"], steps=2), tmp_path)
+    assert len(first) == 2
+    cfg = _cfg(["distributed.rollout_workers=1"])
+    parts = build(cfg, tmp_path)
+    try:
+        resume(tmp_path, parts.model, parts.rollout_fn, None, parts.stateful,
+               overrides=["train.steps=3"], pad_id=parts.pad_id)
+    finally:
+        parts.rollout_fn.close()
+    _assert_same_metrics(single_process, _metrics(tmp_path))
+
+
+def test_async_workers_log_staleness_and_the_importance_correction(local_ray, tmp_path):
+    rows = _train(_cfg(["distributed.rollout_workers=2", "distributed.mode=async",
+                        "distributed.max_staleness=1", "distributed.correction=turn",
+                        "distributed.correction_clip=1.5"]), tmp_path)
+    assert [r["distributed/staleness_max"] for r in rows] == [0.0, 1.0, 1.0]
+    assert [r["distributed/staleness_mean"] for r in rows] == [0.0, 1.0, 1.0]
+    # step 1's samples are the learner's own: weights 1 up to rounding
+    assert rows[0]["distributed/is_weight_mean"] == pytest.approx(1.0, abs=1e-4)
+    for r in rows:
+        assert 0 < r["distributed/is_weight_mean"] <= r["distributed/is_weight_max"] <= 1.5
+        assert 0 <= r["distributed/is_truncated"] <= 1
+        assert math.isfinite(r["loss"]) and r["episodes"] == 24
+    # the ratio is taken against the recomputed old policy: 1 at the first epoch's start
+    assert rows[1]["ratio"] == pytest.approx(1.0, abs=1e-3)
+
+
+def test_collective_weight_sync_reproduces_the_single_process_run(
+        local_ray, single_process, tmp_path):
+    """The broadcast path (NCCL on GPUs) with gloo on CPU: same weights, same metrics."""
+    rows = _train(_cfg(["distributed.rollout_workers=2",
+                        "distributed.weight_sync=collective"]), tmp_path)
+    _assert_same_metrics(single_process, rows)
