@@ -84,6 +84,33 @@ def test_any_split_of_a_step_plays_the_same_episodes(tmp_path):
     assert "ckpt-1" in {p for e in whole for p in e.info["players"]}
 
 
+# ---------------------------------------------------------------- seeded sampling
+
+
+def test_seeded_sampling_follows_the_distribution_and_ignores_the_batch():
+    from sparring.policy.hf import HFPolicy, _sample_rows
+    from sparring.policy.sampling import SamplingParams
+    from sparring.policy.tiny import build_tiny_model
+
+    # inverse-CDF draws: frequencies within 4 standard errors, a zero-probability token never
+    p = torch.tensor([[0.1, 0.0, 0.6, 0.3]]).expand(20000, 4)
+    gens = [torch.Generator().manual_seed(i) for i in range(20000)]
+    counts = torch.bincount(_sample_rows(p, gens), minlength=4).float() / 20000
+    se = (p[0] * (1 - p[0]) / 20000).sqrt()
+    assert counts[1] == 0 and ((counts - p[0]).abs() <= 4 * se + 1e-9).all()
+    # a prompt's completion depends on its seed, not on what else is in the batch
+    model, tok = build_tiny_model({"seed": 1})
+    pol = HFPolicy(model, tok, seed=0)
+    prompts = [tok.encode(t, add_special_tokens=False) for t in ("hi", "a longer one", "x.o")]
+    sp = SamplingParams(max_new_tokens=6)
+    alone = pol.generate(prompts[1:2], sp, seeds=[7])[0]
+    batched = pol.generate(prompts, sp, seeds=[3, 7, 5])[1]
+    assert alone.token_ids == batched.token_ids
+    assert alone.logprobs == pytest.approx(batched.logprobs, abs=1e-5)
+    with pytest.raises(ValueError, match="2 seeds for 3 prompts"):
+        pol.generate(prompts, sp, seeds=[1, 2])
+
+
 # ---------------------------------------------------------------- importance weights
 
 
@@ -195,26 +222,28 @@ def local_ray():
     ray.shutdown()
 
 
+def _kill_mid_step(rollouts, worker, killed, step=1):
+    """SIGKILL ``worker``'s process right after ``step``'s shares are queued."""
+    queue = rollouts._queue
+    pid = rollouts.pids()[worker]
+
+    def queue_then_kill(t, version):
+        queue(t, version)
+        if t == step and not killed:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+
+    rollouts._queue = queue_then_kill
+
+
 def test_sync_workers_reproduce_the_single_process_run_and_survive_a_kill(
         local_ray, single_process, tmp_path):
     """Two workers: the same metrics step for step. At step 1 worker 0 is SIGKILLed right
     after its share is queued: a replacement replays that share, training goes on, and the
     episodes (so the metrics) are still those of the single-process run."""
     killed = []
-
-    def kill_mid_step(rollouts):
-        queue = rollouts._queue
-        pid = rollouts.pids()[0]
-
-        def queue_then_kill(step, version):
-            queue(step, version)
-            if step == 1 and not killed:
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-
-        rollouts._queue = queue_then_kill
-
-    rows = _train(_cfg(["distributed.rollout_workers=2"]), tmp_path, setup=kill_mid_step)
+    rows = _train(_cfg(["distributed.rollout_workers=2"]), tmp_path,
+                  setup=lambda rollouts: _kill_mid_step(rollouts, 0, killed))
     assert killed
     _assert_same_metrics(single_process, rows)
     assert [r["distributed/restarts"] for r in rows] == [0.0, 1.0, 0.0]
@@ -254,9 +283,14 @@ def test_async_workers_log_staleness_and_the_importance_correction(local_ray, tm
     assert rows[1]["ratio"] == pytest.approx(1.0, abs=1e-3)
 
 
-def test_collective_weight_sync_reproduces_the_single_process_run(
+def test_collective_weight_sync_reproduces_the_single_process_run_and_survives_a_kill(
         local_ray, single_process, tmp_path):
-    """The broadcast path (NCCL on GPUs) with gloo on CPU: same weights, same metrics."""
-    rows = _train(_cfg(["distributed.rollout_workers=2",
-                        "distributed.weight_sync=collective"]), tmp_path)
+    """The broadcast path (NCCL on GPUs) with gloo on CPU: same weights, same metrics. A
+    worker killed at step 1 may leave the other waiting in a broadcast: both are replaced,
+    get the weights through the object store, and a new group serves step 2."""
+    killed = []
+    rows = _train(_cfg(["distributed.rollout_workers=2", "distributed.weight_sync=collective"]),
+                  tmp_path, setup=lambda rollouts: _kill_mid_step(rollouts, 1, killed))
+    assert killed
     _assert_same_metrics(single_process, rows)
+    assert [r["distributed/restarts"] for r in rows] == [0.0, 1.0, 0.0]
