@@ -134,3 +134,29 @@ def test_pool_folder_keeps_the_sampled_snapshots_and_those_kept_checkpoints_need
     (run2 / "checkpoints" / "step_000005").mkdir()  # its pool holds 3 and 4
     roll(6)
     assert _snapshot_steps(run2) == [3, 4, 5, 6]
+
+
+def test_each_pool_snapshot_is_loaded_once_while_the_pool_holds_it(tmp_path, monkeypatch):
+    """The soak recipe (pool_max=3) spent a quarter of its time reloading snapshots: the
+    pool kept 2 loaded and drew among 3. By default every held snapshot stays loaded;
+    ``rollout.pool_cache`` bounds that (each miss is a load)."""
+    from sparring.rollout.schedule import Rollouts
+
+    original = Rollouts._load_snapshot
+
+    def steps_loaded(cache: int) -> list[str]:
+        loads: list[str] = []
+        monkeypatch.setattr(Rollouts, "_load_snapshot",
+                            lambda self, path: loads.append(path) or original(self, path))
+        roll = build(_cfg(["rollout.pool_every=1", "rollout.pool_max=3",
+                           f"rollout.pool_cache={cache}", "envs.0.opponents=[pool]"]),
+                     tmp_path / f"c{cache}").rollout_fn
+        for step in range(8):
+            roll(step)
+        return loads
+
+    loads = steps_loaded(0)
+    # snapshots 1..7 are taken, each held for 3 steps and drawn then; none loaded twice
+    assert len(loads) == len(set(loads)) and len(loads) >= 6
+    reloads = steps_loaded(1)  # one kept in memory: draws among 3 reload them
+    assert set(reloads) == set(loads) and len(reloads) > len(loads)

@@ -7,7 +7,7 @@ Sampling weights over the pool's entries (bots first, then checkpoints oldest to
   ``decay ** a``, so recent checkpoints are met more often.
 
 Probabilities are the weights normalised. ``max_checkpoints`` keeps only the newest
-ones. Checkpoints are folders loaded on demand by ``loader(path) -> policy`` (default
+ones (a dropped one also leaves the cache). Checkpoints are folders loaded on demand by ``loader(path) -> policy`` (default
 `HFPolicy.from_pretrained`; the path is passed as recorded, so a run's rollouts record
 paths relative to the run folder and their loader resolves them there, see
 `sparring.rollout.schedule.Rollouts`), keeping the ``cache_size`` most recently used in memory, and
@@ -71,6 +71,9 @@ class OpponentPool:
         self.checkpoints.append(_Checkpoint(str(path), int(step), name or f"ckpt-{step}"))
         if self.max_checkpoints and len(self.checkpoints) > self.max_checkpoints:
             del self.checkpoints[: len(self.checkpoints) - self.max_checkpoints]
+            held = {c.path for c in self.checkpoints}
+            for path in [p for p in self._cache if p not in held]:  # never drawn again
+                del self._cache[path]
 
     def probabilities(self) -> list[float]:
         """Sampling probability of each entry: bots, then checkpoints oldest to newest."""

@@ -130,7 +130,8 @@ class Rollouts:
         self.arena = make_arena(r)
         self.learner = ModelPlayer(policy, name="learner", train=True)
         self.pool = OpponentPool(mode=r.pool_mode, max_checkpoints=r.pool_max,
-                                 seed=cfg.train.seed, loader=self._load_snapshot)
+                                 seed=cfg.train.seed, loader=self._load_snapshot,
+                                 cache_size=r.pool_cache or r.pool_max)
         unknown = [name for name in r.pool_bots if name not in BOTS]
         if unknown:
             raise ValueError(f"rollout.pool_bots: unknown {', '.join(map(repr, unknown))}; "

@@ -89,6 +89,10 @@ class RolloutConfig:
         5, "past snapshots kept in the pool (the newest); RUN_DIR/pool holds at most "
         "pool_max + 1 of them plus those taken since the oldest kept checkpoint's pool "
         "(so every kept checkpoint can resume); older ones are deleted", ge=1)
+    pool_cache: int = opt(
+        0, "pool snapshots kept loaded in memory, the most recently drawn (0: all pool_max; "
+        "fewer saves memory with large models but reloads a snapshot from disk each time "
+        "a draw misses)", ge=0)
     pool_bots: list[str] = opt(["random"], "bots in the opponent pool besides snapshots")
     pool_mode: Literal["uniform", "recency"] = opt(
         "recency", "how the pool samples: uniformly, or favouring recent snapshots")
