@@ -244,6 +244,31 @@ def test_gigpo_similarity_clusters_within_each_group():
     assert 2 * k == pytest.approx(1.41421, abs=1e-5)
 
 
+def test_gigpo_batch_anchors_pool_a_state_across_groups():
+    """Every episode reaches state X after a start state of its own; from X group 0 gets
+    1 and group 1 gets 0. Anchors per group: X's rtg is constant within each group, A_S = 0.
+    Anchors over the batch: X's four turns have rtg (1, 1, 0, 0), A_S = +-0.5 (std off);
+    the episode part, per group, is unchanged."""
+    def ep(i, g, r_first, r_x):
+        return Episode(env="g", seed=i, group=g, num_agents=1, returns=[r_first + r_x], turns=[
+            Turn(agent=0, prompt_ids=[1], action_ids=[2], reward=r_first, state_key=f"s{i}"),
+            Turn(agent=0, prompt_ids=[3], action_ids=[4], reward=r_x, state_key="X",
+                 done=True)])
+    b = collate([ep(0, 0, 3.0, 1.0), ep(1, 0, 1.0, 1.0), ep(2, 1, 1.0, 0.0),
+                 ep(3, 1, 0.0, 0.0)])
+    per_group = per_row(estimate("gigpo", b, std=False, discount=1.0), b)
+    pooled = per_row(estimate("gigpo", b, std=False, discount=1.0, anchors="batch"), b)
+    # returns (4, 2 | 1, 0): A_E = (1, -1 | 0.5, -0.5), one per episode's two turns
+    a_e = [1.0, 1.0, -1.0, -1.0, 0.5, 0.5, -0.5, -0.5]
+    # group anchors: X is shared within each group: rtg at X (1, 1 | 0, 0) -> A_S = 0
+    assert per_group == pytest.approx(a_e)
+    # batch anchors: X over 4 turns, rtg (1, 1, 0, 0), mean 0.5 -> +-0.5 at X turns only
+    a_s = [0.0, 0.5, 0.0, 0.5, 0.0, -0.5, 0.0, -0.5]
+    assert pooled == pytest.approx([e + s for e, s in zip(a_e, a_s)])
+    with pytest.raises(ValueError, match="anchors"):
+        estimate("gigpo", b, anchors="world")
+
+
 def test_role_ema_reads_before_update_and_round_trips():
     b, rs = batch(), rows()
     state = RoleEMA()

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from sparring.advantages import estimator
-from sparring.advantages.common import keep_rows, to_tokens, turn_rewards
+from sparring.advantages.common import check_choice, keep_rows, to_tokens, turn_rewards
 from sparring.advantages.normalize import ema_update, loo_baseline, normalize, scope_ids
 from sparring.advantages.scan import rtg
 from sparring.data import TurnBatch
@@ -104,7 +104,7 @@ def _state_clusters(keys: list[str], scope: Tensor, state: Tensor, threshold: fl
            keep=keep_rows)
 def gigpo(batch: TurnBatch, *, omega: float = 1.0, discount: float = 0.95, std: bool = True,
           eps: float = 1e-6, scope: str = "group_agent", similarity: float = 1.0,
-          truncated: str = "mask") -> Tensor:
+          anchors: str = "group", truncated: str = "mask") -> Tensor:
     """GiGPO: episode-level plus anchor-state step-level relative advantage.
 
     ``A = A_E + omega * A_S``. ``A_E = (R - mean_g R) / (std_g R + eps)`` over the
@@ -114,17 +114,22 @@ def gigpo(batch: TurnBatch, *, omega: float = 1.0, discount: float = 0.95, std: 
     start from the same state (``state_key``; exact match, or with ``similarity`` below 1
     the same cluster of keys, clustered within that group (and agent) by ``difflib`` ratio
     >= ``similarity``). Singleton anchor groups and unknown states give ``A_S = 0``.
+    ``anchors="batch"`` pools the anchor states of the whole batch (per agent when the scope
+    has one): every turn of the env's episodes that starts from the state, whatever its
+    group -- our extension, for games where groups of different start states (or the same
+    one) meet the same states, e.g. a board position in self-play.
     Shapes: ``[n_rows, T]``. Source: GiGPO (2025).
     """
     if not 0.0 < similarity <= 1.0:
         raise ValueError(f"bad similarity={similarity!r}; must be in (0, 1]")
+    check_choice("anchors", anchors, ("group", "batch"))
     keep = keep_rows(batch, truncated)
     ids, n = scope_ids(batch, scope)
     a_episode = normalize(batch.returns.float(), ids, n, std=std, eps=eps,
                           include=keep & batch.last)
     G = rtg(batch, batch.reward.float(), discount)
     known = batch.state_id >= 0
-    anchor_scope, _ = scope_ids(batch, "group_agent" if "agent" in scope else "group")
+    anchor_scope, _ = scope_ids(batch, anchors + ("_agent" if "agent" in scope else ""))
     state = batch.state_id
     if similarity < 1.0:
         state = _state_clusters(batch.state_keys, anchor_scope, state, similarity)
