@@ -16,7 +16,11 @@ one torch thread, and so does the training process unless ``--threads`` says oth
 step 15-20x slower: OpenMP threads waiting on each other).
 
 With the vLLM backend installed (``sparring.policy.vllm`` and the ``vllm`` package), a
-``model.backend=vllm`` row (0 workers) is added; without it the script says it skipped it.
+``model.backend=vllm`` row (0 workers) is added, next to an HF row on the same model (two
+heads: vLLM's CPU attention has no kernel for the default model's head size, 16), and then the sampling throughput of vLLM
+against ``HFPolicy.generate`` on SmolLM2-135M (identical token-id prompts and sampling,
+their ratio; `bench/vllm_throughput.py`, which needs the ``smollm2`` extra); without vLLM
+the script says it skipped them.
 """
 
 from __future__ import annotations
@@ -101,7 +105,11 @@ def main() -> None:
     settings = list(SETTINGS)
     why_not = vllm_available()
     if why_not is None:
-        settings.append(("vLLM backend, 0 workers", ["model.backend=vllm"]))
+        # vLLM's CPU attention has no kernel for the default model's head size (16): both
+        # backends on the model with 2 heads (head size 32), in one process
+        two_heads = ["model.options.num_heads=2", "model.options.num_kv_heads=2"]
+        settings += [("HF backend, 0 workers, 2 heads", two_heads),
+                     ("vLLM backend, 0 workers, 2 heads", ["model.backend=vllm", *two_heads])]
     tmp = Path(tempfile.mkdtemp(prefix="sparring-scale-"))
     results = []
     try:
@@ -122,6 +130,17 @@ def main() -> None:
               f"{r['rollout_s']:.3f} | {r['update_s']:.3f} | {r['tokens_per_s']:.0f} |")
     if why_not is not None:
         print(f"\nvLLM backend: skipped: {why_not}")
+        return
+    # sampling alone, on a real model: vLLM against HFPolicy.generate, same prompts/sampling
+    sys.path.insert(0, str(Path(__file__).parent))
+    from vllm_throughput import measure, print_figures
+
+    torch.set_num_threads(cpus)
+    print("\nSampling, vLLM backend against HFPolicy.generate (bench/vllm_throughput.py):")
+    if args.quick:
+        print_figures(measure(4, 8, 8, 1), 4, 8, 8)
+    else:
+        print_figures(measure(threads=cpus))
 
 
 if __name__ == "__main__":

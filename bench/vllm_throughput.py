@@ -110,11 +110,17 @@ def main() -> None:
         a.batch, a.new_tokens, a.move_batch, a.repeats = 4, 8, 8, 1
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     r = measure(a.batch, a.new_tokens, a.move_batch, a.repeats, a.eager)
+    print_figures(r, a.batch, a.new_tokens, a.move_batch, a.eager)
+
+
+def print_figures(r: dict[str, float], batch: int = 32, new_tokens: int = 64,
+                  move_batch: int = 64, eager: bool = False) -> None:
+    """`measure`'s figures as a table (also printed by bench/scale.py)."""
     print(f"SmolLM2-135M float32, {torch.get_num_threads()} threads; vLLM "
-          f"{'eager' if a.eager else 'torch.compile'} (engine start {r['vllm/start_s']:.1f} s)")
+          f"{'eager' if eager else 'torch.compile'} (engine start {r['vllm/start_s']:.1f} s)")
     print(f"{'workload':<28}{'HF tok/s':>10}{'vLLM tok/s':>12}{'vLLM / HF':>11}")
-    for name, what in (("free", f"free text, {a.batch} x <= {a.new_tokens} tokens"),
-                       ("moves", f"legal moves, {a.move_batch} x 2 tokens")):
+    for name, what in (("free", f"free text, {batch} x <= {new_tokens} tokens"),
+                       ("moves", f"legal moves, {move_batch} x 2 tokens")):
         print(f"{what:<28}{r[f'hf/{name}/tokens_per_s']:>10.1f}"
               f"{r[f'vllm/{name}/tokens_per_s']:>12.1f}{r[f'ratio/{name}']:>10.2f}x")
     print(f"sync_weights (135 M parameters into the engine): {r['vllm/sync_weights_s']:.2f} s")
