@@ -1,5 +1,6 @@
-"""Soak (slow): 1,000 Kuhn steps with an opponent pool; memory stays flat and the run
-folder stays within its disk bound. Figures: ``pytest -m slow tests/test_soak.py -s``
+"""Soak (slow): 1,000 Kuhn steps (64 episodes each: the recipe's model and pipeline at a
+quarter of its batch, so it runs in minutes) with an opponent pool; memory stays flat and
+the run folder stays within its disk bound. Figures: ``pytest -m slow tests/test_soak.py -s``
 prints them (docs/reliability.md)."""
 
 import os
@@ -13,7 +14,7 @@ from sparring.train.loop import train
 from sparring.train.setup import build
 
 STEPS, WARMUP = 1000, 100
-POOL_MAX, KEEP = 3, 2
+POOL_MAX, KEEP, POOL_EVERY, CHECKPOINT_EVERY = 3, 2, 10, 50
 
 
 def rss_mib() -> float:
@@ -27,12 +28,14 @@ def folder_mib(path: Path) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("one_torch_thread")  # two threads on a shared 2-core box crawl
 @pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="needs Linux /proc")
 def test_soak_rss_flat_and_disk_bounded(tmp_path):
     cfg = load_config(find_recipe("kuhn_selfplay"), [
-        f"train.steps={STEPS}", "eval.every=0", "eval.at_start=false", "logging.progress=false",
-        "envs.0.opponents=[self,pool]", "rollout.pool_every=10", f"rollout.pool_max={POOL_MAX}",
-        "rollout.pool_bots=[random]", "checkpoint.every=50", f"checkpoint.keep={KEEP}"])
+        f"train.steps={STEPS}", "rollout.episodes_per_step=64", "eval.every=0", "eval.at_start=false", "logging.progress=false",
+        "envs.0.opponents=[self,pool]", f"rollout.pool_every={POOL_EVERY}",
+        f"rollout.pool_max={POOL_MAX}", "rollout.pool_bots=[random]",
+        f"checkpoint.every={CHECKPOINT_EVERY}", f"checkpoint.keep={KEEP}"])
     run = tmp_path / "soak"
     parts = build(cfg, run)
     rss: list[float] = []
@@ -53,7 +56,8 @@ def test_soak_rss_flat_and_disk_bounded(tmp_path):
           f"{len(step_dirs(run))} checkpoints, {len(snapshots)} pool snapshots")
     assert growth < 0.05
     assert len(step_dirs(run)) <= KEEP
-    # the pool keeps pool_max snapshots, plus the one a crash checkpoint may still need and
-    # those the kept checkpoints' pools hold (rollout.pool_max's help)
-    assert len(snapshots) <= POOL_MAX + 1 + KEEP
+    # rollout.pool_max's help: pool_max snapshots plus the one a crash checkpoint may still
+    # need, plus those taken since the oldest kept checkpoint's pool (keep checkpoints of
+    # `every` steps each, one snapshot per pool_every steps); bounded whatever the length
+    assert len(snapshots) <= POOL_MAX + 1 + KEEP * CHECKPOINT_EVERY // POOL_EVERY
     assert not list(run.rglob("*.tmp*"))
