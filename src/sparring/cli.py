@@ -14,6 +14,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import yaml
 from rich.console import Console
@@ -220,7 +221,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     try:
         out = export(args.run_dir, args.out_dir, dtype=args.dtype, overwrite=args.overwrite,
-                     trust_remote_code=args.trust_remote_code)
+                     trust_remote_code=args.trust_remote_code, policy=args.policy)
     except (FileNotFoundError, FileExistsError, ValueError, ImportError) as e:
         Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {e}")
         return 2
@@ -242,10 +243,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from sparring.envs import env_entry, has_game_tree
     from sparring.envs.bots import BOTS, make_bot
     from sparring.eval.games import evaluate_vs_bot, policy_exploitability
-    from sparring.eval.periodic import env_options
+    from sparring.eval.periodic import env_options, env_seats
     from sparring.registry import UnknownNameError
     from sparring.rollout.schedule import make_arena
-    from sparring.train.restore import load_policy
+    from sparring.train.restore import check_policy_name, load_policies
 
     console = Console(width=200 if not sys.stdout.isatty() else None)  # no wrapping in pipes
     unknown = [b for b in args.vs if b not in BOTS]
@@ -256,7 +257,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
         envs = [env_entry(e).name for e in args.env or []]
     except UnknownNameError as e:
         raise CommandError(f"--env: {e}") from None
-    policy, cfg, ckpt = load_policy(args.checkpoint, trust_remote_code=args.trust_remote_code)
+    policies, cfg, ckpt = load_policies(args.checkpoint,
+                                        trust_remote_code=args.trust_remote_code)
+    if args.policy is not None:
+        check_policy_name(cfg, args.policy)
+    several = bool(cfg.policies)
+    chosen = [args.policy] if args.policy else list(policies)  # ['']: a run with one policy
     envs = envs or list(dict.fromkeys(env_entry(s.name).name for s in cfg.envs))
     arena = make_arena(cfg.rollout)
     from sparring.policy.sampling import SamplingParams
@@ -264,28 +270,39 @@ def cmd_eval(args: argparse.Namespace) -> int:
     sampling = SamplingParams(temperature=cfg.rollout.temperature, greedy=not args.sample,
                               max_new_tokens=cfg.rollout.max_new_tokens)
     table = Table(title=f"{ckpt} ({args.games} games each, Wilson 95% intervals)")
-    for col in ("env", "opponent", "win", "draw", "loss", "non-loss", "forfeit", "invalid"):
+    for col in ("env", *(("policy",) if several else ()), "opponent", "win", "draw", "loss",
+                "non-loss", "forfeit", "invalid"):
         table.add_column(col)
     for env in envs:
-        opts = env_options(cfg, env)
-        for bot in args.vs:
-            r = evaluate_vs_bot(arena, policy, sampling, env, opts, make_bot(bot, args.seed),
-                                args.games, seed=args.seed)
-            table.add_row(env, bot, *(f"{r[k]:.3f} [{r[k + '_lo']:.3f}, {r[k + '_hi']:.3f}]"
-                                      for k in ("win", "draw", "loss", "non_loss")),
-                          f"{r['forfeit_rate']:.3f}", f"{r['invalid_rate']:.3f}")
+        opts, seats = env_options(cfg, env), env_seats(cfg, env)
+        for name in chosen:
+            # a policy plays its own seats of the run's games (all seats of another game)
+            mine = [s for s, n in enumerate(seats) if n == name] or None
+            if several and seats and mine is None:
+                continue  # it plays no seat of this game
+            for bot in args.vs:
+                r = evaluate_vs_bot(arena, policies[name], sampling, env, opts,
+                                    make_bot(bot, args.seed), args.games, seed=args.seed,
+                                    seats=mine)
+                table.add_row(env, *((name,) if several else ()), bot,
+                              *(f"{r[k]:.3f} [{r[k + '_lo']:.3f}, {r[k + '_hi']:.3f}]"
+                                for k in ("win", "draw", "loss", "non_loss")),
+                              f"{r['forfeit_rate']:.3f}", f"{r['invalid_rate']:.3f}")
         if has_game_tree(env):
+            profile = ([policies[n] for n in seats] if several and seats
+                       else policies[chosen[0]])
             console.print(f"{env} exploitability: "
-                          f"{policy_exploitability(arena, policy, env, opts):.4f}")
+                          f"{policy_exploitability(arena, profile, env, opts):.4f}")
     console.print(table)
     return 0
 
 
 def cmd_play(args: argparse.Namespace) -> int:
     from sparring.envs import env_entry
+    from sparring.eval.periodic import env_seats
     from sparring.play import play
     from sparring.registry import UnknownNameError
-    from sparring.train.restore import load_policy
+    from sparring.train.restore import check_policy_name, load_policies
 
     try:
         env = env_entry(args.env).name if args.env else None
@@ -293,8 +310,18 @@ def cmd_play(args: argparse.Namespace) -> int:
         raise CommandError(f"--env: {e}") from None
     if args.seat < 0:
         raise CommandError(f"--seat: must be >= 0, got {args.seat}")
-    policy, cfg, _ = load_policy(args.checkpoint, trust_remote_code=args.trust_remote_code)
+    policies, cfg, _ = load_policies(args.checkpoint, trust_remote_code=args.trust_remote_code)
+    if args.policy is not None:
+        check_policy_name(cfg, args.policy)
     env = env or cfg.envs[0].name
+    seats = env_seats(cfg, env)
+    if args.policy is not None or not cfg.policies:
+        policy: Any = policies[args.policy or ""]
+    elif seats:  # each model seat played by its own policy
+        policy = [policies[n] for n in seats]
+    else:
+        raise CommandError(f"--policy: the run maps no seats of {env}; name the policy that "
+                           f"plays the model's seats ({', '.join(cfg.policies)})")
     try:
         play(policy, cfg, env, human_seat=args.seat, greedy=not args.sample, seed=args.seed)
     except EOFError:  # Ctrl-D at the prompt
@@ -341,6 +368,8 @@ def build_parser() -> argparse.ArgumentParser:
     xp.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists")
     xp.add_argument("--trust-remote-code", action="store_true",
                     help="let the model's own code run (off: the run folder's config cannot)")
+    xp.add_argument("--policy", metavar="NAME",
+                    help="a run with several policies: the one to export")
     rp = sub.add_parser("report", help="plots and a markdown summary of a run")
     rp.add_argument("run_dir", metavar="RUN_DIR")
     ep = sub.add_parser("eval", help="evaluate a trained policy against bots")
@@ -355,6 +384,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="let the model's own code run (off: the run folder's config cannot)")
     ep.add_argument("--sample", action="store_true", help="sample instead of greedy moves")
     ep.add_argument("--seed", type=int, default=0)
+    ep.add_argument("--policy", metavar="NAME",
+                    help="a run with several policies: evaluate this one (in its own seats; "
+                    "default: each in turn)")
     pp = sub.add_parser("play", help="play against a trained policy in the terminal")
     pp.add_argument("checkpoint", metavar="CHECKPOINT", help="a run folder or a checkpoint folder")
     pp.add_argument("--env", help="game, its name or an alias (default: the run's first "
@@ -364,6 +396,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="let the model's own code run (off: the run folder's config cannot)")
     pp.add_argument("--sample", action="store_true", help="the model samples instead of argmax")
     pp.add_argument("--seed", type=int, default=0)
+    pp.add_argument("--policy", metavar="NAME",
+                    help="a run with several policies: this one plays every model seat "
+                    "(default: each seat its own policy)")
     rp.add_argument("--out", default=None, help="output folder (default: RUN_DIR/report)")
     p.add_argument("--debug", action="store_true",
                    help="show the full traceback of an error instead of one line")

@@ -101,7 +101,10 @@ class TurnBatch:
     ``agent`` (seat), ``turn`` (index among the agent's own turns; 0 in trajectory
     layout), ``step`` (position in the episode's turn order), ``traj`` (id of the
     (episode, agent) trajectory, 0..n_traj-1), ``env_id`` (index into ``env_names``),
-    ``state_id`` (index into ``state_keys``, -1 when unknown).
+    ``state_id`` (index into ``state_keys``, -1 when unknown), ``policy`` (index into
+    ``policy_names``: the player of the row's seat, ``Episode.info["players"]``, which the
+    arena fills with the players' names -- the policy names of a run with several
+    policies; '' when an episode does not name them).
     Per-row scalars: ``reward`` (the turn's reward; in trajectory layout the sum over
     the agent's turns), ``returns`` (the agent's final episode return), ``last`` (the
     agent's last turn), ``truncated`` (the episode hit a turn budget), ``length``
@@ -136,6 +139,8 @@ class TurnBatch:
     ref_logp: Tensor | None = None  # float [n, T]
     values: Tensor | None = None  # float [n, T], critic values on action tokens
     allowed: list[dict[int, list[int]] | None] | None = None  # per row, see docstring
+    policy: Tensor | None = None  # long [n], index into policy_names
+    policy_names: list[str] = field(default_factory=list)
 
     @property
     def n_rows(self) -> int:
@@ -266,6 +271,7 @@ def collate(
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; known: {', '.join(LAYOUTS)}")
     env_names: list[str] = []
+    policy_names: list[str] = []
     state_keys: dict[str, int] = {}
     extra_names = sorted({k for ep in episodes for t in ep.turns for k in t.extras})
     rows: list[dict[str, Any]] = []
@@ -274,6 +280,7 @@ def collate(
         if ep.env not in env_names:
             env_names.append(ep.env)
         seats = range(ep.num_agents) if agents is None else agents
+        players = ep.info.get("players") or []
         for a in seats:
             # turns without action tokens (a bot's move) are context, not training rows
             a_turns = [(s, t) for s, t in enumerate(ep.turns) if t.agent == a and t.action_ids]
@@ -281,8 +288,12 @@ def collate(
                 continue
             traj_ids[(e, a)] = len(traj_ids)
             ret = float(ep.returns[a]) if a < len(ep.returns) else 0.0
+            player = str(players[a]) if a < len(players) else ""
+            if player not in policy_names:
+                policy_names.append(player)
             base = dict(group=ep.group, episode=e, agent=a, traj=traj_ids[(e, a)],
-                        env_id=env_names.index(ep.env), returns=ret, truncated=ep.truncated)
+                        env_id=env_names.index(ep.env), returns=ret, truncated=ep.truncated,
+                        policy=policy_names.index(player))
             if layout == "trajectory":
                 ids, act, lp, ent = _trajectory_tokens([t for _, t in a_turns])
                 first = a_turns[0][1]
@@ -335,6 +346,7 @@ def collate(
                 for x in extra_names},
         entropy=ent,
         allowed=[r["allowed"] for r in rows] if any(r["allowed"] for r in rows) else None,
+        policy=vec("policy", torch.long), policy_names=policy_names,
     )
 
 

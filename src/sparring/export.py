@@ -35,11 +35,13 @@ def merged_model(model: Any) -> Any:
 
 
 def export(source: str | Path, out_dir: str | Path, *, dtype: str | None = None,
-           overwrite: bool = False, trust_remote_code: bool = False) -> Path:
+           overwrite: bool = False, trust_remote_code: bool = False,
+           policy: str | None = None) -> Path:
     """Write the policy at ``source`` (a run folder or a checkpoint folder) to ``out_dir``
     as a Hugging Face folder; ``dtype``: the weights' dtype (default: the run's
     ``model.dtype``); ``trust_remote_code``: as for `load_policy` (off: a run folder's
-    config cannot make a model's own code run). Returns ``out_dir``."""
+    config cannot make a model's own code run); ``policy``: which one of a run with
+    several policies. Returns ``out_dir``."""
     from sparring.train.restore import load_policy
 
     if dtype is not None and dtype not in DTYPES:
@@ -50,8 +52,12 @@ def export(source: str | Path, out_dir: str | Path, *, dtype: str | None = None,
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a one-line command, not a progress display
-    policy, cfg, ckpt = load_policy(source, device="cpu", trust_remote_code=trust_remote_code)
-    model = merged_model(policy.model)
+    loaded, cfg, ckpt = load_policy(source, device="cpu", trust_remote_code=trust_remote_code,
+                                    policy=policy)
+    if policy is not None:  # its own model and lora sections
+        from sparring.train.config import policy_config
+        cfg = policy_config(cfg, policy)
+    model = merged_model(loaded.model)
     if dtype is not None:
         model = model.to(getattr(torch, dtype))
     tmp = out.with_name(out.name + ".exporting")
@@ -60,11 +66,11 @@ def export(source: str | Path, out_dir: str | Path, *, dtype: str | None = None,
     tmp.mkdir(parents=True)
     try:
         model.save_pretrained(tmp, safe_serialization=True)
-        policy.tokenizer.save_pretrained(tmp)
+        loaded.tokenizer.save_pretrained(tmp)
         step = json.loads((ckpt / "state.json").read_text(encoding="utf-8")).get("step")
         info = {"source": str(Path(source).resolve()), "checkpoint": str(ckpt.resolve()),
                 "step": step, "base_model": cfg.model.name, "lora_merged": cfg.lora.enabled,
-                "dtype": dtype or cfg.model.dtype}
+                "dtype": dtype or cfg.model.dtype, **({"policy": policy} if policy else {})}
         (tmp / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
         if out.exists():
             shutil.rmtree(out)

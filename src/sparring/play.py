@@ -24,7 +24,9 @@ def play(policy, cfg, env_name: str, human_seat: int = 0, greedy: bool = True,
          ask: Callable[[str], str] = input, say: Callable[[str], None] = print,
          seed: int = 0) -> list[float]:
     """One game: the human types moves (re-asked until legal), the model answers with
-    constrained decoding over the legal moves. Returns the game's per-seat returns. A game
+    constrained decoding over the legal moves (``policy``: one policy for every model seat,
+    or a list with each seat's policy, a run with several policies). Returns the game's
+    per-seat returns. A game
     ends with win / lose / draw; a single-seat task with the score (and whether the answer
     was correct, when the task says). ``ask`` raising EOFError (Ctrl-D) ends the game."""
     options = env_options(cfg, env_name)
@@ -35,8 +37,12 @@ def play(policy, cfg, env_name: str, human_seat: int = 0, greedy: bool = True,
     env.reset(seed)
     info: dict = {}
     r = cfg.rollout
-    builder = PromptBuilder(policy.tokenizer, PromptConfig(
-        history="state", max_prompt_tokens=r.max_prompt_tokens, system_prompt=r.system_prompt))
+    seat_policy = list(policy) if isinstance(policy, list | tuple) else [policy] * env.num_seats
+    if len(seat_policy) != env.num_seats:
+        raise ValueError(f"play: {len(seat_policy)} policies for the {env.num_seats} seats of "
+                         f"{env.name}")
+    prompts = PromptConfig(history="state", max_prompt_tokens=r.max_prompt_tokens,
+                           system_prompt=r.system_prompt)
     sampling = SamplingParams(temperature=r.temperature, greedy=greedy,
                               max_new_tokens=r.max_new_tokens)
     say(env.system_prompt(human_seat))
@@ -51,9 +57,11 @@ def play(policy, cfg, env_name: str, human_seat: int = 0, greedy: bool = True,
                 say(f"not a legal move: {res.error}")
             action = res.action
         else:
-            prompt = builder.build(env.system_prompt(seat), [], env.observation(seat)).ids
+            model = seat_policy[seat]
+            prompt = PromptBuilder(model.tokenizer, prompts).build(
+                env.system_prompt(seat), [], env.observation(seat)).ids
             legal = env.legal_actions(seat)
-            gen = policy.generate([prompt], sampling, allowed=None if legal is None else [legal])[0]
+            gen = model.generate([prompt], sampling, allowed=None if legal is None else [legal])[0]
             res = env.parse(seat, gen.text)
             action = res.action if res.ok else (legal or [""])[0]
             say(f"model plays: {action}")

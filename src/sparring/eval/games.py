@@ -8,14 +8,21 @@
   loss < 0. Reports rates with Wilson 95% intervals (``_lo``/``_hi``), per-seat non-loss
   rates, the forfeit rate, the mean return (a forfeited game counts its arena total, the
   penalty included) and the learner's invalid-action rate.
+  ``seats``: the learner rotates over those seats only (a policy that plays some roles).
+* `evaluate_together`: ``n`` games with a given player in every seat (the policies of a
+  run with several policies, each in its own seats): the mean game score per seat
+  (``mean_return_seat{s}``, from ``info["env_returns"]``: in a cooperative game such as
+  signalling, the success rate), the forfeit and invalid-action rates.
 * `policy_exploitability`: the model's action probabilities at every information state
   of a game that declares its tree (Kuhn, Leduc poker; `sparring.envs.has_game_tree`) --
   the constrained-decoding distribution over legal actions, the prompt being the current
-  observation only --, fed to `sparring.eval.exploitability`.
+  observation only --, fed to `sparring.eval.exploitability`. ``policy`` may be a list
+  with the policy of each seat (the profile of a run with several policies).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -46,20 +53,23 @@ def outcome(ep: Episode, seat: int) -> tuple[int, float]:
 
 
 def evaluate_vs_bot(arena: Arena, policy: HFPolicy, sampling: SamplingParams, env: str,
-                    options: dict[str, Any], bot: Any, n: int, seed: int = 0) -> dict[str, float]:
+                    options: dict[str, Any], bot: Any, n: int, seed: int = 0,
+                    seats: Sequence[int] | None = None) -> dict[str, float]:
+    """See the module docstring; ``seats``: the seats the policy plays (default: all)."""
     if n < 1:
         raise ValueError(f"games: must be >= 1, got {n}")
     me = ModelPlayer(policy, name="eval", train=False, sampling=sampling)
     other = BotPlayer(bot, name="bot")
-    seats = make(env, **options).num_seats
+    num_seats = make(env, **options).num_seats
+    order = list(range(num_seats)) if seats is None else list(seats)
     eps = arena.play(env, dict(options), seeds=[seed + i for i in range(n)], group_size=1,
-                     players_fn=rotating(me, lambda: other, seats))
+                     players_fn=rotating(me, lambda: other, num_seats, order))
     wins = draws = losses = forfeits = 0
     ret = 0.0
-    per_seat = [[0, 0] for _ in range(seats)]  # [non-losses, games]
+    per_seat = {s: [0, 0] for s in sorted(set(order))}  # [non-losses, games]
     my_turns = invalid = 0
     for i, ep in enumerate(eps):
-        seat = learner_seat(i, seats)
+        seat = learner_seat(i, num_seats, order)
         score, r = outcome(ep, seat)
         ret += r
         wins, draws, losses = wins + (score > 0), draws + (score == 0), losses + (score < 0)
@@ -73,10 +83,31 @@ def evaluate_vs_bot(arena: Arena, policy: HFPolicy, sampling: SamplingParams, en
     for key, k in (("win", wins), ("draw", draws), ("loss", losses), ("non_loss", wins + draws)):
         lo, hi = wilson(k, n)
         out[key], out[f"{key}_lo"], out[f"{key}_hi"] = k / n, lo, hi
-    for s, (k, m) in enumerate(per_seat):
+    for s, (k, m) in per_seat.items():
         out[f"non_loss_seat{s}"] = k / max(m, 1)
     out["forfeit_rate"] = forfeits / n
     out["invalid_rate"] = invalid / max(my_turns, 1)
+    return out
+
+
+def evaluate_together(arena: Arena, policies: Sequence[HFPolicy], sampling: SamplingParams,
+                      env: str, options: dict[str, Any], n: int, seed: int = 0
+                      ) -> dict[str, float]:
+    """``n`` games with ``policies[s]`` in seat ``s``: the mean game score of each seat
+    ``mean_return_seat{s} = (1/n) sum_games env_returns[s]`` (a forfeit scores the arena's
+    total, penalty included), the forfeit rate and the invalid-action rate."""
+    if n < 1:
+        raise ValueError(f"games: must be >= 1, got {n}")
+    players = {id(p): ModelPlayer(p, name=f"eval{s}", train=False, sampling=sampling)
+               for s, p in enumerate(policies)}
+    eps = arena.play(env, dict(options), seeds=[seed + i for i in range(n)], group_size=1,
+                     seat_players=[players[id(p)] for p in policies])
+    out: dict[str, float] = {"games": float(n)}
+    for s in range(len(policies)):
+        out[f"mean_return_seat{s}"] = sum(outcome(ep, s)[1] for ep in eps) / n
+    turns = [t for ep in eps for t in ep.turns]
+    out["forfeit_rate"] = sum(ep.info.get("forfeit") is not None for ep in eps) / n
+    out["invalid_rate"] = sum(t.invalid is not None for t in turns) / max(len(turns), 1)
     return out
 
 
@@ -130,6 +161,7 @@ def action_probabilities(policy: HFPolicy, prompts: list[list[int]],
             rows.append(p + seq)
             allowed.append(restr)
             index.append((i, a, len(p), len(seq)))
+    policy.activate()  # its adapter, when policies share a base model
     T = max(len(r) for r in rows)
     ids = torch.full((len(rows), T), policy.pad_id, dtype=torch.long)
     att = torch.zeros(len(rows), T, dtype=torch.bool)
@@ -144,19 +176,22 @@ def action_probabilities(policy: HFPolicy, prompts: list[list[int]],
     return out
 
 
-def policy_exploitability(arena: Arena, policy: HFPolicy, env: str,
+def policy_exploitability(arena: Arena, policy: HFPolicy | Sequence[HFPolicy], env: str,
                           options: dict[str, Any]) -> float:
+    """Exploitability of ``policy`` in every seat, or of ``policy[s]`` in seat ``s``."""
     points = _decision_points(env, options)
-    builder = PromptBuilder(policy.tokenizer, PromptConfig(
-        history="state", max_prompt_tokens=0, system_prompt=arena.prompt.system_prompt))
-    keys = list(points)
-    prompts, legal = [], []
-    for k in keys:
-        seat, e = points[k]
-        prompts.append(builder.build(e.system_prompt(seat), [], e.observation(seat)).ids)
-        legal.append(e.legal_actions(seat))
+    per_seat = list(policy) if isinstance(policy, Sequence) else None
     table: dict[str, dict[str, float]] = {}
-    for s in range(0, len(keys), 256):
-        probs = action_probabilities(policy, prompts[s:s + 256], legal[s:s + 256])
-        table.update(zip(keys[s:s + 256], probs))
+    for p in dict.fromkeys(per_seat or [policy]):  # each distinct policy, on its own seats
+        builder = PromptBuilder(p.tokenizer, PromptConfig(
+            history="state", max_prompt_tokens=0, system_prompt=arena.prompt.system_prompt))
+        keys = [k for k, (seat, _) in points.items() if per_seat is None or per_seat[seat] is p]
+        prompts, legal = [], []
+        for k in keys:
+            seat, e = points[k]
+            prompts.append(builder.build(e.system_prompt(seat), [], e.observation(seat)).ids)
+            legal.append(e.legal_actions(seat))
+        for s in range(0, len(keys), 256):
+            probs = action_probabilities(p, prompts[s:s + 256], legal[s:s + 256])
+            table.update(zip(keys[s:s + 256], probs))
     return exploitability(env, lambda info, acts: table[info], **options)

@@ -12,6 +12,10 @@ Constrained decoding: ``allowed[i]`` lists the legal action strings of prompt ``
 the sampler then only follows token paths of a trie over ``encode(action) + [EOS]``
 (each action's canonical tokenization) and records, per token, the allowed ids, which
 ``Turn.allowed_ids`` carries to the learner (`sparring.policy.forward` re-applies them).
+
+``adapter``: the LoRA adapter of a multi-adapter PEFT ``model`` (several policies on one
+base, ``lora.shared_base``) that this policy is; `activate` (called by ``generate``) makes
+it the active one before the model runs.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ class HFPolicy:
     """Wraps ``model`` and ``tokenizer``; ``generate`` is the whole interface."""
 
     def __init__(self, model: Any, tokenizer: Any, *, device: str | torch.device = "cpu",
-                 dtype: torch.dtype | str | None = None, seed: int = 0, name: str = "policy"):
+                 dtype: torch.dtype | str | None = None, seed: int = 0, name: str = "policy",
+                 adapter: str | None = None):
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
         self.model = model.to(device=device, dtype=dtype) if dtype else model.to(device)
@@ -42,6 +47,7 @@ class HFPolicy:
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.name = name
+        self.adapter = adapter
         self.eos_ids = _eos_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
@@ -58,6 +64,11 @@ class HFPolicy:
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=trust_remote_code)
         return cls(model, tok, device=device, dtype=dtype, seed=seed, name=name or str(path))
+
+    def activate(self) -> None:
+        """Make this policy's adapter the model's active one (nothing without ``adapter``)."""
+        if self.adapter is not None and self.model.active_adapter != self.adapter:
+            self.model.set_adapter(self.adapter)
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         """New weights from the learner (e.g. between training steps)."""
@@ -96,6 +107,7 @@ class HFPolicy:
             raise ValueError(f"generate: {len(allowed)} allowed lists for {B} prompts")
         if seeds is not None and len(seeds) != B:
             raise ValueError(f"generate: {len(seeds)} seeds for {B} prompts")
+        self.activate()
         gens = None if seeds is None else [
             torch.Generator(device=self.device).manual_seed(int(s)) for s in seeds]
         tries = [None if a is None else self.encode_actions(a) for a in (allowed or [None] * B)]

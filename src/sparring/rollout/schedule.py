@@ -11,6 +11,12 @@ Per step, each env spec of ``cfg.envs`` gets ``weight``-proportional episodes
 * a bot name (`sparring.envs.bots.BOTS`): the learner in a rotating seat against that bot
   (`sparring.rollout.seating`).
 
+Several policies (``policies`` and ``envs[].seats``): `Rollouts` takes ``{name: policy}``;
+seat ``s`` of an env is played by the policy ``seats[s]`` names (a `ModelPlayer` named
+after it, so `sparring.data.collate` records the policy of every row): in every seat for
+``self``, in the rotating seat against a bot. The arena batches each turn's generations
+per policy. The pool is refused with several policies (`sparring.train.config`).
+
 Rollouts are deterministic in (``train.seed``, step), group by group: a step is a list of
 `GroupTask`s (`group_tasks`), and each group's start state, model samples (one random stream
 per episode turn, `Arena.play`'s ``sample_seeds``), bot moves and pool draws are seeded from
@@ -27,7 +33,7 @@ import random
 import re
 import shutil
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -124,11 +130,18 @@ class Rollouts:
     removed on the first step, when the run folder is locked by the training loop.
     """
 
-    def __init__(self, cfg: Config, policy: HFPolicy, run_dir: Path):
-        self.cfg, self.policy, self.run_dir = cfg, policy, Path(run_dir)
+    def __init__(self, cfg: Config, policy: HFPolicy | Mapping[str, HFPolicy], run_dir: Path):
+        """``policy``: the run's policy, or ``{name: policy}`` with several policies."""
+        self.policies = dict(policy) if isinstance(policy, Mapping) else {}
+        self.policy = next(iter(self.policies.values())) if self.policies else policy
+        self.cfg, self.run_dir = cfg, Path(run_dir)
         r = cfg.rollout
         self.arena = make_arena(r)
-        self.learner = ModelPlayer(policy, name="learner", train=True)
+        self.learner = ModelPlayer(self.policy, name="learner", train=True)
+        players = {n: ModelPlayer(p, name=n, train=True) for n, p in self.policies.items()}
+        # per env spec, the player of each seat (several policies), else None
+        self.seat_players = [[players[n] for n in s.seats] if players else None
+                             for s in cfg.envs]
         self.pool = OpponentPool(mode=r.pool_mode, max_checkpoints=r.pool_max,
                                  seed=cfg.train.seed, loader=self._load_snapshot,
                                  cache_size=r.pool_cache or r.pool_max)
@@ -165,6 +178,8 @@ class Rollouts:
         samples then depend on the batch; `HFPolicy` takes seeds and does not use these)."""
         self._step = step
         self.policy.generator.manual_seed(self.cfg.train.seed * 1_000_003 + step * 7919)
+        for name, p in self.policies.items():
+            p.generator.manual_seed(stable_seed(self.cfg.train.seed, step, name))
         for path, player in self.pool._cache.items():  # snapshots loaded in earlier steps
             player.policy.generator.manual_seed(self._snapshot_seed(path))
 
@@ -253,11 +268,11 @@ class Rollouts:
         kw: dict[str, Any] = dict(seeds=seeds, group_size=spec.group_size,
                                   group_offset=run[0].group,
                                   sample_seeds=[stable_seed(s, "sample") for s in seeds])
+        learner = self.seat_players[run[0].spec] or self.learner
         if kind == "self":
-            kw["seat_players"] = self.learner
+            kw["seat_players"] = learner
         else:
-            choosers = [rotating(self.learner, self._opponents(kind, s), num_seats)
-                        for s in seeds]
+            choosers = [rotating(learner, self._opponents(kind, s), num_seats) for s in seeds]
             gs = spec.group_size
 
             def players(i: int) -> list[Any]:  # i: the episode's index in this call

@@ -6,10 +6,15 @@ command-line overrides (``algorithm.kl.coef=0.05``, ``envs.0.weight=2``,
 Unknown keys and bad values raise `ConfigError` naming the key, with a "did you mean"
 hint and the allowed values. Registry-backed names (estimator, objective, aggregation,
 environment) are checked against their registries by `validate`.
+
+Several policies: ``policies`` names them (`PolicySpec`: the keys of ``model``, ``optim``,
+``lora`` and ``algorithm.kl`` that differ for one) and ``envs[].seats`` maps seats to them;
+`policy_config(cfg, name)` is the config a policy's model and learner are built from.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -59,6 +64,10 @@ class EnvSpec:
                                "(`sparring list bots`)")
     group_size: int = opt(1, "episodes per group (same start state / prompt)", ge=1)
     estimator_options: dict[str, Any] = opt({}, "estimator options for this env's rows")
+    seats: list[str] = opt(
+        [], "the policy (a name in `policies`) of each seat, one name per seat; with bot "
+        "opponents the bot takes every seat but the rotating one, played by that seat's "
+        "policy. [] without `policies`: the one policy plays every seat (required with them)")
 
 
 @dataclass
@@ -196,6 +205,21 @@ class LoraConfig:
     dropout: float = opt(0.0, "LoRA dropout", ge=0, lt=1)
     target_modules: list[str] = opt(
         ["q_proj", "k_proj", "v_proj", "o_proj"], "module names that get adapters")
+    shared_base: bool = opt(
+        False, "with several `policies`: every policy is a LoRA adapter of its own on one "
+        "frozen base model (one base in memory; peft multi-adapter); false: each policy has "
+        "its own copy of the model")
+
+
+@dataclass
+class PolicySpec:
+    """One named policy of ``policies``: what differs from the top-level sections."""
+
+    model: dict[str, Any] = opt({}, "keys of `model` that differ for this policy "
+                                "(e.g. {options: {seed: 1}}); {}: the top-level model")
+    optim: dict[str, Any] = opt({}, "keys of `optim` that differ (e.g. {lr: 3e-4})")
+    lora: dict[str, Any] = opt({}, "keys of `lora` that differ (e.g. {r: 4})")
+    kl: dict[str, Any] = opt({}, "keys of `algorithm.kl` that differ (e.g. {coef: 0.05})")
 
 
 @dataclass
@@ -259,6 +283,11 @@ class DistributedConfig:
 class Config:
     model: ModelConfig = opt(ModelConfig(), "the policy model")
     envs: list[EnvSpec] = opt([], "environments of the run (mixed in one batch by weight)")
+    policies: dict[str, PolicySpec] = opt(
+        {}, "several policies in one run, by name (letters, digits, _ and -), each with its "
+        "own model, optimizer, KL reference, estimator state, checkpoint weights and "
+        "metrics (policy/NAME/...); envs[].seats says who plays which seat. {}: one policy "
+        "plays every seat (self-play)")
     rollout: RolloutConfig = opt(RolloutConfig(), "rollout collection")
     algorithm: AlgorithmConfig = opt(AlgorithmConfig(), "estimator, objective, regularisers")
     optim: OptimConfig = opt(OptimConfig(), "optimizer and learning-rate schedule")
@@ -359,8 +388,7 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"algorithm.value: estimator {a.estimator!r} needs "
                           f"{' and '.join(sorted(critic_needs))} from a critic the learner "
                           "trains; set algorithm.value to auto or on")
-    if len(cfg.optim.betas) != 2 or not all(0 <= b < 1 for b in cfg.optim.betas):
-        raise ConfigError(f"optim.betas: expected two numbers in [0, 1), got {cfg.optim.betas}")
+    _betas_check(cfg.optim.betas, "optim.betas")
     if cfg.train.microbatch_size and cfg.train.minibatch_size \
             and cfg.train.microbatch_size > cfg.train.minibatch_size:
         raise ConfigError("train.microbatch_size: must not exceed train.minibatch_size")
@@ -368,7 +396,105 @@ def validate(cfg: Config) -> Config:
     _run_dir_check(cfg.train.run_dir)
     _opponents_check(cfg)
     _distributed_check(cfg.distributed)
+    _policies_check(cfg)
     return cfg
+
+
+def _betas_check(betas: list[float], key: str) -> None:
+    if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+        raise ConfigError(f"{key}: expected two numbers in [0, 1), got {betas}")
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with the keys of ``over`` on top; mappings in both are merged the same way."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = (_merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict)
+                  else v)
+    return out
+
+
+def policy_config(cfg: Config, name: str) -> Config:
+    """``cfg`` as policy ``name`` of ``policies`` sees it: ``model``, ``optim``, ``lora`` and
+    ``algorithm.kl`` with the policy's keys over the top-level ones (mappings such as
+    ``model.options`` merged key by key). A copy; errors name ``policies.NAME.<section>``."""
+    import copy
+
+    if name not in cfg.policies:
+        raise ConfigError(f"policies: no policy {name!r}{did_you_mean(name, list(cfg.policies))}"
+                          f" (defined: {', '.join(cfg.policies) or 'none'})")
+    spec, out = cfg.policies[name], copy.deepcopy(cfg)
+    key = f"policies.{name}"
+    out.model = build(ModelConfig, _merged(asdict(cfg.model), spec.model), f"{key}.model")
+    out.optim = build(OptimConfig, _merged(asdict(cfg.optim), spec.optim), f"{key}.optim")
+    out.lora = build(LoraConfig, _merged(asdict(cfg.lora), spec.lora), f"{key}.lora")
+    out.algorithm.kl = build(KLConfig, _merged(asdict(cfg.algorithm.kl), spec.kl), f"{key}.kl")
+    return out
+
+
+_POLICY_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
+
+
+def _policies_check(cfg: Config) -> None:
+    """``policies`` and ``envs[].seats``: names that can name files and metrics, overrides
+    that build, every env mapping each of its seats to a defined policy, every policy
+    playing some seat; what several policies do not support yet (the opponent pool, rollout
+    workers, the vLLM backend) is refused; ``lora.shared_base`` needs LoRA and one model."""
+    if cfg.lora.shared_base and not cfg.lora.enabled:
+        raise ConfigError("lora.shared_base: policies share a base model as LoRA adapters; "
+                          "set lora.enabled=true too")
+    if not cfg.policies:
+        for i, env in enumerate(cfg.envs):
+            if env.seats:
+                raise ConfigError(f"envs.{i}.seats: names policies, but the config defines "
+                                  "none; add them (e.g. policies: {a: {}, b: {}}) or drop "
+                                  f"envs.{i}.seats (one policy then plays every seat)")
+        return
+    names = list(cfg.policies)
+    from sparring.envs import make
+
+    for n in names:
+        if not _POLICY_NAME.match(n):
+            raise ConfigError(f"policies.{n}: a policy name is letters, digits, _ and -, "
+                              "starting with a letter (it names checkpoint files and metrics)")
+        pc = policy_config(cfg, n)
+        _model_check(pc.model, f"policies.{n}.model")
+        _betas_check(pc.optim.betas, f"policies.{n}.optim.betas")
+        if cfg.lora.shared_base and cfg.policies[n].model:
+            raise ConfigError(f"policies.{n}.model: with lora.shared_base every policy is an "
+                              "adapter on the one base model (`model`); drop it or set "
+                              "lora.shared_base=false")
+        if cfg.lora.shared_base and not pc.lora.enabled:
+            raise ConfigError(f"policies.{n}.lora.enabled: with lora.shared_base every policy "
+                              "is a LoRA adapter; it cannot be false")
+    used: set[str] = set()
+    for i, env in enumerate(cfg.envs):
+        n_seats = make(env.name, **env.options).num_seats
+        if not env.seats:
+            raise ConfigError(f"envs.{i}.seats: with `policies` every env names the policy of "
+                              f"each of its {n_seats} seats (defined: {', '.join(names)})")
+        if len(env.seats) != n_seats:
+            raise ConfigError(f"envs.{i}.seats: {env.name} has {n_seats} seats, got "
+                              f"{len(env.seats)} names {env.seats}")
+        for j, seat in enumerate(env.seats):
+            if seat not in cfg.policies:
+                raise ConfigError(f"envs.{i}.seats.{j}: unknown policy {seat!r}"
+                                  f"{did_you_mean(seat, names)} (defined in policies: "
+                                  f"{', '.join(names)})")
+        if "pool" in env.opponents:
+            raise ConfigError(f"envs.{i}.opponents: 'pool' (past snapshots of the policy) is "
+                              "not supported with several policies yet; use self or bots")
+        used.update(env.seats)
+    idle = [n for n in names if n not in used]
+    if idle:
+        raise ConfigError(f"policies.{idle[0]}: no env seat plays it (envs[].seats), so it "
+                          "would never train")
+    if cfg.distributed.rollout_workers:
+        raise ConfigError("distributed.rollout_workers: rollout workers do not support "
+                          "several policies yet; set it to 0 or drop `policies`")
+    if cfg.model.backend != "hf":
+        raise ConfigError(f"model.backend: {cfg.model.backend} does not support several "
+                          "policies yet; use hf or drop `policies`")
 
 
 def _distributed_check(d: DistributedConfig) -> None:
@@ -391,14 +517,15 @@ def _distributed_check(d: DistributedConfig) -> None:
                           "staleness is distributed.mode=sync)")
 
 
-def _model_check(m: ModelConfig) -> None:
-    """``model.device`` parses as a torch device; the tiny model's options are its fields."""
+def _model_check(m: ModelConfig, key: str = "model") -> None:
+    """``model.device`` parses as a torch device; the tiny model's options are its fields
+    (errors name ``key``, the section's path)."""
     if m.device != "auto":
         import torch
         try:
             torch.device(m.device)
         except (RuntimeError, ValueError):
-            raise ConfigError(f"model.device: {m.device!r} is not a device (allowed: cpu, "
+            raise ConfigError(f"{key}.device: {m.device!r} is not a device (allowed: cpu, "
                               "cuda, cuda:N, mps, auto)") from None
     if m.name != "tiny":
         return
@@ -408,19 +535,19 @@ def _model_check(m: ModelConfig) -> None:
     hints = typing.get_type_hints(TinyConfig)
     for k, v in m.options.items():
         if k not in hints:
-            raise ConfigError(f"model.options: the tiny model has no option {k!r}"
+            raise ConfigError(f"{key}.options: the tiny model has no option {k!r}"
                               f"{did_you_mean(str(k), list(hints))} (allowed: "
                               f"{', '.join(hints)})")
         want = hints[k]
         if isinstance(v, bool) != (want is bool) or not isinstance(v, want):
-            raise ConfigError(f"model.options.{k}: expected {want.__name__}, got {v!r}")
+            raise ConfigError(f"{key}.options.{k}: expected {want.__name__}, got {v!r}")
         if want is int and not v >= (0 if k == "seed" else 1):
-            raise ConfigError(f"model.options.{k}: {v!r} is out of range (must be >= "
+            raise ConfigError(f"{key}.options.{k}: {v!r} is out of range (must be >= "
                               f"{0 if k == 'seed' else 1})")
     try:
         TinyConfig(**m.options)
     except ValueError as e:
-        raise ConfigError(f"model.options: {e}") from None
+        raise ConfigError(f"{key}.options: {e}") from None
 
 
 def _run_dir_check(run_dir: str) -> None:
@@ -541,12 +668,19 @@ def check_resume_overrides(saved: Config, resumed: Config) -> None:
     """Raise `ConfigError` naming the first key whose change a checkpoint cannot follow:
     the model's shape (``model.*`` but ``model.device``, ``lora.*``), the critic and the
     KL reference (their weights are in the checkpoint), the pool's bots (its saved state
-    names them). ``trust_remote_code`` goes on the command line (``--trust-remote-code``)."""
+    names them), the set of ``policies`` and their own ``model``, ``lora`` and
+    ``kl.reference``. ``trust_remote_code`` goes on the command line (``--trust-remote-code``)."""
+    if list(saved.policies) != list(resumed.policies):
+        raise ConfigError(f"policies: cannot change on --resume (the checkpoint holds "
+                          f"{list(saved.policies) or 'one policy'}); start a new run for that")
     old, new = _flat(to_dict(saved)), _flat(to_dict(resumed))
     for key in sorted(set(old) | set(new)):
-        if old.get(key, None) == new.get(key, None) or key.startswith(_RESUME_FREE):
+        # a policy's own sections follow the rules of the top-level ones
+        section = re.sub(r"^policies\.[^.]+\.(kl\.)?",
+                         lambda m: "algorithm.kl." if m.group(1) else "", key)
+        if old.get(key, None) == new.get(key, None) or section.startswith(_RESUME_FREE):
             continue
-        if any(key == f or key.startswith(f + ".") for f in _RESUME_FIXED):
+        if any(section == f or section.startswith(f + ".") for f in _RESUME_FIXED):
             hint = (" (pass --trust-remote-code instead)" if key == "model.trust_remote_code"
                     else "; start a new run for that")
             raise ConfigError(f"{key}: cannot change on --resume (the checkpoint was made "
@@ -641,6 +775,7 @@ def commented_yaml(cls: type = Config, indent: int = 0) -> str:
 __all__ = ["AlgorithmConfig", "ArcherConfig", "CheckpointConfig", "Config", "ConfigError",
            "DistributedConfig", "EnvSpec",
            "EvalConfig", "KLConfig", "LoggingConfig", "LoraConfig", "ModelConfig",
-           "OptimConfig", "RolloutConfig", "TrainConfig", "apply_override", "check_resume_overrides",
-           "commented_yaml", "config_warnings", "find_recipe", "from_dict", "load_config",
+           "OptimConfig", "PolicySpec", "RolloutConfig", "TrainConfig", "apply_override",
+           "check_resume_overrides", "commented_yaml", "config_warnings", "find_recipe",
+           "from_dict", "load_config", "policy_config",
            "read_yaml", "save_config", "to_dict", "validate"]

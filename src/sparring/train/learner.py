@@ -10,6 +10,9 @@ whole mini-batch, so the accumulated gradient over micro-batches does not depend
 micro-batch size. The reference is the frozen initial model (with LoRA: the base model
 with adapters disabled) or a "magnet": an EMA of the policy's weights, updated after each
 optimizer step (regularised self-play, R-NaD / magnetic mirror descent).
+With ``adapter=NAME`` (several policies as LoRA adapters on one base, ``lora.shared_base``)
+the learner trains only that adapter's weights and activates it before every forward; a
+magnet then copies the whole model (base included) once per such learner.
 A non-finite loss or gradient skips the optimizer step with a warning, and so does a step
 that would leave a weight or an optimizer moment non-finite (it is undone, bit for bit);
 after ``max_skipped_updates`` consecutive skips `NonFiniteError` is raised.
@@ -44,7 +47,7 @@ from sparring.policy.prefix import (
     first_action_positions,
 )
 from sparring.train.config import Config
-from sparring.train.lora import is_peft
+from sparring.train.lora import is_adapter_weight, is_peft, use_adapter
 from sparring.train.schedule import LRSchedule
 
 log = logging.getLogger(__name__)
@@ -73,12 +76,17 @@ class Learner:
     """Owns the optimizer, schedule, reference / magnet model and critic of one policy."""
 
     def __init__(self, model: nn.Module, cfg: Config, *, needs: Collection[str] = (),
-                 temperature: float | None = None):
+                 temperature: float | None = None, adapter: str | None = None):
         """``needs``: what the advantage stage asks the learner to supply
         (`AdvantageStage.needs`): ``values`` builds a critic (unless ``algorithm.value`` is
-        off), ``utterance_critic`` ArCHer's twin Q/V critic; see `annotate`."""
-        self.model, self.cfg = model, cfg
+        off), ``utterance_critic`` ArCHer's twin Q/V critic; see `annotate`. ``adapter``:
+        the one LoRA adapter of a multi-adapter PEFT ``model`` this learner trains."""
+        self.model, self.cfg, self.adapter = model, cfg, adapter
+        use_adapter(model, adapter)
         self.needs = frozenset(needs)
+        # the weights this learner trains (magnet and optimizer follow them)
+        self.trained = {n for n, p in model.named_parameters() if p.requires_grad
+                        and (adapter is None or is_adapter_weight(n, adapter))}
         self.device = next(model.parameters()).device
         a, o = cfg.algorithm, cfg.optim
         self.temperature = cfg.rollout.temperature if temperature is None else temperature
@@ -97,7 +105,7 @@ class Learner:
         self.critic: Critic | None = None
         if self.archer is None and self._wants_values():
             self.critic = Critic(model, a.critic, a.value_hidden)
-        params = [p for p in model.parameters() if p.requires_grad]
+        params = [p for n, p in model.named_parameters() if n in self.trained]
         if self.critic is not None:
             params += [p for p in self.critic.parameters() if p.requires_grad]
         self.params = params
@@ -169,6 +177,7 @@ class Learner:
         """``what`` in {policy, entropy, ref, values} over all rows, no grad, in
         micro-batches."""
         batch = batch.to(self.device)
+        use_adapter(self.model, self.adapter)
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.device)
         was_training = self.model.training
         self.model.eval()
@@ -215,6 +224,7 @@ class Learner:
         log-probs; ``entropies``: the current policy's token entropies (when the rollout did
         not record them)."""
         batch = batch.to(self.device)
+        use_adapter(self.model, self.adapter)
         metrics: dict[str, float] = {}
         if "values" in needs or self.critic is not None:
             batch = batch.with_fields(values=self.values(batch))
@@ -374,9 +384,9 @@ class Learner:
         if self.ref_model is None or a.kl.reference != "magnet":
             return
         with torch.no_grad():
-            for (_, pm), (_, p) in zip(self.ref_model.named_parameters(),
+            for (_, pm), (n, p) in zip(self.ref_model.named_parameters(),
                                        self.model.named_parameters()):
-                if p.requires_grad:
+                if n in self.trained:
                     pm.lerp_(p.detach(), a.kl.magnet_rate)
 
     def update(self, batch: TurnBatch, advantages: Tensor, keep: Tensor | None = None
@@ -391,13 +401,14 @@ class Learner:
         if keep.shape != (n,):
             raise ValueError(f"keep has shape {tuple(keep.shape)}, expected ({n},)")
         cfg, a = self.cfg, self.cfg.algorithm
+        use_adapter(self.model, self.adapter)
         mask = batch.action_mask & keep[:, None]
         old = self._per_row(batch, "policy") if a.recompute_old_logp else batch.old_logp
         ref = None
         if self.needs_ref:
             ref = batch.ref_logp if batch.ref_logp is not None else self.ref_logprobs(batch)
         norm = a.aggregation_norm if a.aggregation_norm is not None else float(T)
-        mb = cfg.train.minibatch_size or n
+        mb = cfg.train.minibatch_size or max(n, 1)  # no rows: no optimizer step
         stats: dict[str, float] = defaultdict(float)
         grad_norms: list[float] = []
         steps = skips = 0
@@ -468,8 +479,8 @@ class Learner:
         if self.archer is not None:
             st["archer"] = self.archer.state_dict()
         if self.ref_model is not None and self.cfg.algorithm.kl.reference == "magnet":
-            train = {k for k, p in self.model.named_parameters() if p.requires_grad}
-            st["magnet"] = {k: p for k, p in self.ref_model.named_parameters() if k in train}
+            st["magnet"] = {k: p for k, p in self.ref_model.named_parameters()
+                            if k in self.trained}
         return st
 
     def load_state_dict(self, st: dict[str, Any]) -> None:

@@ -27,6 +27,13 @@ metrics match an uninterrupted run. One process at a time trains in a run folder
 (`sparring.train.runlock`). With ``lora.enabled`` the adapters are injected into
 ``model`` in place, so a ``rollout_fn`` that closes over ``model`` samples from the
 trained policy. See docs/reliability.md for what survives which failure.
+
+Several policies (``policies``; `sparring.train.policies`): ``model`` is ``{name: model}``
+(or the one base with ``lora.shared_base``); the batch is split by ``TurnBatch.policy`` and
+steps 2-4 run per policy on its own rows, each with its own learner and stage; rollout
+metrics stay global (``adv_mean`` etc. over all rows), a policy's own go under
+``policy/NAME/`` (its learner's, its critic's, its ``adv_mean``/``adv_std``/``kept_rows``);
+a checkpoint holds every policy's weights and state, ``eval_fn`` gets ``{name: learner}``.
 """
 
 from __future__ import annotations
@@ -34,10 +41,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torch import Tensor, nn
+import torch
+from torch import Tensor
 
 from sparring.advantages.stage import AdvantageStage
 from sparring.data import Episode, TurnBatch, collate
@@ -60,21 +69,30 @@ from sparring.train.checkpoint import (
 )
 from sparring.train.config import Config, load_config, save_config, to_dict
 from sparring.train.learner import Learner
-from sparring.train.lora import apply_lora, is_peft, load_trainable_state, trainable_state
 from sparring.train.metrics import METRICS_FILE, MetricsLogger, set_aside_metrics, truncate_metrics
+from sparring.train.policies import Models, TrainedPolicy, check_rows, trained_policies
 from sparring.train.runlock import RunLock
 
 log = logging.getLogger(__name__)
 
 RolloutFn = Callable[[int], Sequence[Episode]]
-EvalFn = Callable[[int, Learner], Mapping[str, Any]]  # (step, learner) -> metrics
+# (step, learner or {policy name: learner}) -> metrics
+EvalFn = Callable[[int, Learner | Mapping[str, Learner]], Mapping[str, Any]]
 CONFIG_FILE = "config.yaml"
-REFERENCE_FILE = "reference.safetensors"
 
 
 def batch_layout(cfg: Config, stage: AdvantageStage) -> str:
     """The stage's estimator layout, or ``rollout.layout`` when it works on either."""
     return cfg.rollout.layout if stage.layout == "any" else stage.layout
+
+
+def advantage_metrics(batch: TurnBatch, adv: Tensor, keep: Tensor) -> dict[str, float]:
+    """Mean and std of the advantages on the kept action tokens, share of rows kept."""
+    m = batch.action_mask & keep[:, None]
+    a = adv[m]
+    return {"adv_mean": float(a.mean()) if a.numel() else 0.0,
+            "adv_std": float(a.std()) if a.numel() > 1 else 0.0,
+            "kept_rows": float(keep.float().mean()) if keep.numel() else 0.0}
 
 
 def rollout_metrics(episodes: Sequence[Episode], batch: TurnBatch, adv: Tensor,
@@ -99,11 +117,7 @@ def rollout_metrics(episodes: Sequence[Episode], batch: TurnBatch, adv: Tensor,
     out["invalid_rate"] = sum(t.invalid is not None for t in turns) / max(len(turns), 1)
     out["response_length"] = sum(len(t.action_ids) for t in turns) / max(len(turns), 1)
     out["episode_length"] = sum(len(ep.turns) for ep in episodes) / max(len(episodes), 1)
-    m = batch.action_mask & keep[:, None]
-    a = adv[m]
-    out["adv_mean"] = float(a.mean()) if a.numel() else 0.0
-    out["adv_std"] = float(a.std()) if a.numel() > 1 else 0.0
-    out["kept_rows"] = float(keep.float().mean()) if keep.numel() else 0.0
+    out.update(advantage_metrics(batch, adv, keep))
     return out
 
 
@@ -111,9 +125,10 @@ def _run_dir(cfg: Config) -> Path:
     return Path(cfg.train.run_dir.format(name=cfg.train.name, time=time.strftime("%Y%m%d-%H%M%S")))
 
 
-def _load_reference(run: Path, sha256: str | None) -> dict[str, Tensor]:
-    """``run``'s reference weights, checked against the digest its checkpoints record."""
-    path = run / REFERENCE_FILE
+def _load_reference(run: Path, name: str, sha256: str | None) -> dict[str, Tensor]:
+    """``run``'s reference weights (file ``name``), checked against the digest its
+    checkpoints record."""
+    path = run / name
     if not path.exists():
         raise CheckpointError(f"{path} is missing (this run's KL reference)")
     if sha256 is not None and sha256_file(path) != sha256:
@@ -122,10 +137,13 @@ def _load_reference(run: Path, sha256: str | None) -> dict[str, Tensor]:
     return read_tensors(path)
 
 
-def train(cfg: Config, model: nn.Module, rollout_fn: RolloutFn, eval_fn: EvalFn | None = None,
+def train(cfg: Config, model: Models, rollout_fn: RolloutFn, eval_fn: EvalFn | None = None,
           stateful: Mapping[str, Any] | None = None, *, run_dir: str | Path | None = None,
           pad_id: int = 0, resume: bool = False) -> Path:
     """Train ``model`` on ``rollout_fn``'s episodes; returns the run folder.
+
+    ``model``: the model, or with several ``policies`` ``{name: model}`` (with
+    ``lora.shared_base``: the one base model; `sparring.train.policies.policy_models`).
 
     ``stateful``: extra objects with ``state_dict``/``load_state_dict`` (running baselines,
     opponent pools, the rollout's generators) saved in every checkpoint; their state is
@@ -139,7 +157,7 @@ def train(cfg: Config, model: nn.Module, rollout_fn: RolloutFn, eval_fn: EvalFn 
         return _train(cfg, model, rollout_fn, eval_fn, stateful, run, pad_id, resume)
 
 
-def _train(cfg: Config, model: nn.Module, rollout_fn: RolloutFn, eval_fn: EvalFn | None,
+def _train(cfg: Config, model: Models, rollout_fn: RolloutFn, eval_fn: EvalFn | None,
            stateful: Mapping[str, Any] | None, run: Path, pad_id: int, resume: bool) -> Path:
     """`train`, with the run folder's lock held."""
     tidy_checkpoints(run)
@@ -149,70 +167,89 @@ def _train(cfg: Config, model: nn.Module, rollout_fn: RolloutFn, eval_fn: EvalFn
         set_aside_metrics(run)
         save_config(cfg, run / CONFIG_FILE)
         seed_everything(cfg.train.seed)
-    if cfg.lora.enabled and not is_peft(model):
-        model = apply_lora(model, cfg.lora)
-    stage = AdvantageStage.from_config(cfg)
-    learner = Learner(model, cfg, needs=stage.needs)
-    weights_name = "adapter" if is_peft(model) else "model"
-    objects: dict[str, Any] = {"learner": learner, "stage": stage, "rng": RNGState()}
+    policies = trained_policies(cfg, model)
+    own = {p.key(k) for p in policies for k in ("learner", "stage")}  # the policies' objects
+    objects: dict[str, Any] = {p.key(k): getattr(p, k) for p in policies
+                               for k in ("learner", "stage")}
+    objects["rng"] = RNGState()
     objects.update({f"user.{k}": v for k, v in (stateful or {}).items()})
-    ref_state = learner.reference_state()
-    ref_sha256: str | None = None
+    references = {p.name: p.learner.reference_state() for p in policies}
+    ref_sha256: dict[str, str] = {}  # checkpoint meta key -> digest of the reference file
     start = 0
     if resume:
         ckpt = latest_intact_checkpoint(run, set_aside=True)  # checks every file's sha256
         if ckpt is None:
             raise FileNotFoundError(f"{run} has no checkpoint to resume from")
-        weights = load_weights(ckpt, weights_name, verify=False)
+        weights = {p.name: load_weights(ckpt, p.weights_name, verify=False) for p in policies}
         doc = load_checkpoint(ckpt, objects, verify=False)
-        load_trainable_state(model, weights)
-        if ref_state is not None:
-            ref_sha256 = doc["meta"].get("reference_sha256")
-            learner.load_reference_state(_load_reference(run, ref_sha256))
-            ref_sha256 = ref_sha256 or sha256_file(run / REFERENCE_FILE)  # older checkpoints
+        for p in policies:
+            p.load_weights(weights[p.name])
+            if references[p.name] is not None:
+                key = p.key("reference_sha256")
+                digest = doc["meta"].get(key)
+                p.learner.load_reference_state(_load_reference(run, p.reference_file, digest))
+                ref_sha256[key] = digest or sha256_file(run / p.reference_file)  # older ones
         start = int(doc["step"])
         truncate_metrics(run / METRICS_FILE, start)
         save_config(cfg, run / CONFIG_FILE)  # the resumed config, once its checkpoint loaded
-    elif ref_state is not None:
-        ref_sha256 = sha256_file(write_tensors(run / REFERENCE_FILE, ref_state))
+    else:
+        for p in policies:
+            if references[p.name] is not None:
+                ref_sha256[p.key("reference_sha256")] = sha256_file(
+                    write_tensors(run / p.reference_file, references[p.name]))
     total, lg = cfg.train.steps, cfg.logging
     logger = MetricsLogger(run, total_steps=total, start_step=start, progress=lg.progress,
                            keys=lg.keys, tensorboard=lg.tensorboard, wandb=lg.wandb,
                            wandb_project=lg.wandb_project, config=to_dict(cfg))
-    layout = batch_layout(cfg, stage)
+    layout = batch_layout(cfg, policies[0].stage)
     correct = getattr(rollout_fn, "correct", None)
+    # what eval_fn gets: the learner, or {name: learner} with several policies
+    learners: Any = ({p.name: p.learner for p in policies} if cfg.policies
+                     else policies[0].learner)
     done = start
     # what a crash checkpoint saves: the objects as step `done` left them, or None while
-    # the model, learner and stage are part-way through the next step
+    # the models, learners and stages are part-way through the next step
     boundary: Mapping[str, Any] | None = objects
 
     def checkpoint(step: int, stateful: Mapping[str, Any] = objects,
                    meta: dict[str, Any] | None = None) -> None:
-        meta = {**({"reference_sha256": ref_sha256} if ref_sha256 else {}), **(meta or {})}
-        save_checkpoint(run, step, weights={weights_name: trainable_state(model)},
-                        stateful=stateful, meta=meta, keep=cfg.checkpoint.keep)
+        save_checkpoint(run, step, weights={p.weights_name: p.weights() for p in policies},
+                        stateful=stateful, meta={**ref_sha256, **(meta or {})},
+                        keep=cfg.checkpoint.keep)
 
     try:
         if start == 0 and eval_fn is not None and cfg.eval.at_start:
-            logger.log(0, {f"eval/{k}": v for k, v in eval_fn(0, learner).items()})
+            logger.log(0, {f"eval/{k}": v for k, v in eval_fn(0, learners).items()})
         for i in range(start, total):
-            # the rollout moves the RNGs and the user's objects on, not the learner or stage
-            boundary = {k: v if k in ("learner", "stage") else Snapshot(v)
-                        for k, v in objects.items()}
+            # the rollout moves the RNGs and the user's objects on, not the policies' state
+            boundary = {k: v if k in own else Snapshot(v) for k, v in objects.items()}
             t0 = time.perf_counter()
             episodes = list(rollout_fn(i))
             t1 = time.perf_counter()
-            batch = collate(episodes, layout=layout, pad_id=pad_id).to(learner.device)
+            batch = collate(episodes, layout=layout, pad_id=pad_id).to(
+                policies[0].learner.device)
+            check_rows(batch, policies)
             boundary = None
-            batch, critic_metrics = learner.annotate(batch, stage.needs)
-            adv, keep = stage(batch)
+            shares = [_share(p, batch) for p in policies]
             off_policy: dict[str, float] = {}
             if correct is not None:  # e.g. async rollout workers: stale samples reweighted
-                batch, adv, off_policy = correct(i, episodes, batch, adv, learner)
-            metrics = rollout_metrics(episodes, batch, adv, keep)
-            metrics.update(critic_metrics)
+                sh = shares[0]  # (one policy: several are refused with rollout workers)
+                sh.batch, sh.adv, off_policy = correct(i, episodes, sh.batch, sh.adv,
+                                                       sh.policy.learner)
+            if cfg.policies:  # over all rows, and each policy's advantages on its own
+                metrics = rollout_metrics(episodes, batch, *_merge(batch, shares))
+                for sh in shares:
+                    metrics.update(sh.policy.metrics(
+                        advantage_metrics(sh.batch, sh.adv, sh.keep)))
+            else:
+                metrics = rollout_metrics(episodes, shares[0].batch, shares[0].adv,
+                                          shares[0].keep)
+            for sh in shares:
+                metrics.update(sh.policy.metrics(sh.critic_metrics))
             metrics.update(off_policy)
-            metrics.update(learner.update(batch, adv, keep))
+            for sh in shares:
+                metrics.update(sh.policy.metrics(sh.policy.learner.update(sh.batch, sh.adv,
+                                                                          sh.keep)))
             t2 = time.perf_counter()
             n_tok = sum(len(t.action_ids) for ep in episodes for t in ep.turns)
             metrics.update({"time/rollout": t1 - t0, "time/update": t2 - t1,
@@ -222,7 +259,7 @@ def _train(cfg: Config, model: nn.Module, rollout_fn: RolloutFn, eval_fn: EvalFn
             every = cfg.eval.every
             if eval_fn is not None and (step == total or (every and step % every == 0)):
                 t3 = time.perf_counter()
-                metrics.update({f"eval/{k}": v for k, v in eval_fn(step, learner).items()})
+                metrics.update({f"eval/{k}": v for k, v in eval_fn(step, learners).items()})
                 metrics["time/eval"] = time.perf_counter() - t3
             logger.log(step, metrics)
             done, boundary = step, objects
@@ -249,7 +286,44 @@ def _train(cfg: Config, model: nn.Module, rollout_fn: RolloutFn, eval_fn: EvalFn
     return run
 
 
-def resume(run_dir: str | Path, model: nn.Module, rollout_fn: RolloutFn,
+@dataclass
+class _Share:
+    """One policy's part of a step: its rows of the batch (None: all of them), annotated
+    by its learner, and its stage's advantages ``[n, T]`` and keep flags ``[n]``."""
+
+    policy: TrainedPolicy
+    rows: Tensor | None
+    batch: TurnBatch
+    adv: Tensor
+    keep: Tensor
+    critic_metrics: dict[str, float]
+
+
+def _share(p: TrainedPolicy, batch: TurnBatch) -> _Share:
+    """Steps 2-3 of the module docstring for policy ``p`` on its rows of ``batch``."""
+    rows = p.rows(batch)
+    mine = batch if rows is None else batch.select(rows)
+    if rows is not None and not mine.n_rows:  # e.g. bots had its seats: an empty update
+        return _Share(p, rows, mine, torch.zeros(mine.action_mask.shape, device=mine.device),
+                      torch.zeros(0, dtype=torch.bool, device=mine.device), {})
+    mine, critic_metrics = p.learner.annotate(mine, p.stage.needs)
+    adv, keep = p.stage(mine)
+    return _Share(p, rows, mine, adv, keep, critic_metrics)
+
+
+def _merge(batch: TurnBatch, shares: list[_Share]) -> tuple[Tensor, Tensor]:
+    """The policies' advantages ``[n, T]`` and keep flags ``[n]`` put back in ``batch``'s
+    row order."""
+    adv = torch.zeros(batch.action_mask.shape, dtype=torch.float32, device=batch.device)
+    keep = torch.zeros(batch.n_rows, dtype=torch.bool, device=batch.device)
+    for sh in shares:
+        rows = sh.rows.to(batch.device)
+        adv[rows] = sh.adv.to(batch.device, torch.float32)
+        keep[rows] = sh.keep.to(batch.device)
+    return adv, keep
+
+
+def resume(run_dir: str | Path, model: Models, rollout_fn: RolloutFn,
            eval_fn: EvalFn | None = None, stateful: Mapping[str, Any] | None = None, *,
            overrides: Sequence[str] = (), pad_id: int = 0) -> Path:
     """Continue the run in ``run_dir`` from its newest intact checkpoint (its saved config +

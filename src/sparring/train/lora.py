@@ -1,40 +1,82 @@
-"""LoRA through PEFT: wrapping a model, and the weights a checkpoint holds for it."""
+"""LoRA through PEFT: wrapping a model, and the weights a checkpoint holds for it.
+
+Several policies on one base (``lora.shared_base``): `shared_adapters` gives one PEFT model
+with an adapter per policy, named after it; the base stays frozen. Only one adapter is
+active at a time (`use_adapter`), so whatever runs a policy's forward activates its adapter
+first (`sparring.policy.hf.HFPolicy` and `sparring.train.learner.Learner` with ``adapter=``).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from torch import Tensor, nn
 
 from sparring.train.config import LoraConfig
 
 
-def apply_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
-    """Wrap ``model`` with PEFT LoRA adapters (adapters are injected in place)."""
+def _peft_config(cfg: LoraConfig):
     try:
         from peft import LoraConfig as PeftLoraConfig
-        from peft import get_peft_model
     except ImportError as e:  # pragma: no cover - peft is a declared extra
         raise ImportError("lora.enabled=true needs `peft`: pip install 'sparring[lora]'") from e
-    pc = PeftLoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
-                        target_modules=list(cfg.target_modules), bias="none")
-    return get_peft_model(model, pc)
+    return PeftLoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
+                          target_modules=list(cfg.target_modules), bias="none")
+
+
+def apply_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
+    """Wrap ``model`` with PEFT LoRA adapters (adapters are injected in place)."""
+    from peft import get_peft_model
+
+    return get_peft_model(model, _peft_config(cfg))
+
+
+def shared_adapters(model: nn.Module, configs: Mapping[str, LoraConfig]) -> nn.Module:
+    """One PEFT model over ``model`` with an adapter per entry of ``configs`` (named by its
+    key, in order; LoRA's A matrices drawn from torch's RNG in that order, B zero), the base
+    weights frozen; the first adapter is active."""
+    from peft import get_peft_model
+
+    names = list(configs)
+    peft_model = get_peft_model(model, _peft_config(configs[names[0]]), adapter_name=names[0])
+    for name in names[1:]:
+        peft_model.add_adapter(name, _peft_config(configs[name]))
+    peft_model.set_adapter(names[0])
+    return peft_model
+
+
+def use_adapter(model: nn.Module, adapter: str | None) -> None:
+    """Make ``adapter`` the active one of ``model`` (None: nothing to do). PEFT also turns
+    ``requires_grad`` on for its weights and off for the other adapters'."""
+    if adapter is not None and model.active_adapter != adapter:
+        model.set_adapter(adapter)
+
+
+def is_adapter_weight(param_name: str, adapter: str) -> bool:
+    """Whether ``param_name`` is a LoRA weight of ``adapter`` (``...lora_A.<adapter>.weight``)."""
+    parts = param_name.split(".")
+    return any(p.startswith("lora_") and nxt == adapter for p, nxt in zip(parts, parts[1:]))
 
 
 def is_peft(model: nn.Module) -> bool:
     return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
 
 
-def trainable_state(model: nn.Module) -> dict[str, Tensor]:
-    """The weights a checkpoint must hold: the adapter with LoRA, else the whole model."""
+def trainable_state(model: nn.Module, adapter: str | None = None) -> dict[str, Tensor]:
+    """The weights a checkpoint must hold: the adapter with LoRA (``adapter``: which one of
+    a shared base; its keys carry no adapter name), else the whole model."""
     if is_peft(model):
         from peft import get_peft_model_state_dict
-        return get_peft_model_state_dict(model)
+        return get_peft_model_state_dict(model, adapter_name=adapter or "default")
     return model.state_dict()
 
 
-def load_trainable_state(model: nn.Module, state: dict[str, Tensor]) -> None:
+def load_trainable_state(model: nn.Module, state: dict[str, Tensor],
+                         adapter: str | None = None) -> None:
+    """Load what `trainable_state` saved (into adapter ``adapter`` of a shared base)."""
     if is_peft(model):
         from peft import set_peft_model_state_dict
-        res = set_peft_model_state_dict(model, state)
+        res = set_peft_model_state_dict(model, state, adapter_name=adapter or "default")
         bad = [k for k in getattr(res, "unexpected_keys", []) if "lora" in k]
         if bad:
             raise KeyError(f"adapter weights do not match the model: {bad[:5]}")

@@ -71,6 +71,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 raise ConfigError(f"{key}: cannot parse the mapping {value!r} ({e})") from None
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        if len(args) == 2 and is_dataclass(args[1]):  # named sections, e.g. policies
+            return {str(k): _coerce({} if v is None else v, args[1], f"{key}.{k}")
+                    for k, v in value.items()}
         return dict(value)
     if tp is Any:
         return value
@@ -159,6 +162,7 @@ def apply_override(cfg: Any, item: str) -> None:
     if any(not p for p in parts):
         raise ConfigError(f"bad override {item!r}: empty key component in {path!r}")
     obj, done = cfg, []
+    value_type: Any = None  # a dict field's value type (dict[str, Section]: a new key is a Section)
     for i, part in enumerate(parts):
         key = ".".join(done + [part])
         last = i == len(parts) - 1
@@ -174,6 +178,8 @@ def apply_override(cfg: Any, item: str) -> None:
                 _check_bounds(value, meta, key)
                 setattr(obj, part, value)
                 return
+            args = typing.get_args(hints[part])
+            value_type = args[1] if typing.get_origin(hints[part]) is dict else None
             obj = getattr(obj, part)
         elif isinstance(obj, list):
             if not part.isdigit() or int(part) >= len(obj):
@@ -182,10 +188,17 @@ def apply_override(cfg: Any, item: str) -> None:
                 raise ConfigError(f"{key}: replace a whole list item with its fields, e.g. {key}.name=...")
             obj = obj[int(part)]
         elif isinstance(obj, dict):
-            if last:
+            if is_dataclass(value_type):
+                if last:
+                    obj[part] = _coerce(_parse_scalar(raw, Any) or {}, value_type, key)
+                    return
+                obj = obj.setdefault(part, value_type())
+                value_type = None
+            elif last:
                 obj[part] = _parse_scalar(raw, Any)
                 return
-            obj = obj.setdefault(part, {})
+            else:
+                obj = obj.setdefault(part, {})
         else:
             raise ConfigError(f"{key}: {'.'.join(done)} is a value, not a section")
         done.append(part)

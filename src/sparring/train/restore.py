@@ -2,7 +2,10 @@
 
 ``RUN_DIR`` takes its latest checkpoint; ``RUN_DIR/checkpoints/step-N`` that one. The model
 is rebuilt from the run's ``config.yaml`` and its weights (or LoRA adapter) are loaded from
-safetensors; nothing is unpickled. A run folder is data, not code (`read_run_config`):
+safetensors; nothing is unpickled. A run with several ``policies`` holds one per policy:
+``load_policy(..., policy=NAME)`` rebuilds that one (its own ``model`` and ``lora``; an
+adapter of a shared base comes back as a single-adapter model over a fresh base),
+`load_policies` all of them. A run folder is data, not code (`read_run_config`):
 its config's ``model.trust_remote_code`` is ignored (with a warning) and its ``plugins``
 are not imported unless the caller passes ``trust_remote_code=True`` (the command line's
 ``--trust-remote-code``), so a folder with an ``auto_map`` and a Python file, or a plugin
@@ -18,7 +21,7 @@ from pathlib import Path
 
 from sparring.policy.hf import HFPolicy
 from sparring.train.checkpoint import latest_intact_checkpoint, load_weights
-from sparring.train.config import Config, ConfigError, from_dict, read_yaml
+from sparring.train.config import Config, ConfigError, from_dict, policy_config, read_yaml
 from sparring.train.lora import apply_lora, load_trainable_state
 from sparring.train.setup import load_model
 
@@ -66,20 +69,53 @@ def read_run_config(path: str | Path, overrides: Sequence[str] = (), *,
     return cfg
 
 
-def load_policy(path: str | Path, device: str | None = None, *,
-                trust_remote_code: bool = False) -> tuple[HFPolicy, Config, Path]:
-    """The policy saved at ``path`` (a run folder or checkpoint), its config and checkpoint.
+def check_policy_name(cfg: Config, policy: str | None) -> None:
+    """``policy`` names one of a multi-policy run's ``policies``, and is None for a run
+    with one policy (`ValueError` naming ``--policy`` otherwise)."""
+    names = list(cfg.policies)
+    if policy is None and names:
+        raise ValueError(f"--policy: this run trains several policies ({', '.join(names)}); "
+                         "name one")
+    if policy is not None and policy not in names:
+        why = (f"it trains {', '.join(names)}" if names else
+               "it trains one policy (no `policies` in its config): leave --policy out")
+        raise ValueError(f"--policy: the run has no policy {policy!r}; {why}")
+
+
+def load_policy(path: str | Path, device: str | None = None, *, trust_remote_code: bool = False,
+                policy: str | None = None) -> tuple[HFPolicy, Config, Path]:
+    """The policy saved at ``path`` (a run folder or checkpoint), its config and checkpoint;
+    ``policy``: which one of a run with several (required there, see `check_policy_name`).
     The model's own code runs only with ``trust_remote_code`` (see the module docstring)."""
-    p = Path(path)
-    folder = p.parent.parent if (p / "state.json").exists() else p
-    cfg = read_run_config(folder / "config.yaml", trust_remote_code=trust_remote_code)
+    cfg = read_run_config(_config_file(path), trust_remote_code=trust_remote_code)
+    check_policy_name(cfg, policy)
     run, ckpt = find_checkpoint(path)
-    model, tok = load_model(cfg)
-    if cfg.lora.enabled:
-        model = apply_lora(model, cfg.lora)
-        load_trainable_state(model, load_weights(ckpt, "adapter"))
+    pcfg = cfg if policy is None else policy_config(cfg, policy)
+    suffix = "" if policy is None else f".{policy}"
+    model, tok = load_model(pcfg)
+    if pcfg.lora.enabled:
+        model = apply_lora(model, pcfg.lora)
+        load_trainable_state(model, load_weights(ckpt, f"adapter{suffix}"))
     else:
-        load_trainable_state(model, load_weights(ckpt, "model"))
-    policy = HFPolicy(model, tok, device=device or cfg.model.device, seed=cfg.train.seed,
-                      name=f"{run.name}@{ckpt.name}")
-    return policy, cfg, ckpt
+        load_trainable_state(model, load_weights(ckpt, f"model{suffix}"))
+    loaded = HFPolicy(model, tok, device=device or pcfg.model.device, seed=cfg.train.seed,
+                      name=f"{run.name}{'/' + policy if policy else ''}@{ckpt.name}")
+    return loaded, cfg, ckpt
+
+
+def load_policies(path: str | Path, device: str | None = None, *,
+                  trust_remote_code: bool = False
+                  ) -> tuple[dict[str, HFPolicy], Config, Path]:
+    """Every policy of a run with several (``{name: policy}``, all from one checkpoint),
+    its config and that checkpoint; ``{'': policy}`` for a run with one."""
+    cfg = read_run_config(_config_file(path), trust_remote_code=trust_remote_code)
+    _, ckpt = find_checkpoint(path)
+    out = {n or "": load_policy(ckpt, device, trust_remote_code=trust_remote_code, policy=n)[0]
+           for n in list(cfg.policies) or [None]}
+    return out, cfg, ckpt
+
+
+def _config_file(path: str | Path) -> Path:
+    """The ``config.yaml`` of a run folder or of a checkpoint's run."""
+    p = Path(path)
+    return (p.parent.parent if (p / "state.json").exists() else p) / "config.yaml"

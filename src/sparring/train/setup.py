@@ -8,6 +8,12 @@ before every step (`sparring.rollout.synced.EngineRollouts`). With
 ``distributed.rollout_workers`` the rollouts run on Ray actors
 (`sparring.distributed.RayRollouts`; each builds its own parts with this function). ``sparring train`` passes the parts to
 `sparring.train.loop.train`.
+
+Several policies (``policies``): a model per policy (`load_model` of its own ``model``
+section: the same initial weights unless it changes them), or with ``lora.shared_base`` one
+base model with an adapter per policy (attached here, seeded with ``train.seed``, so the
+rollouts' policies sample from their own adapters); ``RunParts.policies`` holds an
+`HFPolicy` per name and ``RunParts.model`` ``{name: model}`` for the training loop.
 """
 
 from __future__ import annotations
@@ -29,13 +35,14 @@ class RunParts:
     """What a run is made of. ``stateful``: objects with ``state_dict``/``load_state_dict``
     saved in every checkpoint (the rollouts' opponent pool)."""
 
-    model: Any
+    model: Any  # with several policies: {name: model} (train's `model`)
     tokenizer: Any
-    policy: HFPolicy
+    policy: HFPolicy  # with several policies: the first one's
     rollout_fn: Rollouts  # an EngineRollouts over them with model.backend=vllm
     eval_fn: EvalFn
     stateful: dict[str, Any] = field(default_factory=dict)
     pad_id: int = 0
+    policies: dict[str, HFPolicy] = field(default_factory=dict)  # {} with one policy
 
 
 def load_model(cfg: Config) -> tuple[Any, Any]:
@@ -70,6 +77,8 @@ def build(cfg: Config, run_dir: str | Path | None = None) -> RunParts:
     hf_logging.disable_progress_bar()  # pool snapshots save/load every few steps
     if not cfg.envs:
         raise ValueError("config has no envs: add at least one, e.g. envs: [{name: tictactoe}]")
+    if cfg.policies:
+        return _build_several(cfg, Path(run_dir or "runs/unnamed"))
     model, tok = load_model(cfg)
     policy = HFPolicy(model, tok, device=cfg.model.device, seed=cfg.train.seed, name="learner")
     rollouts = Rollouts(cfg, policy, Path(run_dir or "runs/unnamed"))
@@ -89,3 +98,31 @@ def build(cfg: Config, run_dir: str | Path | None = None) -> RunParts:
     return RunParts(model=policy.model, tokenizer=tok, policy=policy, rollout_fn=rollout_fn,
                     eval_fn=make_eval_fn(cfg, rollouts.arena, policy),
                     stateful={"rollouts": rollouts}, pad_id=policy.pad_id)
+
+
+def _build_several(cfg: Config, run_dir: Path) -> RunParts:
+    """`build` with several policies (module docstring)."""
+    from sparring.train.config import policy_config
+    from sparring.train.policies import policy_models
+
+    names = list(cfg.policies)
+    if cfg.lora.shared_base:
+        base, tok = load_model(cfg)
+        toks = dict.fromkeys(names, tok)
+        with torch.random.fork_rng(devices=[]):  # the adapters' initial weights
+            torch.manual_seed(cfg.train.seed)
+            models = policy_models(cfg, base)
+    else:
+        loaded = {n: load_model(policy_config(cfg, n)) for n in names}
+        toks = {n: t for n, (_, t) in loaded.items()}
+        models = {n: m for n, (m, _) in loaded.items()}
+    adapter = cfg.lora.shared_base
+    policies = {n: HFPolicy(models[n], toks[n], device=policy_config(cfg, n).model.device,
+                            seed=cfg.train.seed, name=n, adapter=n if adapter else None)
+                for n in names}
+    rollouts = Rollouts(cfg, policies, run_dir)
+    first = policies[names[0]]
+    return RunParts(model={n: p.model for n, p in policies.items()}, tokenizer=first.tokenizer,
+                    policy=first, rollout_fn=rollouts,
+                    eval_fn=make_eval_fn(cfg, rollouts.arena, policies),
+                    stateful={"rollouts": rollouts}, pad_id=first.pad_id, policies=policies)

@@ -1,0 +1,149 @@
+"""The trained policies of a run: one, or several (``policies`` in the config).
+
+`trained_policies(cfg, model)` gives one `TrainedPolicy` per policy: its model (LoRA
+attached by `policy_models`), its `Learner` (optimizer, schedule, KL reference or magnet,
+critic; from `policy_config(cfg, name)`, so a policy's own ``optim``, ``lora``, ``kl``
+count) and its `AdvantageStage` (estimator state), and the names its state takes:
+
+    ==================  ===========================  =========================
+    what                one policy (no ``policies``)  policy P of several
+    ==================  ===========================  =========================
+    checkpoint objects  learner, stage                learner.P, stage.P
+    checkpoint weights  model / adapter               model.P / adapter.P
+    KL reference file   reference.safetensors         reference.P.safetensors
+    metrics             the learner's own names       policy/P/<name>
+    ==================  ===========================  =========================
+
+so a run without ``policies`` reads and writes exactly what it did before they existed.
+`TrainedPolicy.rows` picks a policy's rows of a batch (``TurnBatch.policy``); the training
+loop runs each policy's learner and stage on its own rows only, so every statistic an
+estimator computes (group, agent, batch) is a statistic of one policy's rows.
+
+With ``lora.shared_base`` every policy is an adapter of one PEFT model (`shared_adapters`):
+the mapping `policy_models` returns holds that one model under every name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor, nn
+
+from sparring.advantages.stage import AdvantageStage
+from sparring.data import TurnBatch
+from sparring.train.config import Config, policy_config
+from sparring.train.learner import Learner
+from sparring.train.lora import (
+    apply_lora,
+    is_peft,
+    load_trainable_state,
+    shared_adapters,
+    trainable_state,
+)
+
+Models = nn.Module | Mapping[str, nn.Module]
+
+
+def policy_models(cfg: Config, model: Models) -> dict[str, nn.Module]:
+    """``{policy name: its model}`` with LoRA attached where the policy's ``lora`` asks
+    (in place; a model that is already a PEFT model is kept). Without ``policies``:
+    ``{'': model}``. With ``lora.shared_base``: ``model`` (or a mapping holding that one
+    model under every name) gets an adapter per policy, in ``policies`` order. Otherwise
+    ``model`` is a mapping with a model per policy."""
+    if not cfg.policies:
+        if isinstance(model, Mapping):
+            raise TypeError("a run without `policies` trains one model; got a mapping")
+        return {"": apply_lora(model, cfg.lora) if cfg.lora.enabled and not is_peft(model)
+                else model}
+    names = list(cfg.policies)
+    if cfg.lora.shared_base:
+        bases = {id(m): m for m in model.values()} if isinstance(model, Mapping) else {0: model}
+        if len(bases) != 1:
+            raise TypeError("lora.shared_base: pass the one base model (or the same model "
+                            "under every policy name)")
+        base = next(iter(bases.values()))
+        if not is_peft(base):
+            base = shared_adapters(base, {n: policy_config(cfg, n).lora for n in names})
+        return {n: base for n in names}
+    if not isinstance(model, Mapping) or set(model) != set(names):
+        got = sorted(model) if isinstance(model, Mapping) else type(model).__name__
+        raise TypeError(f"several policies ({', '.join(names)}): pass {{name: model}} with a "
+                        f"model of its own for each (got {got})")
+    out = {}
+    for n in names:
+        lora = policy_config(cfg, n).lora
+        m = model[n]
+        out[n] = apply_lora(m, lora) if lora.enabled and not is_peft(m) else m
+    return out
+
+
+@dataclass
+class TrainedPolicy:
+    """One policy the run trains, and the names of its state (module docstring)."""
+
+    name: str  # '' for the one policy of a run without `policies`
+    model: nn.Module
+    learner: Learner
+    stage: AdvantageStage
+
+    def key(self, base: str) -> str:
+        """``base`` for the one policy of a run, ``base.NAME`` for policy NAME."""
+        return f"{base}.{self.name}" if self.name else base
+
+    @property
+    def weights_name(self) -> str:
+        return self.key("adapter" if is_peft(self.model) else "model")
+
+    @property
+    def reference_file(self) -> str:
+        return f"{self.key('reference')}.safetensors"
+
+    def metrics(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """``values`` under this policy's namespace (``policy/NAME/``; none for the one
+        policy of a run)."""
+        return {f"policy/{self.name}/{k}" if self.name else k: v for k, v in values.items()}
+
+    def weights(self) -> dict[str, Tensor]:
+        return trainable_state(self.model, self.learner.adapter)
+
+    def load_weights(self, state: dict[str, Tensor]) -> None:
+        load_trainable_state(self.model, state, self.learner.adapter)
+
+    def rows(self, batch: TurnBatch) -> Tensor | None:
+        """Indices of this policy's rows of ``batch``; None (every row) for the one policy
+        of a run."""
+        if not self.name:
+            return None
+        return (batch.policy == policy_index(batch, self.name)).nonzero().squeeze(1)
+
+
+def policy_index(batch: TurnBatch, name: str) -> int:
+    """The index of ``name`` in ``batch.policy_names`` (-1 when no row is its)."""
+    return batch.policy_names.index(name) if name in batch.policy_names else -1
+
+
+def trained_policies(cfg: Config, model: Models) -> list[TrainedPolicy]:
+    """The run's policies in ``policies`` order (one, named '', without them); see the
+    module docstring."""
+    models = policy_models(cfg, model)
+    adapters = bool(cfg.policies) and cfg.lora.shared_base
+    out = []
+    for name, m in models.items():
+        pcfg = policy_config(cfg, name) if name else cfg
+        stage = AdvantageStage.from_config(pcfg)
+        learner = Learner(m, pcfg, needs=stage.needs, adapter=name if adapters else None)
+        out.append(TrainedPolicy(name, m, learner, stage))
+    return out
+
+
+def check_rows(batch: TurnBatch, policies: list[TrainedPolicy]) -> None:
+    """With several policies, every row of ``batch`` must be one policy's (`ValueError`)."""
+    if len(policies) == 1 and not policies[0].name:
+        return
+    stray = [n for n in batch.policy_names if n not in {p.name for p in policies}]
+    if stray:
+        raise ValueError(f"rows played by {stray}, which are not policies of this run "
+                         f"({', '.join(p.name for p in policies)}): a rollout with several "
+                         "policies names each seat's player after its policy")
