@@ -8,7 +8,7 @@ import torch
 
 from sparring.envs import make
 from sparring.eval.exploitability import exploitability
-from sparring.eval.games import action_probabilities, policy_exploitability
+from sparring.eval.games import action_probabilities, evaluate_together, policy_exploitability
 from sparring.eval.periodic import env_options
 from sparring.policy.sampling import SamplingParams
 from sparring.train.config import ConfigError, load_config
@@ -68,6 +68,21 @@ def test_eval_scores_exploitability_where_the_env_declares_a_tree(tmp_path):
     assert "leduc/exploitability_average" not in out  # no learner, no magnet
     tic = build(_cfg(["eval.games=2"]), tmp_path / "t").eval_fn(0, None)
     assert not any("exploitability" in k for k in tic)
+
+
+def test_eval_self_play_lets_the_policy_play_every_seat(tmp_path):
+    cfg = _cfg(["eval.games=6", "eval.self_play=true"])
+    parts = build(cfg, tmp_path)
+    out = parts.eval_fn(0, None)
+    sampling = SamplingParams(greedy=True, max_new_tokens=cfg.rollout.max_new_tokens)
+    direct = evaluate_together(parts.rollout_fn.arena, [parts.policy, parts.policy], sampling,
+                               "tictactoe", {}, 6, seed=cfg.train.seed + 1_000_000)
+    assert {k: out[f"tictactoe/joint/{k}"] for k in direct} == direct
+    # zero-sum: what one seat wins the other loses (no forfeits with constrained moves)
+    assert out["tictactoe/joint/mean_return_seat0"] == -out["tictactoe/joint/mean_return_seat1"]
+    assert "tictactoe/random/win" in out
+    off = build(_cfg(["eval.games=6"]), tmp_path / "off").eval_fn(0, None)
+    assert not any("/joint/" in k for k in off)
 
 
 def test_env_options_find_a_spec_by_name_or_alias():

@@ -105,6 +105,26 @@ def test_gradient_matches_hand_loss_for_every_microbatch_size(mode):
         assert out["kl"] > 0
 
 
+def test_cosine_entropy_schedule_weights_the_bonus_of_each_update():
+    # c(s) = 0.01 (0.2 + 0.8 (1 + cos(pi s / 4)) / 2), by hand for s = 0..3
+    expected = [0.01, 0.0088284, 0.006, 0.0031716]
+    cfg = make_cfg(algorithm__entropy_coef=0.01, algorithm__entropy_schedule="cosine",
+                   algorithm__entropy_final_ratio=0.2, train__steps=4)
+    batch, adv = ragged_batch()
+    learner = Learner(th.tiny_qwen(1), cfg)
+    got = [learner.update(batch, adv)["entropy_coef"] for _ in range(4)]
+    assert got == pytest.approx(expected, abs=1e-7)
+    # the loss uses it: after two updates (a resumed schedule), the gradient is the
+    # hand-written loss's with entropy weight c(2)
+    model0 = th.tiny_qwen(1)
+    learner = Learner(copy.deepcopy(model0), cfg)
+    learner.schedule.load_state_dict({"step_count": 2})
+    learner.update(batch, adv)
+    want = reference_grads(model0, model0, batch, adv, "token-mean", 0.0, 0.006)
+    for g, e in zip(first_step_grads(learner), want):
+        torch.testing.assert_close(g, e, atol=2e-6, rtol=1e-4)
+
+
 def test_minibatches_and_epochs_count_optimizer_steps_and_change_all_weights():
     batch, adv = ragged_batch(n=8)
     model = th.tiny_qwen(2)

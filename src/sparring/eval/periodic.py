@@ -10,6 +10,8 @@ With ``eval.exploitability``, a game that declares its tree (`sparring.envs.has_
 also gets ``<game>/exploitability`` of the current policy and, when the run regularises
 towards a magnet (``algorithm.kl.reference=magnet``), ``<game>/exploitability_average`` of
 the magnet: the learner's EMA of the policy's weights, i.e. an average of recent policies.
+With ``eval.self_play`` the policy also plays every seat of each game itself, ``eval.games``
+games, keys ``<game>/joint/<metric>`` as below.
 
 Several policies (``policy`` a ``{name: policy}`` mapping, ``learner`` a ``{name: Learner}``
 mapping; the seats of a game are those of its first env spec): each policy plays the bots
@@ -89,6 +91,11 @@ def make_eval_fn(cfg: Config, arena: Arena, policy: HFPolicy | Mapping[str, HFPo
         for name in games:
             options = env_options(cfg, name)
             out.update(vs_bots(policy, name, options, step))
+            if e.self_play:
+                res = evaluate_together(arena, [policy] * make(name, **options).num_seats,
+                                        sampling, name, options, e.games,
+                                        seed=cfg.train.seed + 1_000_000)
+                out.update({f"{name}/joint/{k}": v for k, v in res.items()})
             if e.exploitability and has_game_tree(name):
                 out[f"{name}/exploitability"] = policy_exploitability(arena, policy, name, options)
                 magnet = magnet_policy(cfg, policy, learner)

@@ -149,6 +149,11 @@ class AlgorithmConfig:
         None, "constant C of seq-mean-token-sum-norm (null: the batch's padded length)", gt=0)
     kl: KLConfig = opt(KLConfig(), "KL regularisation towards a reference policy")
     entropy_coef: float = opt(0.0, "entropy bonus weight (subtracted from the loss)", ge=0)
+    entropy_schedule: Literal["constant", "cosine"] = opt(
+        "constant", "'constant'; 'cosine': the bonus decays from entropy_coef to "
+        "entropy_final_ratio * entropy_coef over train.steps (explore early, settle late)")
+    entropy_final_ratio: float = opt(0.0, "final entropy bonus of the cosine schedule as a "
+                                     "fraction of entropy_coef", ge=0, le=1)
     value: Literal["auto", "on", "off"] = opt(
         "auto", "train a value function: 'auto' when the estimator needs values (for "
         "archer_targets: ArCHer's utterance critic)")
@@ -231,6 +236,9 @@ class EvalConfig:
     greedy: bool = opt(True, "evaluate the greedy (argmax) policy rather than sampling")
     exploitability: bool = opt(True, "exact exploitability in games that declare their tree "
                                "(Kuhn and Leduc poker)")
+    self_play: bool = opt(False, "also let the policy play every seat of each game itself "
+                          "(keys <game>/joint/...: mean score per seat, e.g. the success "
+                          "rate of a cooperative game); always on with several `policies`")
 
 
 @dataclass

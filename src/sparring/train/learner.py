@@ -48,7 +48,7 @@ from sparring.policy.prefix import (
 )
 from sparring.train.config import Config
 from sparring.train.lora import is_adapter_weight, is_peft, use_adapter
-from sparring.train.schedule import LRSchedule
+from sparring.train.schedule import LRSchedule, lr_at
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +119,14 @@ class Learner:
         self.total_skips = 0
 
     # ------------------------------------------------------------ set-up helpers
+
+    def entropy_coef(self) -> float:
+        """The entropy bonus of this update: ``algorithm.entropy_coef`` on the
+        ``entropy_schedule`` (`sparring.train.schedule.lr_at`'s cosine with
+        m = ``entropy_final_ratio``, no warm-up), counted in the lr schedule's updates."""
+        a = self.cfg.algorithm
+        return lr_at(self.schedule.step_count, lr=a.entropy_coef, schedule=a.entropy_schedule,
+                     total_steps=self.cfg.train.steps, min_lr_ratio=a.entropy_final_ratio)
 
     def _wants_values(self) -> bool:
         mode = self.cfg.algorithm.value
@@ -285,7 +293,7 @@ class Learner:
             if a.kl.coef > 0:
                 total = total + a.kl.coef * agg(kl_tok)
         if a.entropy_coef > 0:
-            total = total - a.entropy_coef * agg(ent)
+            total = total - self.entropy_coef() * agg(ent)
         if values is not None:
             if a.value_target == "returns":
                 target = batch.returns[rows, None].to(values.dtype).expand_as(values)
@@ -453,6 +461,8 @@ class Learner:
                 grad_norms.append(gn)
                 steps += 1
         out = {"lr": self.schedule.current()}
+        if self.cfg.algorithm.entropy_coef > 0:
+            out["entropy_coef"] = self.entropy_coef()
         self.schedule.step()
         ntok = max(stats.pop("_ntok", 0.0), 1.0)
         n_loss = max(steps + skips, 1)
