@@ -94,6 +94,35 @@ def test_command_line_overrides_add_and_change_policies():
     assert policy_config(cfg, "a").algorithm.kl.coef == 0.1
 
 
+def test_a_policy_may_have_its_own_algorithm_with_its_kl_keys_on_top():
+    cfg = _cfg(policies={"speaker": {"algorithm": {"entropy_coef": 0.05, "estimator": "rloo",
+                                                   "kl": {"coef": 0.3}}},
+                         "listener": {"algorithm": {"kl": {"coef": 0.3}}, "kl": {"coef": 0.1}}},
+               algorithm={"estimator": "grpo", "kl": {"estimator": "k2"}})
+    s, li = policy_config(cfg, "speaker"), policy_config(cfg, "listener")
+    assert (s.algorithm.estimator, s.algorithm.entropy_coef) == ("rloo", 0.05)
+    assert (li.algorithm.estimator, li.algorithm.entropy_coef) == ("grpo", 0.0)
+    assert (s.algorithm.kl.coef, s.algorithm.kl.estimator) == (0.3, "k2")
+    assert li.algorithm.kl.coef == 0.1  # `kl` over `algorithm.kl`
+
+
+def test_policies_whose_estimators_need_different_layouts_are_refused(monkeypatch):
+    from dataclasses import replace
+
+    from sparring.advantages import ESTIMATORS
+
+    monkeypatch.setitem(ESTIMATORS._entries, "whole_episode_only",
+                        replace(ESTIMATORS.get("grpo"), name="whole_episode_only",
+                                layout="trajectory"))
+    data = _data(policies={"listener": {"algorithm": {"estimator": "whole_episode_only"}}},
+                 algorithm={"estimator": "turn_rtg"})
+    with pytest.raises(ConfigError, match=r"policies: the estimators need different row "
+                       r"layouts \(speaker: turn, listener: trajectory\)"):
+        from_dict(data)
+    data["algorithm"]["estimator"] = "grpo"  # any + trajectory: one layout
+    from_dict(data)
+
+
 BAD = [
     ({"envs": [{"name": "signalling", "seats": ["speaker", "listner"]}]},
      r"envs\.0\.seats\.1: unknown policy 'listner'; did you mean 'listener'"),
@@ -113,6 +142,13 @@ BAD = [
     ({"policies": {"speaker": {"model": {"options": {"hiden_size": 8}}}}},
      r"policies\.speaker\.model\.options: the tiny model has no option 'hiden_size'"),
     ({"policies": {"spe/aker": {}}}, r"policies\.spe/aker: a policy name is letters"),
+    ({"policies": {"speaker": {"algorithm": {"estimator": "grpoo"}}, "listener": {}}},
+     r"policies\.speaker\.algorithm\.estimator: unknown estimator 'grpoo'"),
+    ({"policies": {"speaker": {"algorithm": {"estimator_options": {"bogus": 1}}},
+                   "listener": {}}},
+     r"policies\.speaker\.algorithm\.estimator_options: .*bogus"),
+    ({"policies": {"speaker": {"algorithm": {"entropy_coeff": 1}}, "listener": {}}},
+     r"unknown key 'policies\.speaker\.algorithm\.entropy_coeff'; did you mean 'entropy_coef'"),
     ({"lora": {"shared_base": True}}, r"lora\.shared_base: .* set lora\.enabled=true"),
     ({"lora": {"enabled": True, "shared_base": True},
       "policies": {"speaker": {"model": {"options": {"seed": 1}}}}},
@@ -209,7 +245,8 @@ def test_against_a_bot_the_rotating_seat_is_played_by_that_seats_policy(tmp_path
 
 
 def test_an_update_of_one_policy_leaves_the_other_bit_identical(tmp_path):
-    cfg = _cfg(train={"steps": 1}, checkpoint={"every": 0})
+    cfg = _cfg(train={"steps": 1}, checkpoint={"every": 0},
+               policies={"speaker": {"algorithm": {"entropy_coef": 0.05}}})
     parts = build(cfg, tmp_path / "parts")
 
     def speaker_rows_only(step):  # the listener's turns made no rows (as a bot's would)
@@ -231,6 +268,8 @@ def test_an_update_of_one_policy_leaves_the_other_bit_identical(tmp_path):
     assert row["policy/speaker/optimizer_steps"] == 1  # one epoch, the whole batch
     assert row["policy/listener/optimizer_steps"] == 0
     assert row["policy/listener/lr"] == 3e-3 and row["policy/speaker/lr"] == 1e-2
+    # the speaker's own algorithm section: its learner weights an entropy bonus
+    assert row["policy/speaker/entropy_coef"] == 0.05 and "policy/listener/entropy_coef" not in row
     assert "loss" not in row and "policy/speaker/loss" in row  # learner metrics per policy
     assert "return/seat1" in row and "reward" in row  # rollout metrics stay global
 

@@ -224,7 +224,12 @@ class PolicySpec:
                                 "(e.g. {options: {seed: 1}}); {}: the top-level model")
     optim: dict[str, Any] = opt({}, "keys of `optim` that differ (e.g. {lr: 3e-4})")
     lora: dict[str, Any] = opt({}, "keys of `lora` that differ (e.g. {r: 4})")
-    kl: dict[str, Any] = opt({}, "keys of `algorithm.kl` that differ (e.g. {coef: 0.05})")
+    algorithm: dict[str, Any] = opt(
+        {}, "keys of `algorithm` that differ: estimator and its options, objective, "
+        "entropy bonus, critic, ... (e.g. {entropy_coef: 0.05}); the estimator's row layout "
+        "(turn or trajectory) must be the same for every policy")
+    kl: dict[str, Any] = opt({}, "keys of `algorithm.kl` that differ (e.g. {coef: 0.05}); "
+                             "over those of `algorithm`")
 
 
 @dataclass
@@ -372,30 +377,10 @@ def _options_check(kind: str, name: str, options: dict[str, Any], key: str) -> N
 
 def validate(cfg: Config) -> Config:
     """Cross-field checks, registry names and their options; returns ``cfg``."""
-    a = cfg.algorithm
-    _registry_check("estimator", a.estimator, "algorithm.estimator")
-    _registry_check("objective", a.objective, "algorithm.objective")
-    _options_check("estimator", a.estimator, a.estimator_options, "algorithm.estimator_options")
-    _options_check("objective", a.objective, a.objective_options, "algorithm.objective_options")
-    _registry_check("aggregation", a.aggregation, "algorithm.aggregation")
-    for i, spec in enumerate(a.shaping):
-        if set(spec) - {"name", "options"} or "name" not in spec:
-            raise ConfigError(f"algorithm.shaping.{i}: expected {{name: ..., options: {{...}}}}, "
-                              f"got {spec!r}")
-        _registry_check("shaper", spec["name"], f"algorithm.shaping.{i}.name")
-        _options_check("shaper", spec["name"], spec.get("options") or {},
-                       f"algorithm.shaping.{i}.options")
     for i, env in enumerate(cfg.envs):
         _registry_check("env", env.name, f"envs.{i}.name")
         _env_options_check(i, env)
-        _options_check("estimator", a.estimator, env.estimator_options,
-                       f"envs.{i}.estimator_options")
-    from sparring.advantages import ESTIMATORS
-    critic_needs = {"values", "utterance_critic"} & set(ESTIMATORS.get(a.estimator).needs)
-    if critic_needs and a.value == "off":
-        raise ConfigError(f"algorithm.value: estimator {a.estimator!r} needs "
-                          f"{' and '.join(sorted(critic_needs))} from a critic the learner "
-                          "trains; set algorithm.value to auto or on")
+    _algorithm_check(cfg.algorithm, cfg.envs, "algorithm")
     _betas_check(cfg.optim.betas, "optim.betas")
     if cfg.train.microbatch_size and cfg.train.minibatch_size \
             and cfg.train.microbatch_size > cfg.train.minibatch_size:
@@ -406,6 +391,33 @@ def validate(cfg: Config) -> Config:
     _distributed_check(cfg.distributed)
     _policies_check(cfg)
     return cfg
+
+
+def _algorithm_check(a: AlgorithmConfig, envs: list[EnvSpec], key: str) -> None:
+    """Registry names and keyword options of ``a`` (``algorithm``, or a policy's own at
+    ``key``), the estimator's options of every env spec, a critic where the estimator
+    needs one."""
+    _registry_check("estimator", a.estimator, f"{key}.estimator")
+    _registry_check("objective", a.objective, f"{key}.objective")
+    _options_check("estimator", a.estimator, a.estimator_options, f"{key}.estimator_options")
+    _options_check("objective", a.objective, a.objective_options, f"{key}.objective_options")
+    _registry_check("aggregation", a.aggregation, f"{key}.aggregation")
+    for i, spec in enumerate(a.shaping):
+        if set(spec) - {"name", "options"} or "name" not in spec:
+            raise ConfigError(f"{key}.shaping.{i}: expected {{name: ..., options: {{...}}}}, "
+                              f"got {spec!r}")
+        _registry_check("shaper", spec["name"], f"{key}.shaping.{i}.name")
+        _options_check("shaper", spec["name"], spec.get("options") or {},
+                       f"{key}.shaping.{i}.options")
+    for i, env in enumerate(envs):
+        _options_check("estimator", a.estimator, env.estimator_options,
+                       f"envs.{i}.estimator_options")
+    from sparring.advantages import ESTIMATORS
+    critic_needs = {"values", "utterance_critic"} & set(ESTIMATORS.get(a.estimator).needs)
+    if critic_needs and a.value == "off":
+        raise ConfigError(f"{key}.value: estimator {a.estimator!r} needs "
+                          f"{' and '.join(sorted(critic_needs))} from a critic the learner "
+                          "trains; set it to auto or on")
 
 
 def _betas_check(betas: list[float], key: str) -> None:
@@ -423,9 +435,10 @@ def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 def policy_config(cfg: Config, name: str) -> Config:
-    """``cfg`` as policy ``name`` of ``policies`` sees it: ``model``, ``optim``, ``lora`` and
-    ``algorithm.kl`` with the policy's keys over the top-level ones (mappings such as
-    ``model.options`` merged key by key). A copy; errors name ``policies.NAME.<section>``."""
+    """``cfg`` as policy ``name`` of ``policies`` sees it: ``model``, ``optim``, ``lora``,
+    ``algorithm`` and then ``algorithm.kl`` with the policy's keys over the top-level ones
+    (mappings such as ``model.options`` merged key by key). A copy; errors name
+    ``policies.NAME.<section>``."""
     import copy
 
     if name not in cfg.policies:
@@ -436,7 +449,9 @@ def policy_config(cfg: Config, name: str) -> Config:
     out.model = build(ModelConfig, _merged(asdict(cfg.model), spec.model), f"{key}.model")
     out.optim = build(OptimConfig, _merged(asdict(cfg.optim), spec.optim), f"{key}.optim")
     out.lora = build(LoraConfig, _merged(asdict(cfg.lora), spec.lora), f"{key}.lora")
-    out.algorithm.kl = build(KLConfig, _merged(asdict(cfg.algorithm.kl), spec.kl), f"{key}.kl")
+    out.algorithm = build(AlgorithmConfig, _merged(asdict(cfg.algorithm), spec.algorithm),
+                          f"{key}.algorithm")
+    out.algorithm.kl = build(KLConfig, _merged(asdict(out.algorithm.kl), spec.kl), f"{key}.kl")
     return out
 
 
@@ -467,6 +482,8 @@ def _policies_check(cfg: Config) -> None:
                               "starting with a letter (it names checkpoint files and metrics)")
         pc = policy_config(cfg, n)
         _model_check(pc.model, f"policies.{n}.model")
+        if cfg.policies[n].algorithm:
+            _algorithm_check(pc.algorithm, cfg.envs, f"policies.{n}.algorithm")
         _betas_check(pc.optim.betas, f"policies.{n}.optim.betas")
         if cfg.lora.shared_base and cfg.policies[n].model:
             raise ConfigError(f"policies.{n}.model: with lora.shared_base every policy is an "
@@ -475,6 +492,14 @@ def _policies_check(cfg: Config) -> None:
         if cfg.lora.shared_base and not pc.lora.enabled:
             raise ConfigError(f"policies.{n}.lora.enabled: with lora.shared_base every policy "
                               "is a LoRA adapter; it cannot be false")
+    from sparring.advantages import ESTIMATORS
+    layouts = {n: ESTIMATORS.get(policy_config(cfg, n).algorithm.estimator).layout
+               for n in names}
+    if len(set(layouts.values()) - {"any"}) > 1:
+        shown = ", ".join(f"{n}: {v}" for n, v in layouts.items())
+        raise ConfigError(f"policies: the estimators need different row layouts ({shown}); "
+                          "one batch is collated for all policies, so pick estimators that "
+                          "share one")
     used: set[str] = set()
     for i, env in enumerate(cfg.envs):
         n_seats = make(env.name, **env.options).num_seats
@@ -684,8 +709,9 @@ def check_resume_overrides(saved: Config, resumed: Config) -> None:
     old, new = _flat(to_dict(saved)), _flat(to_dict(resumed))
     for key in sorted(set(old) | set(new)):
         # a policy's own sections follow the rules of the top-level ones
-        section = re.sub(r"^policies\.[^.]+\.(kl\.)?",
-                         lambda m: "algorithm.kl." if m.group(1) else "", key)
+        section = re.sub(r"^policies\.[^.]+\.(kl\.|algorithm\.)?",
+                         lambda m: {"kl.": "algorithm.kl.", "algorithm.": "algorithm."}.get(
+                             m.group(1) or "", ""), key)
         if old.get(key, None) == new.get(key, None) or section.startswith(_RESUME_FREE):
             continue
         if any(section == f or section.startswith(f + ".") for f in _RESUME_FIXED):

@@ -81,9 +81,10 @@ EvalFn = Callable[[int, Learner | Mapping[str, Learner]], Mapping[str, Any]]
 CONFIG_FILE = "config.yaml"
 
 
-def batch_layout(cfg: Config, stage: AdvantageStage) -> str:
-    """The stage's estimator layout, or ``rollout.layout`` when it works on either."""
-    return cfg.rollout.layout if stage.layout == "any" else stage.layout
+def batch_layout(cfg: Config, stages: Sequence[AdvantageStage]) -> str:
+    """The layout the stages' estimators need (config validation makes them agree), or
+    ``rollout.layout`` when they all work on either."""
+    return next((s.layout for s in stages if s.layout != "any"), cfg.rollout.layout)
 
 
 def advantage_metrics(batch: TurnBatch, adv: Tensor, keep: Tensor) -> dict[str, float]:
@@ -201,7 +202,7 @@ def _train(cfg: Config, model: Models, rollout_fn: RolloutFn, eval_fn: EvalFn | 
     logger = MetricsLogger(run, total_steps=total, start_step=start, progress=lg.progress,
                            keys=lg.keys, tensorboard=lg.tensorboard, wandb=lg.wandb,
                            wandb_project=lg.wandb_project, config=to_dict(cfg))
-    layout = batch_layout(cfg, policies[0].stage)
+    layout = batch_layout(cfg, [p.stage for p in policies])
     correct = getattr(rollout_fn, "correct", None)
     # what eval_fn gets: the learner, or {name: learner} with several policies
     learners: Any = ({p.name: p.learner for p in policies} if cfg.policies
