@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sparring.train.metrics import MetricsLogger
+from sparring.train.metrics import MetricsLogger, bar_items
 
 ROWS = [{"reward": 0.25, "loss": -1.5, "eval/x/win": 0.5, "flag": True, "note": "text"},
         {"reward": 0.75, "loss": -0.5}]
@@ -123,3 +123,11 @@ def test_missing_sink_packages_name_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
     with pytest.raises(ImportError, match=r"pip install 'sparring\[tensorboard\]'"):
         MetricsLogger(tmp_path, total_steps=1, progress=False, tensorboard=True)
+
+
+def test_the_progress_bar_shows_a_per_policy_metric_once_per_policy():
+    row = {"reward": 0.5, "policy/speaker/loss": 0.1, "policy/listener/loss": 0.2,
+           "policy/speaker/kl": 0.0, "eval/policy/speaker/x/loss": 9.0}
+    assert bar_items(["reward", "loss", "kl", "entropy"], row) == [
+        ("reward", 0.5), ("speaker.loss", 0.1), ("listener.loss", 0.2), ("speaker.kl", 0.0)]
+    assert bar_items(["loss"], {"loss": 1.0, "policy/a/loss": 2.0}) == [("loss", 1.0)]

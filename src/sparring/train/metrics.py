@@ -85,6 +85,21 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+def bar_items(keys: list[str], metrics: dict[str, Any]) -> list[tuple[str, Any]]:
+    """(label, value) of each of ``keys`` in ``metrics``; a key a run with several policies
+    logs per policy (``policy/NAME/key``) is shown once per policy as ``NAME.key``."""
+    out: list[tuple[str, Any]] = []
+    for k in keys:
+        if k in metrics:
+            out.append((k, metrics[k]))
+            continue
+        for m, v in metrics.items():
+            parts = m.split("/")
+            if len(parts) == 3 and parts[0] == "policy" and parts[2] == k:
+                out.append((f"{parts[1]}.{k}", v))
+    return out
+
+
 class ProgressBar:
     """A rich progress bar: steps done, elapsed, ETA and the latest key metrics."""
 
@@ -105,7 +120,7 @@ class ProgressBar:
         self.progress.start()
 
     def update(self, step: int, metrics: dict[str, Any]) -> None:
-        info = "  ".join(f"{k}={_fmt(metrics[k])}" for k in self.keys if k in metrics)
+        info = "  ".join(f"{k}={_fmt(v)}" for k, v in bar_items(self.keys, metrics))
         self.progress.update(self.task, completed=step, info=info)
 
     def close(self) -> None:
