@@ -134,7 +134,8 @@ BAD = [
     ({"policies": {"speaker": {}, "listener": {}, "idle": {}}},
      r"policies\.idle: no env seat plays it"),
     ({"envs": [{"name": "signalling", "seats": ["speaker", "listener"],
-                "opponents": ["pool"]}]}, r"envs\.0\.opponents: 'pool' .* several policies"),
+                "opponents": ["pool"]}], "lora": {"enabled": True, "shared_base": True}},
+     r"envs\.0\.opponents: 'pool' .* does not support lora\.shared_base"),
     ({"policies": {"speaker": {"optim": {"lrr": 1}}}},
      r"unknown key 'policies\.speaker\.optim\.lrr'; did you mean 'lr'"),
     ({"policies": {"speaker": {"optim": {"lr": -1}}}},
@@ -239,6 +240,87 @@ def test_against_a_bot_the_rotating_seat_is_played_by_that_seats_policy(tmp_path
     # episode i: the learner's seat is i % 2 (seating.rotating), the bot in the other one
     want = [["speaker", "random"] if i % 2 == 0 else ["random", "listener"] for i in range(8)]
     assert [ep.info["players"] for ep in episodes] == want
+
+
+def _pool_cfg(**over):
+    # the speaker's initial weights differ from the listener's, so a snapshot shows whose it is
+    return _cfg(**_merge({"policies": {"speaker": {"model": {"options": {"seed": 5}}}},
+                          "envs": [{"name": "signalling", "options": {"k": 3}, "group_size": 2,
+                                    "seats": ["speaker", "listener"], "opponents": ["pool"]}],
+                          "rollout": {"pool_every": 1, "pool_max": 2}}, over))
+
+
+def test_each_policy_snapshots_itself_and_its_pool_keeps_pool_max(tmp_path):
+    from safetensors.torch import load_file
+
+    parts = build(_pool_cfg(), tmp_path)
+    roll = parts.rollout_fn
+    roll(0), roll(1)
+    assert sorted(p.name for p in (tmp_path / "pool").iterdir()) == \
+        ["step-000001.listener", "step-000001.speaker"]
+    for name, model in parts.model.items():  # each snapshot holds its own policy's weights
+        saved = load_file(tmp_path / "pool" / f"step-000001.{name}" / "model.safetensors")
+        mine = model.state_dict()
+        assert all(torch.equal(v, mine[k]) for k, v in saved.items())
+    other = load_file(tmp_path / "pool" / "step-000001.speaker" / "model.safetensors")
+    assert any(not torch.equal(v, parts.model["listener"].state_dict()[k])
+               for k, v in other.items())
+    for step in (2, 3, 4):
+        roll(step)
+    for name, pool in roll.pools.items():
+        assert [(c.step, c.path, c.name) for c in pool.checkpoints] == \
+            [(s, f"pool/step-00000{s}.{name}", f"ckpt-{s}.{name}") for s in (3, 4)]
+        assert len(pool._cache) <= 2
+    # at step 4's start the pools held 2 and 3: snapshot 1 of each went, 2 goes next
+    assert sorted(p.name for p in (tmp_path / "pool").iterdir()) == \
+        [f"step-00000{s}.{n}" for s in (2, 3, 4) for n in ("listener", "speaker")]
+    state = roll.state_dict()
+    assert set(state) == {"pools"} and set(state["pools"]) == {"speaker", "listener"}
+
+
+def test_against_the_pool_each_seat_is_a_snapshot_of_its_own_policy(tmp_path, monkeypatch):
+    from sparring.rollout.schedule import Rollouts
+
+    original = Rollouts._load_snapshot
+    played: dict[str, int] = {}  # snapshot folder -> prompts it generated for
+
+    def load(self, path):
+        pol = original(self, path)
+        generate = pol.generate
+
+        def counting(prompts, *a, **kw):
+            played[pol.name] = played.get(pol.name, 0) + len(prompts)
+            return generate(prompts, *a, **kw)
+
+        pol.generate = counting
+        return pol
+
+    monkeypatch.setattr(Rollouts, "_load_snapshot", load)
+    parts = build(_pool_cfg(), tmp_path)
+    roll = parts.rollout_fn
+    roll(0)
+    episodes = roll(1)
+    seats = ["speaker", "listener"]
+    seen = set()
+    for i, ep in enumerate(episodes):
+        me = i % 2  # the rotating seat: its policy, the other seat from its own pool
+        for s, player in enumerate(ep.info["players"]):
+            want = {seats[s]} if s == me else {"random", f"ckpt-1.{seats[s]}"}
+            assert player in want
+            seen.add(player)
+    assert {"ckpt-1.speaker", "ckpt-1.listener"} <= seen
+    # the snapshot players sampled from the weights of their own policy
+    assert set(played) == {"step-000001.speaker", "step-000001.listener"}
+    for name, model in parts.model.items():
+        snap = roll.pools[name]._cache["pool/step-000001." + name].policy.model.state_dict()
+        mine = model.state_dict()
+        assert all(torch.equal(v, mine[k]) for k, v in snap.items())
+    speaker_snap = roll.pools["speaker"]._cache["pool/step-000001.speaker"].policy.model
+    listener = parts.model["listener"].state_dict()
+    assert any(not torch.equal(v, listener[k])
+               for k, v in speaker_snap.state_dict().items())
+    batch = collate(episodes, pad_id=parts.pad_id)  # snapshot turns make no rows
+    assert set(batch.policy_names) <= {"speaker", "listener"}
 
 
 # ---------------------------------------------------------------- updates
@@ -363,6 +445,10 @@ VARIANTS = {
     # adapters on one base, KL towards the base (adapters off)
     "shared_lora": {"lora": {"enabled": True, "shared_base": True, "r": 2},
                     "algorithm": {"kl": {"coef": 0.05}}},
+    # own models against each other's past snapshots (a pool per policy)
+    "pool": {"envs": [{"name": "signalling", "options": {"k": 3}, "group_size": 2,
+                       "seats": ["speaker", "listener"], "opponents": ["self", "pool"]}],
+             "rollout": {"pool_every": 1, "pool_max": 2}},
 }
 
 
@@ -405,6 +491,13 @@ def test_a_resumed_two_policy_run_repeats_an_uninterrupted_one(variant, tmp_path
     if variant == "separate":
         assert "magnet" in state["learner.listener"] and "magnet" not in state["learner.speaker"]
         assert sorted(p.name for p in full.glob("reference*")) == ["reference.speaker.safetensors"]
+    if variant == "pool":  # each policy's pool, and snapshots played in the resumed steps
+        pools = state["user.rollouts"]["pools"]
+        assert {n: [c["path"] for c in p["checkpoints"]] for n, p in pools.items()} == \
+            {n: [f"pool/step-000002.{n}", f"pool/step-000003.{n}"]
+             for n in ("speaker", "listener")}
+        # the resumed process drew snapshots (loaded from disk) in the steps it replayed
+        assert any(pool._cache for pool in parts.rollout_fn.pools.values())
 
 
 # ---------------------------------------------------------------- eval, play, export

@@ -160,3 +160,27 @@ def test_each_pool_snapshot_is_loaded_once_while_the_pool_holds_it(tmp_path, mon
     assert len(loads) == len(set(loads)) and len(loads) >= 6
     reloads = steps_loaded(1)  # one kept in memory: draws among 3 reload them
     assert set(reloads) == set(loads) and len(reloads) > len(loads)
+
+
+def test_a_lora_policys_pool_snapshot_plays_as_the_policy_did(tmp_path):
+    """A LoRA run's snapshot holds the merged weights (base + adapter): the snapshot's
+    logits are the policy's, not those of a base with re-initialised projections."""
+    import torch
+
+    cfg = _cfg(["rollout.pool_every=1", "envs.0.opponents=[pool]", "rollout.episodes_per_step=4",
+                "lora.enabled=true", "lora.target_modules=[q_proj, v_proj]"])
+    from sparring.train.policies import trained_policies
+
+    parts = build(cfg, tmp_path)
+    trained_policies(cfg, parts.model)  # as the training loop does: adapters injected
+    with torch.no_grad():  # an adapter away from its zero start, as after training
+        for n, p in parts.policy.model.named_parameters():
+            if "lora_B" in n:
+                p.add_(0.5 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    parts.rollout_fn(1)  # takes the snapshot of step 1
+    snap = parts.rollout_fn._load_snapshot("pool/step-000001")
+    ids = torch.tensor([[3, 6, 77, 76, 6, 5]])
+    with torch.no_grad():
+        want = parts.policy.model(input_ids=ids).logits
+        got = snap.model(input_ids=ids).logits
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)

@@ -15,7 +15,9 @@ Several policies (``policies`` and ``envs[].seats``): `Rollouts` takes ``{name: 
 seat ``s`` of an env is played by the policy ``seats[s]`` names (a `ModelPlayer` named
 after it, so `sparring.data.collate` records the policy of every row): in every seat for
 ``self``, in the rotating seat against a bot. The arena batches each turn's generations
-per policy. The pool is refused with several policies (`sparring.train.config`).
+per policy. Against ``pool`` each policy has a pool of its own (the same bots, its own
+snapshots ``RUN_DIR/pool/step-NNNNNN.NAME``, ``pool_max`` of them): the rotating seat is
+played by its policy and every other seat by a draw from the pool of that seat's policy.
 
 Rollouts are deterministic in (``train.seed``, step), group by group: a step is a list of
 `GroupTask`s (`group_tasks`), and each group's start state, model samples (one random stream
@@ -48,13 +50,14 @@ from sparring.rollout.arena import Arena
 from sparring.rollout.opponents import OpponentPool
 from sparring.rollout.players import BotPlayer, ModelPlayer
 from sparring.rollout.prompts import PromptConfig
-from sparring.rollout.seating import rotating
+from sparring.rollout.seating import learner_seat, rotating
+from sparring.train.lora import is_peft, merged_state
 
 if TYPE_CHECKING:
     from sparring.train.config import Config, EnvSpec, RolloutConfig
 
 SPECIAL_OPPONENTS = ("self", "pool")  # opponent kinds besides the bots of BOTS
-_SNAPSHOT_RE = re.compile(r"^step-(\d+)$")
+_SNAPSHOT_RE = re.compile(r"^step-(\d+)(?:\.([A-Za-z][\w-]*))?$")  # .NAME: policy NAME's
 
 
 def check_opponents(spec: EnvSpec) -> None:
@@ -128,6 +131,11 @@ class Rollouts:
     kept checkpoint can resume; at most ``pool_max + 1`` (the one the newest snapshot
     replaced) plus those. Temporaries of a snapshot write that was killed (``*.tmp``) are
     removed on the first step, when the run folder is locked by the training loop.
+
+    Several policies: ``pools`` holds a pool per policy (one policy: ``{'': pool}``), each
+    snapshot of policy P is ``pool/step-NNNNNN.P`` (its pool entry ``ckpt-N.P``), every
+    ``pool_every`` steps each policy takes one; the rules above hold per policy, and
+    ``pool`` is the first policy's pool.
     """
 
     def __init__(self, cfg: Config, policy: HFPolicy | Mapping[str, HFPolicy], run_dir: Path):
@@ -142,16 +150,20 @@ class Rollouts:
         # per env spec, the player of each seat (several policies), else None
         self.seat_players = [[players[n] for n in s.seats] if players else None
                              for s in cfg.envs]
-        self.pool = OpponentPool(mode=r.pool_mode, max_checkpoints=r.pool_max,
-                                 seed=cfg.train.seed, loader=self._load_snapshot,
-                                 cache_size=r.pool_cache or r.pool_max)
+        # a pool per policy ('' for the one policy of a run), the same bots in each
+        self.pools = {n: OpponentPool(mode=r.pool_mode, max_checkpoints=r.pool_max,
+                                      seed=cfg.train.seed, loader=self._load_snapshot,
+                                      cache_size=r.pool_cache or r.pool_max)
+                      for n in (self.policies or [""])}
+        self.pool = next(iter(self.pools.values()))
         unknown = [name for name in r.pool_bots if name not in BOTS]
         if unknown:
             raise ValueError(f"rollout.pool_bots: unknown {', '.join(map(repr, unknown))}; "
                              f"allowed: {', '.join(BOTS.names())}")
         self.pool_bots = {name: make_bot(name, cfg.train.seed) for name in r.pool_bots}
         for name, bot in self.pool_bots.items():
-            self.pool.add_bot(BotPlayer(bot, name=name))
+            for pool in self.pools.values():
+                pool.add_bot(BotPlayer(bot, name=name))
         for spec in cfg.envs:
             check_opponents(spec)
         self.bots = {name: make_bot(name, cfg.train.seed) for s in cfg.envs
@@ -162,10 +174,16 @@ class Rollouts:
         self._tidied = False
 
     def _load_snapshot(self, path: str) -> HFPolicy:
+        match = _SNAPSHOT_RE.match(Path(path).name)
+        owner = match.group(2) if match and self.policies else None  # several: its policy
         m = self.cfg.model
+        if owner is not None:
+            from sparring.train.config import policy_config
+
+            m = policy_config(self.cfg, owner).model
         p = HFPolicy.from_pretrained(self.run_dir / path, device=m.device, dtype=m.dtype,
                                      seed=self._snapshot_seed(path), name=Path(path).name)
-        p.tokenizer = self.policy.tokenizer
+        p.tokenizer = (self.policies[owner] if owner is not None else self.policy).tokenizer
         return p
 
     def _snapshot_seed(self, path: str) -> int:
@@ -180,29 +198,42 @@ class Rollouts:
         self.policy.generator.manual_seed(self.cfg.train.seed * 1_000_003 + step * 7919)
         for name, p in self.policies.items():
             p.generator.manual_seed(stable_seed(self.cfg.train.seed, step, name))
-        for path, player in self.pool._cache.items():  # snapshots loaded in earlier steps
-            player.policy.generator.manual_seed(self._snapshot_seed(path))
+        for pool in self.pools.values():  # snapshots loaded in earlier steps
+            for path, player in pool._cache.items():
+                player.policy.generator.manual_seed(self._snapshot_seed(path))
 
     def _snapshot(self, step: int) -> None:
         every = self.cfg.rollout.pool_every
         if not every or step == 0 or step % every or not any(
                 "pool" in s.opponents for s in self.cfg.envs):
             return
-        folder = self.run_dir / "pool" / f"step-{step:06d}"
-        tmp = folder.with_name(folder.name + ".tmp")  # written whole, then renamed: a kill
-        shutil.rmtree(tmp, ignore_errors=True)        # mid-save leaves no half snapshot
-        self.policy.model.save_pretrained(tmp)
-        self.policy.tokenizer.save_pretrained(tmp)
-        shutil.rmtree(folder, ignore_errors=True)  # a resumed run rewrites its own snapshot
-        tmp.rename(folder)
-        self.pool.add_checkpoint(folder.relative_to(self.run_dir).as_posix(), step)
+        for name, pool in self.pools.items():
+            policy = self.policies[name] if name else self.policy
+            suffix = f".{name}" if name else ""
+            folder = self.run_dir / "pool" / f"step-{step:06d}{suffix}"
+            tmp = folder.with_name(folder.name + ".tmp")  # written whole, then renamed: a
+            shutil.rmtree(tmp, ignore_errors=True)        # kill mid-save leaves no half one
+            model = policy.model.get_base_model() if is_peft(policy.model) else policy.model
+            # the weights the policy plays with: LoRA adapters merged into their layers
+            model.save_pretrained(tmp, state_dict=merged_state(model))
+            policy.tokenizer.save_pretrained(tmp)
+            shutil.rmtree(folder, ignore_errors=True)  # a resumed run rewrites its own snapshot
+            tmp.rename(folder)
+            pool.add_checkpoint(folder.relative_to(self.run_dir).as_posix(), step,
+                                f"ckpt-{step}{suffix}")
 
     def _snapshots(self) -> list[tuple[int, Path]]:
         """(step, folder) of the snapshots on disk, oldest first."""
         root = self.run_dir / "pool"
         found = [(int(m.group(1)), p) for p in root.iterdir()
-                 if p.is_dir() and (m := _SNAPSHOT_RE.match(p.name))] if root.is_dir() else []
+                 if p.is_dir() and (m := self._snapshot_match(p.name))] if root.is_dir() else []
         return sorted(found)
+
+    def _snapshot_match(self, name: str) -> re.Match[str] | None:
+        """The match of a snapshot folder ``name`` of this run's policies (``step-N``, or
+        ``step-N.P`` for policy P of several), else None."""
+        m = _SNAPSHOT_RE.match(name)
+        return m if m and (m.group(2) or "") in self.pools else None
 
     def _tidy_pool(self) -> None:
         """Delete killed writes (``*.tmp``) and the snapshots no one can sample (see the
@@ -214,14 +245,15 @@ class Rollouts:
             return
         if not self._tidied:
             for p in root.glob("*.tmp"):
-                shutil.rmtree(p, ignore_errors=True)
+                if not self._snapshot_match(p.name):  # (policy tmp's snapshots stay)
+                    shutil.rmtree(p, ignore_errors=True)
             self._tidied = True
         snaps = self._snapshots()
-        live = {Path(c.path).name for c in self.pool.checkpoints}
+        live = {Path(c.path).name for pool in self.pools.values() for c in pool.checkpoints}
         kept = [s for s, _ in step_dirs(self.run_dir)]
         need_from = None  # snapshots from this step on may be in a kept checkpoint's pool
         if kept:
-            older = [s for s, _ in snaps if s < kept[0]]
+            older = sorted({s for s, _ in snaps if s < kept[0]})  # each policy's, once
             window = older[-self.pool.max_checkpoints:] if self.pool.max_checkpoints else older
             need_from = window[0] if window else kept[0]
         for step, folder in snaps:
@@ -272,7 +304,7 @@ class Rollouts:
         if kind == "self":
             kw["seat_players"] = learner
         else:
-            choosers = [rotating(learner, self._opponents(kind, s), num_seats) for s in seeds]
+            choosers = [self._chooser(kind, s, learner, spec.seats, num_seats) for s in seeds]
             gs = spec.group_size
 
             def players(i: int) -> list[Any]:  # i: the episode's index in this call
@@ -282,9 +314,25 @@ class Rollouts:
             kw["players_fn"] = players
         return self.arena.play(name, dict(spec.options), **kw)
 
+    def _chooser(self, kind: str, seed: int, learner: Any, seats: Sequence[str],
+                 num_seats: int) -> Any:
+        """A group's `rotating` chooser against ``kind``; with several policies against the
+        pool, every other seat ``s`` is drawn from the pool of its policy ``seats[s]`` (in
+        seat order, from the group's one RNG)."""
+        draw = self._opponents(kind, seed)
+        if not (self.policies and kind == "pool"):
+            return rotating(learner, draw, num_seats)
+
+        def choose(i: int) -> list[Any]:
+            me = learner_seat(i, num_seats)
+            return [learner[s] if s == me else draw(seats[s]) for s in range(num_seats)]
+
+        return choose
+
     def _opponents(self, kind: str, seed: int) -> Any:
         """A group's opponent chooser for ``kind``: a bot of its own, or draws from the pool
-        with the group's RNG (pool bots: the group's own copies)."""
+        with the group's RNG (pool bots: the group's own copies); with several policies a
+        pool draw takes the name of the policy whose pool it draws from."""
         def group_bot(bot: Any, name: str) -> BotPlayer:
             mine = copy.copy(bot)  # shares its memo tables, not its RNG
             mine.rng = random.Random(stable_seed(seed, "bot", name))
@@ -296,16 +344,26 @@ class Rollouts:
         rng = random.Random(stable_seed(seed, "pool"))
         mine = {p.name: group_bot(p.fn, p.name) for p in self.pool.bots}
 
-        def draw() -> Any:
-            p = self.pool.sample(rng)
+        def draw(policy: str = "") -> Any:
+            p = (self.pools[policy] if policy else self.pool).sample(rng)
             return mine[p.name] if isinstance(p, BotPlayer) else p
 
         return draw
 
     def state_dict(self) -> dict[str, Any]:
+        """``{'pool': state}``; with several policies ``{'pools': {name: state}}``."""
+        if self.policies:
+            return {"pools": {n: pool.state_dict() for n, pool in self.pools.items()}}
         return {"pool": self.pool.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.policies:
+            if set(state.get("pools", {})) != set(self.pools):
+                raise ValueError(f"rollouts state has pools {sorted(state.get('pools', {}))}, "
+                                 f"this run's policies are {sorted(self.pools)}")
+            for n, pool in self.pools.items():
+                pool.load_state_dict(state["pools"][n])
+            return
         pool = dict(state["pool"])
         # runs saved before paths were relative recorded RUN_DIR/pool/step-N as given
         pool["checkpoints"] = [{**c, "path": f"pool/{Path(c['path']).name}"}

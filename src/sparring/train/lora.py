@@ -62,6 +62,32 @@ def is_peft(model: nn.Module) -> bool:
     return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
 
 
+def merged_state(model: nn.Module) -> dict[str, Tensor]:
+    """The weights of the plain model that ``model`` computes: every LoRA-wrapped layer's
+    base weight plus its active adapters' ``delta = scale * B @ A``, under the layer's own
+    name (PEFT's ``base_layer`` renaming undone), the adapter weights dropped; ``model``
+    unchanged (a model without adapters: its state dict)."""
+    try:
+        from peft.tuners.lora import LoraLayer
+    except ImportError:  # no peft, no adapters
+        return dict(model.state_dict())
+    out: dict[str, Tensor] = {}
+    for name, mod in model.named_modules():
+        if isinstance(mod, LoraLayer):
+            base = mod.get_base_layer()
+            w = base.weight.detach().clone()
+            for a in mod.active_adapters:
+                if a in mod.lora_A:
+                    w += mod.get_delta_weight(a).to(w.dtype)
+            out[f"{name}.weight"] = w
+            if getattr(base, "bias", None) is not None:
+                out[f"{name}.bias"] = base.bias.detach().clone()
+    for k, v in model.state_dict().items():
+        if ".base_layer." not in k and ".lora_" not in k:
+            out.setdefault(k, v)
+    return out
+
+
 def trainable_state(model: nn.Module, adapter: str | None = None) -> dict[str, Tensor]:
     """The weights a checkpoint must hold: the adapter with LoRA (``adapter``: which one of
     a shared base; its keys carry no adapter name), else the whole model."""
