@@ -377,10 +377,10 @@ def _options_check(kind: str, name: str, options: dict[str, Any], key: str) -> N
 
 def validate(cfg: Config) -> Config:
     """Cross-field checks, registry names and their options; returns ``cfg``."""
+    _algorithm_check(cfg.algorithm, cfg.envs, "algorithm")
     for i, env in enumerate(cfg.envs):
         _registry_check("env", env.name, f"envs.{i}.name")
         _env_options_check(i, env)
-    _algorithm_check(cfg.algorithm, cfg.envs, "algorithm")
     _betas_check(cfg.optim.betas, "optim.betas")
     if cfg.train.microbatch_size and cfg.train.minibatch_size \
             and cfg.train.microbatch_size > cfg.train.minibatch_size:
