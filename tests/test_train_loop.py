@@ -240,3 +240,49 @@ def test_initial_reference_is_saved_once_and_resume_extends_a_run(tmp_path):
     rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 2, 3] and rows[2]["kl"] > 0
     assert [s for s, _ in step_dirs(tmp_path)] == [2, 3]
+
+
+def _best_job(model, scores):
+    """A bandit run whose evaluation reports ``scores[step]`` as ``eval/score``."""
+    sampler = th.Sampler(3)
+    return ((lambda step: th.bandit_rollout(model, sampler)),
+            (lambda step, learner: {"score": scores[step]}), {"sampler": sampler})
+
+
+def test_the_best_checkpoint_outlives_keep_and_resumes_with_its_record(tmp_path):
+    from sparring.train.loop import resume
+
+    scores = {0: 0.1, 1: 3.0, 2: 4.0, 3: 1.0, 4: 2.0, 5: 0.5, 6: 6.0}  # 0: not a training step
+    cfg = from_dict({**CONFIG, "train": {**CONFIG["train"], "steps": 4},
+                     "eval": {"every": 1}, "checkpoint": {
+                         "every": 0, "keep": 1, "best_metric": "eval/score"}})
+    model = th.tiny_qwen(0)
+    fn, ev, st = _best_job(model, scores)
+    train(cfg, model, fn, ev, st, run_dir=tmp_path)
+    best = json.loads((tmp_path / "checkpoints" / "best.json").read_text())
+    assert (best["step"], best["value"], best["path"]) == (3, 1.0, "step_000003")
+    assert [s for s, _ in step_dirs(tmp_path)] == [3, 4]  # the best (3), the last (4)
+    model = th.tiny_qwen(0)
+    fn, ev, st = _best_job(model, scores)
+    resume(tmp_path, model, fn, ev, st, overrides=["train.steps=6"])
+    best = json.loads((tmp_path / "checkpoints" / "best.json").read_text())
+    assert (best["step"], best["value"]) == (5, 0.5)  # 2.0 at step 4 did not beat 1.0
+    assert [s for s, _ in step_dirs(tmp_path)] == [5, 6]
+
+
+def test_best_mode_max_and_a_metric_never_logged(tmp_path):
+    scores = {0: 0.0, 1: 2.0, 2: 1.0, 3: 2.0}  # a tie is no improvement
+    cfg = from_dict({**CONFIG, "train": {**CONFIG["train"], "steps": 3},
+                     "eval": {"every": 1}, "checkpoint": {
+                         "every": 0, "keep": 1, "best_metric": "eval/score",
+                         "best_mode": "max"}})
+    model = th.tiny_qwen(0)
+    train(cfg, model, *_best_job(model, scores), run_dir=tmp_path / "a")
+    assert json.loads((tmp_path / "a/checkpoints/best.json").read_text())["step"] == 1
+    assert [s for s, _ in step_dirs(tmp_path / "a")] == [1, 3]
+    bad = from_dict({**CONFIG, "eval": {"every": 1}, "checkpoint": {
+        "best_metric": "eval/scroe"}})
+    with pytest.raises(ValueError, match=r"best_metric='eval/scroe'.*eval/score"):
+        train(bad, model, *_best_job(model, scores), run_dir=tmp_path / "b")
+    with pytest.raises(ValueError, match="best_mode"):
+        from_dict({**CONFIG, "checkpoint": {"best_mode": "lowest"}})

@@ -195,8 +195,9 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 
 def save_checkpoint(run_dir: str | Path, step: int, *, weights: Mapping[str, Mapping[str, Tensor]],
                     stateful: Mapping[str, Any], meta: Mapping[str, Any] | None = None,
-                    keep: int | None = None) -> Path:
-    """Write checkpoint ``step`` atomically; keep only the last ``keep`` checkpoints."""
+                    keep: int | None = None, protect: int | None = None) -> Path:
+    """Write checkpoint ``step`` atomically; keep only the last ``keep`` checkpoints, and
+    step ``protect`` besides (the best one, `sparring.train.best`)."""
     root = Path(run_dir) / CKPT_DIR
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:06d}"
@@ -225,8 +226,9 @@ def save_checkpoint(run_dir: str | Path, step: int, *, weights: Mapping[str, Map
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if keep is not None:
-        for _, old_dir in step_dirs(run_dir)[:-keep]:
-            shutil.rmtree(old_dir, ignore_errors=True)
+        for old_step, old_dir in step_dirs(run_dir)[:-keep]:
+            if old_step != protect:
+                shutil.rmtree(old_dir, ignore_errors=True)
     return final
 
 

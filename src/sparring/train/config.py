@@ -250,6 +250,10 @@ class EvalConfig:
 class CheckpointConfig:
     every: int = opt(50, "checkpoint every N steps (0: only at the end and on a crash)", ge=0)
     keep: int = opt(3, "keep the last K checkpoints", ge=1)
+    best_metric: str = opt(
+        "", "also keep the checkpoint of the step where this logged metric was best so far, "
+        "e.g. eval/leduc/exploitability (checkpoints/best.json names it; '': none)")
+    best_mode: Literal["min", "max"] = opt("min", "best_metric: lower or higher is better")
 
 
 @dataclass

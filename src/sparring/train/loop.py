@@ -13,7 +13,9 @@
    rollout workers, `sparring.distributed.RayRollouts`) may reweight samples drawn by
    older weights and adds its metrics,
 5. metrics to ``metrics.jsonl``; evaluation every ``eval.every`` steps and at the end;
-   a checkpoint every ``checkpoint.every`` steps and at the end.
+   a checkpoint every ``checkpoint.every`` steps, at the end, and at each step where
+   ``checkpoint.best_metric`` improves (kept apart from ``checkpoint.keep``;
+   `sparring.train.best`).
 
 A crash (exception or Ctrl-C) writes a checkpoint of the last finished step before the
 error propagates, when it can be exact: during the rollout (the model, learner and stage
@@ -51,6 +53,7 @@ from torch import Tensor
 from sparring.advantages.stage import AdvantageStage
 from sparring.data import Episode, TurnBatch, collate
 from sparring.segments import segment_first
+from sparring.train.best import BestCheckpoint
 from sparring.train.checkpoint import (
     CheckpointError,
     RNGState,
@@ -212,15 +215,23 @@ def _train(cfg: Config, model: Models, rollout_fn: RolloutFn, eval_fn: EvalFn | 
     # the models, learners and stages are part-way through the next step
     boundary: Mapping[str, Any] | None = objects
 
+    best = None
+    if cfg.checkpoint.best_metric:
+        best = BestCheckpoint(run, cfg.checkpoint.best_metric, cfg.checkpoint.best_mode)
+        best.resume(start)
+
     def checkpoint(step: int, stateful: Mapping[str, Any] = objects,
                    meta: dict[str, Any] | None = None) -> None:
         save_checkpoint(run, step, weights={p.weights_name: p.weights() for p in policies},
                         stateful=stateful, meta={**ref_sha256, **(meta or {})},
-                        keep=cfg.checkpoint.keep)
+                        keep=cfg.checkpoint.keep, protect=best and best.step)
 
     try:
         if start == 0 and eval_fn is not None and cfg.eval.at_start:
-            logger.log(0, {f"eval/{k}": v for k, v in eval_fn(0, learners).items()})
+            at_start = {f"eval/{k}": v for k, v in eval_fn(0, learners).items()}
+            if best is not None:
+                best.check_logged(at_start, evaluated=True)
+            logger.log(0, at_start)
         for i in range(start, total):
             # the rollout moves the RNGs and the user's objects on, not the policies' state
             boundary = {k: v if k in own else Snapshot(v) for k, v in objects.items()}
@@ -258,15 +269,21 @@ def _train(cfg: Config, model: Models, rollout_fn: RolloutFn, eval_fn: EvalFn | 
                             "throughput/tokens_per_s": n_tok / max(t1 - t0, 1e-9)})
             step = i + 1
             every = cfg.eval.every
-            if eval_fn is not None and (step == total or (every and step % every == 0)):
+            evaluated = eval_fn is not None and (step == total or (every and step % every == 0))
+            if evaluated:
                 t3 = time.perf_counter()
                 metrics.update({f"eval/{k}": v for k, v in eval_fn(step, learners).items()})
                 metrics["time/eval"] = time.perf_counter() - t3
             logger.log(step, metrics)
             done, boundary = step, objects
             ck = cfg.checkpoint.every
-            if step == total or (ck and step % ck == 0):
+            if best is not None:
+                best.check_logged(metrics, evaluated=evaluated)
+            improved = best is not None and best.offer(step, metrics)
+            if step == total or (ck and step % ck == 0) or improved:
                 checkpoint(step)
+            if improved:
+                best.write()
     except BaseException as e:
         saved = [s for s, _ in step_dirs(run)]
         if done in saved or done == 0:
