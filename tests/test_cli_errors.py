@@ -323,3 +323,18 @@ def test_the_flag_lets_the_folder_plugins_run(tmp_path, capsys):
     run = _hostile_run(tmp_path, marker, plugin=True)
     cli(capsys, "eval", str(run), "--trust-remote-code")
     assert marker.read_text() == "plugin ran\n"
+
+
+def test_train_names_the_best_checkpoint_in_its_closing_lines(tmp_path, capsys):
+    folder = tmp_path / "run"
+    rc, _, err = cli(capsys, "train", *TINY, "train.steps=3", "eval.every=1",
+                     "checkpoint.every=0", "checkpoint.keep=1",
+                     "checkpoint.best_metric=eval/tictactoe/random/mean_return",
+                     "checkpoint.best_mode=max", f"train.run_dir={folder}")
+    assert rc == 0
+    rows = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()]
+    scores = [r["eval/tictactoe/random/mean_return"] for r in rows]
+    step = 1 + scores.index(max(scores))  # the first of the highest (a tie does not improve)
+    line = next(x for x in err.splitlines() if x.startswith("best checkpoint:"))  # with the summary
+    assert f"step_{step:06d}" in line and f"at step {step})" in line
+    assert (folder / "checkpoints" / f"step_{step:06d}").is_dir()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import json
 import logging
 import sys
 from collections.abc import Callable, Sequence
@@ -89,6 +90,8 @@ def _import_plugins(args: argparse.Namespace) -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from sparring.plugins import PluginError
+    from sparring.train.best import BEST_FILE
+    from sparring.train.checkpoint import CKPT_DIR
     from sparring.train.config import (
         ConfigError,
         commented_yaml,
@@ -144,6 +147,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         print_summary(run, console)
     console.print(f"run folder: {run}")
+    best = Path(run) / CKPT_DIR / BEST_FILE
+    if best.is_file():
+        b = json.loads(best.read_text())
+        console.print(f"best checkpoint: {Path(run) / CKPT_DIR / b['path']} "
+                      f"({b['metric']} {b['value']:.4g} at step {b['step']})")
     return 0
 
 
