@@ -338,3 +338,18 @@ def test_train_names_the_best_checkpoint_in_its_closing_lines(tmp_path, capsys):
     line = next(x for x in err.splitlines() if x.startswith("best checkpoint:"))  # with the summary
     assert f"step_{step:06d}" in line and f"at step {step})" in line
     assert (folder / "checkpoints" / f"step_{step:06d}").is_dir()
+
+
+def test_eval_against_minimax_adds_the_exact_row_and_the_blunders(run, capsys):
+    from sparring.eval.games import policy_vs_minimax
+    from sparring.rollout.schedule import make_arena
+    from sparring.train.restore import load_policies
+
+    rc, out, _ = cli(capsys, "eval", str(run), "--vs", "minimax", "--games", "2")
+    policies, cfg, _ = load_policies(run)
+    exact = policy_vs_minimax(make_arena(cfg.rollout), policies[""], "tictactoe",
+                              dict(cfg.envs[0].options))
+    row = next(line for line in out.splitlines() if "minimax (exact)" in line)
+    assert rc == 0 and f"{exact.rates()['non_loss']:.3f}" in row
+    n = len(exact.blunders)
+    assert (f"{n} positions where the policy plays a losing move" in out) == (n > 0)

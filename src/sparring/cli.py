@@ -250,7 +250,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from sparring.envs import env_entry, has_game_tree
     from sparring.envs.bots import BOTS, make_bot
-    from sparring.eval.games import evaluate_vs_bot, policy_exploitability
+    from sparring.eval.games import evaluate_vs_bot, policy_exploitability, policy_vs_minimax
     from sparring.eval.periodic import env_options, env_seats
     from sparring.registry import UnknownNameError
     from sparring.rollout.schedule import make_arena
@@ -281,6 +281,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for col in ("env", *(("policy",) if several else ()), "opponent", "win", "draw", "loss",
                 "non-loss", "forfeit", "invalid"):
         table.add_column(col)
+    blunders: list = []  # (env, policy, Blunder) against minimax
     for env in envs:
         opts, seats = env_options(cfg, env), env_seats(cfg, env)
         for name in chosen:
@@ -296,12 +297,30 @@ def cmd_eval(args: argparse.Namespace) -> int:
                               *(f"{r[k]:.3f} [{r[k + '_lo']:.3f}, {r[k + '_hi']:.3f}]"
                                 for k in ("win", "draw", "loss", "non_loss")),
                               f"{r['forfeit_rate']:.3f}", f"{r['invalid_rate']:.3f}")
+                if bot == "minimax":  # the same match without sampling error
+                    exact = policy_vs_minimax(arena, policies[name], env, opts, not args.sample,
+                                              mine or range(2))
+                    x = exact.rates()
+                    table.add_row(env, *((name,) if several else ()), "minimax (exact)",
+                                  *(f"{x[k]:.3f}" for k in ("win", "draw", "loss", "non_loss")),
+                                  "-", "-")
+                    blunders.extend((env, name, b) for b in exact.blunders)
         if has_game_tree(env):
             profile = ([policies[n] for n in seats] if several and seats
                        else policies[chosen[0]])
             console.print(f"{env} exploitability: "
                           f"{policy_exploitability(arena, profile, env, opts):.4f}")
     console.print(table)
+    if blunders:
+        console.print(f"{len(blunders)} positions where the policy plays a losing move "
+                      "against minimax (seat: observation -> move, its probability, the "
+                      "seat's minimax value before -> after):")
+        for env, name, b in blunders[:20]:
+            console.print(f"  {env}{f' {name}' if several else ''} seat {b.seat}: "
+                          f"{b.observation!r} -> {b.action} (p {b.prob:.2f}, "
+                          f"{b.value_before:+g} -> {b.value_after:+g})", highlight=False)
+        if len(blunders) > 20:
+            console.print(f"  ... and {len(blunders) - 20} more")
     return 0
 
 

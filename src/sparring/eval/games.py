@@ -18,6 +18,8 @@
   the constrained-decoding distribution over legal actions, the prompt being the current
   observation only --, fed to `sparring.eval.exploitability`. ``policy`` may be a list
   with the policy of each seat (the profile of a run with several policies).
+* `policy_vs_minimax`: the exact win / draw / loss rates of the model against the minimax
+  bot and its blunders (`sparring.eval.vs_minimax`), from the same distribution.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from sparring.data import Episode
 from sparring.envs import env_entry, make
 from sparring.eval.exploitability import exploitability
 from sparring.eval.stats import wilson
+from sparring.eval.vs_minimax import VsMinimax, exact_vs_minimax
 from sparring.policy.forward import token_logprobs
 from sparring.policy.hf import HFPolicy
 from sparring.policy.sampling import SamplingParams
@@ -195,3 +198,21 @@ def policy_exploitability(arena: Arena, policy: HFPolicy | Sequence[HFPolicy], e
             probs = action_probabilities(p, prompts[s:s + 256], legal[s:s + 256])
             table.update(zip(keys[s:s + 256], probs))
     return exploitability(env, lambda info, acts: table[info], **options)
+
+
+def policy_vs_minimax(arena: Arena, policy: HFPolicy, env: str, options: dict[str, Any],
+                      greedy: bool = True, seats: Sequence[int] = (0, 1)) -> VsMinimax:
+    """The model against minimax, exactly: its constrained-decoding distribution (or, with
+    ``greedy``, its most probable action) at each reachable position, the prompt being the
+    current observation only, as in `policy_exploitability`."""
+    builder = PromptBuilder(policy.tokenizer, PromptConfig(
+        history="state", max_prompt_tokens=0, system_prompt=arena.prompt.system_prompt))
+
+    def action_probs(envs: list[Any], seat: int) -> list[dict[str, float]]:
+        prompts = [builder.build(e.system_prompt(seat), [], e.observation(seat)).ids
+                   for e in envs]
+        legal = [e.legal_actions(seat) for e in envs]
+        return [pr for s in range(0, len(envs), 256)
+                for pr in action_probabilities(policy, prompts[s:s + 256], legal[s:s + 256])]
+
+    return exact_vs_minimax(lambda: make(env, **options), action_probs, seats, greedy)

@@ -6,6 +6,11 @@ name) and every bot of ``eval.opponents``, ``eval.games`` games with the learner
 rotating (greedy by default; `sparring.eval.games.evaluate_vs_bot`): win / draw / loss and
 the non-loss rate with Wilson 95% intervals, keys ``<game>/<bot>/<metric>``.
 
+With ``eval.exact_vs_minimax`` and ``minimax`` among the opponents, also the exact rates
+against it (`sparring.eval.vs_minimax`: over the bot's random tie-breaks, no sampling
+error) and ``blunder_states``, the reachable positions where the policy plays a losing
+move, keys ``<game>/minimax_exact/<metric>``.
+
 With ``eval.exploitability``, a game that declares its tree (`sparring.envs.has_game_tree`)
 also gets ``<game>/exploitability`` of the current policy and, when the run regularises
 towards a magnet (``algorithm.kl.reference=magnet``), ``<game>/exploitability_average`` of
@@ -29,7 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 from sparring.envs import env_entry, has_game_tree, make
 from sparring.envs.bots import BOTS, make_bot
-from sparring.eval.games import evaluate_together, evaluate_vs_bot, policy_exploitability
+from sparring.eval.games import (evaluate_together, evaluate_vs_bot, policy_exploitability,
+                                 policy_vs_minimax)
 from sparring.policy.hf import HFPolicy
 from sparring.policy.sampling import SamplingParams
 from sparring.rollout.arena import Arena
@@ -84,6 +90,10 @@ def make_eval_fn(cfg: Config, arena: Arena, policy: HFPolicy | Mapping[str, HFPo
             res = evaluate_vs_bot(arena, p, sampling, name, options, make_bot(opp, 10_000 + step),
                                   e.games, seed=cfg.train.seed + 1_000_000, seats=seats)
             out.update({f"{name}/{opp}/{k}": v for k, v in res.items()})
+        if e.exact_vs_minimax and "minimax" in e.opponents:
+            res = policy_vs_minimax(arena, p, name, options, e.greedy,
+                                    range(2) if seats is None else seats).rates()
+            out.update({f"{name}/minimax_exact/{k}": v for k, v in res.items()})
         return out
 
     def eval_one(step: int, learner: Any) -> dict[str, Any]:

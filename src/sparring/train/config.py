@@ -241,6 +241,10 @@ class EvalConfig:
     greedy: bool = opt(True, "evaluate the greedy (argmax) policy rather than sampling")
     exploitability: bool = opt(True, "exact exploitability in games that declare their tree "
                                "(Kuhn and Leduc poker)")
+    exact_vs_minimax: bool = opt(
+        True, "with minimax among the opponents: also the exact rates against it over its "
+        "random tie-breaks, and the positions where the policy plays a losing move (keys "
+        "<game>/minimax_exact/...; the greedy policy, else its distribution at temperature 1)")
     self_play: bool = opt(False, "also let the policy play every seat of each game itself "
                           "(keys <game>/joint/...: mean score per seat, e.g. the success "
                           "rate of a cooperative game); always on with several `policies`")

@@ -2,7 +2,7 @@
 
 Reads the run's metrics with the report's own helpers (`sparring.report`), and prints the
 headline evaluation keys (win / loss / non-loss rates, invalid-action rate, mean return,
-exploitability) as a table.
+exploitability, the exact rates against minimax and the policy's blunders) as a table.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from sparring.report import eval_point, format_point, metric_keys
 from sparring.train.metrics import read_metrics
 
 HEADLINE = ("non_loss", "win", "loss", "invalid_rate", "forfeit_rate", "exploitability",
-            "exploitability_average", "mean_return")
+            "exploitability_average", "mean_return", "blunder_states")
 
 
 def print_summary(run_dir: str | Path, console: Console | None = None) -> None:
