@@ -1,7 +1,7 @@
 import pytest
 
 from sparring.envs import make
-from sparring.envs.wrappers import TryAgain, TurnBudget
+from sparring.envs.wrappers import RandomOpening, TryAgain, TurnBudget
 
 GYM_4X4 = ["SFFF", "FHFH", "FFFH", "HFFG"]
 
@@ -99,3 +99,40 @@ def test_turn_budget_schedules():
     for bad in ((1, 2), (1, 2, 0), "5", 0):
         with pytest.raises(ValueError, match="TurnBudget"):
             TurnBudget(make("arithmetic"), bad)
+
+
+def test_random_opening_is_drawn_from_the_seed_and_never_ends_the_game():
+    counts = [0] * 10
+    for seed in range(400):
+        env = RandomOpening(make("tictactoe"), 9)
+        env.reset(seed)
+        n = len(env.opening)
+        counts[n] += 1
+        board = env.state_key()
+        assert sum(c != "." for c in board) == n  # the moves are on the board
+        assert env.current_seat() == n % 2  # and the game goes on, the right seat to move
+        again = RandomOpening(make("tictactoe"), 9)
+        again.reset(seed)
+        assert again.opening == env.opening
+    # n uniform in 0..9 unless the game would end: 0..4 moves can never end it (no line of
+    # three before the fifth move), so each of those counts is about 400 / 10
+    assert all(20 <= c <= 65 for c in counts[:5])
+    assert sum(counts) == 400
+
+
+def test_random_opening_stops_when_every_move_would_end_the_game():
+    env = RandomOpening(make("nim", heaps=[2]), 5)
+    seen = set()
+    for seed in range(30):
+        env.reset(seed)
+        # from 2 stones "1:2" ends the game, "1:1" does not; from 1 stone every move ends it
+        assert env.opening in ([], ["1:1"]) and env.current_seat() is not None
+        seen.add(tuple(env.opening))
+    assert seen == {(), ("1:1",)}  # n = 0 (1 in 6) and n >= 1, cut to one move
+
+
+def test_random_opening_needs_clone():
+    with pytest.raises(ValueError, match="no clone"):
+        RandomOpening(make("arithmetic"), 2)
+    with pytest.raises(ValueError, match="max_moves"):
+        RandomOpening(make("tictactoe"), -1)

@@ -184,3 +184,23 @@ def test_a_lora_policys_pool_snapshot_plays_as_the_policy_did(tmp_path):
         want = parts.policy.model(input_ids=ids).logits
         got = snap.model(input_ids=ids).logits
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_opening_moves_start_each_group_at_its_own_random_position(tmp_path):
+    cfg = _cfg(["envs.0.opening_moves=4", "rollout.episodes_per_step=96",
+                "envs.0.opponents=[self, random]"])
+    parts = build(cfg, tmp_path)
+    eps = parts.rollout_fn(0)
+    starts: dict[int, set[str]] = {}
+    for ep in eps:
+        starts.setdefault(ep.group, set()).add(ep.turns[0].state_key)
+    assert all(len(s) == 1 for s in starts.values())  # a group shares its opening
+    boards = [next(iter(s)) for s in starts.values()]
+    marks = [sum(c != "." for c in b) for b in boards]
+    assert max(marks) <= 4 and len(set(marks)) >= 3  # 24 groups, 0..4 opening moves
+    assert len({ep.turns[0].state_key for ep in eps}) > 1
+    for ep in eps:  # the opening is nobody's turn: every recorded turn is a player's move
+        assert sum(c != "." for c in ep.turns[-1].state_key) == \
+            sum(c != "." for c in ep.turns[0].state_key) + len(ep.turns) - 1
+    plain = build(_cfg(["rollout.episodes_per_step=96"]), tmp_path / "plain").rollout_fn(0)
+    assert {ep.turns[0].state_key for ep in plain} == {"." * 9}

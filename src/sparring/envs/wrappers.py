@@ -1,4 +1,4 @@
-"""Environment wrappers: try-again feedback and a (scheduled) turn budget.
+"""Environment wrappers: try-again feedback, a (scheduled) turn budget, random openings.
 
 Both implement the `Env` protocol around an inner env and pass everything else through.
 
@@ -10,6 +10,7 @@ Learners that bootstrap values must not treat a truncated end as terminal.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 
 from sparring.envs.base import Env, ParseResult, StepResult
@@ -167,4 +168,73 @@ class TurnBudget:
         return self.env.returns()
 
 
-__all__ = ["TryAgain", "TurnBudget"]
+class RandomOpening:
+    """Exploring starts: every episode begins ``n`` uniformly random legal moves into the
+    game, ``n`` uniform in ``0..max_moves``, all drawn from the reset seed (episodes reset
+    with one seed, e.g. a group's, start from one position). A move that would end the game
+    is never drawn; the opening stops early when every legal move would. The opening's
+    moves are nobody's turns and its rewards are dropped (for games that pay at the end:
+    board games, Nim). Everything else is the inner env's, ``state_key()`` included, so a
+    position reached by the opening is the same anchor state as when reached by play.
+    Needs ``clone()`` and listed legal actions.
+    """
+
+    def __init__(self, env: Env, max_moves: int):
+        if not isinstance(max_moves, int) or isinstance(max_moves, bool) or max_moves < 0:
+            raise ValueError(f"RandomOpening: max_moves={max_moves!r}; must be an int >= 0")
+        if not hasattr(env, "clone"):
+            raise ValueError(f"RandomOpening: {env.name} has no clone(); random openings "
+                             "need it to keep the game from ending in the opening")
+        self.env, self.max_moves = env, max_moves
+        self.name, self.num_seats = env.name, env.num_seats
+        self.reset(0)
+
+    def reset(self, seed: int) -> None:
+        self.env.reset(seed)
+        rng = random.Random(f"opening/{seed}")
+        self.opening: list[str] = []
+        for _ in range(rng.randint(0, self.max_moves)):
+            seat = self.env.current_seat()
+            legal = self.env.legal_actions(seat) if seat is not None else []
+            if legal is None:
+                raise ValueError(f"RandomOpening: {self.name} lists no legal actions")
+            safe = [a for a in legal if self._continues(a)]
+            if not safe:
+                break
+            move = rng.choice(safe)
+            self.env.step(move)
+            self.opening.append(move)
+
+    def _continues(self, action: str) -> bool:
+        probe = self.env.clone()
+        return not probe.step(action).done
+
+    def current_seat(self) -> int | None:
+        return self.env.current_seat()
+
+    def system_prompt(self, seat: int) -> str:
+        return self.env.system_prompt(seat)
+
+    def observation(self, seat: int) -> str:
+        return self.env.observation(seat)
+
+    def legal_actions(self, seat: int) -> list[str] | None:
+        return self.env.legal_actions(seat)
+
+    def parse(self, seat: int, text: str) -> ParseResult:
+        return self.env.parse(seat, text)
+
+    def step(self, action: str) -> StepResult:
+        return self.env.step(action)
+
+    def state_key(self) -> str:
+        return self.env.state_key()
+
+    def returns(self) -> list[float]:
+        return self.env.returns()
+
+    def clone(self) -> Env:
+        return self.env.clone()
+
+
+__all__ = ["RandomOpening", "TryAgain", "TurnBudget"]

@@ -25,7 +25,9 @@ per episode turn, `Arena.play`'s ``sample_seeds``), bot moves and pool draws are
 (``train.seed``, step, env, opponent kind, group index) alone. So a resumed run repeats an
 uninterrupted one, and `Rollouts.play` of any split of the tasks, concatenated in task
 order, gives the same episodes as the whole step (what `sparring.distributed` relies on).
-An env named by an alias plays exactly as under its canonical name.
+An env named by an alias plays exactly as under its canonical name. With
+``envs[].opening_moves`` a spec's episodes start after a random opening drawn from their
+reset seed (`sparring.envs.wrappers.RandomOpening`), so a group shares its opening.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import shutil
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +47,7 @@ from sparring.data import Episode
 from sparring.envs import env_entry, make
 from sparring.envs.bots import BOTS, make_bot
 from sparring.envs.invalid import InvalidActionPolicy
+from sparring.envs.wrappers import RandomOpening
 from sparring.policy.hf import HFPolicy
 from sparring.policy.sampling import SamplingParams
 from sparring.rollout.arena import Arena
@@ -58,6 +62,10 @@ if TYPE_CHECKING:
 
 SPECIAL_OPPONENTS = ("self", "pool")  # opponent kinds besides the bots of BOTS
 _SNAPSHOT_RE = re.compile(r"^step-(\d+)(?:\.([A-Za-z][\w-]*))?$")  # .NAME: policy NAME's
+
+
+def _with_opening(name: str, max_moves: int, **options: Any) -> RandomOpening:
+    return RandomOpening(make(name, **options), max_moves)
 
 
 def check_opponents(spec: EnvSpec) -> None:
@@ -312,6 +320,9 @@ class Rollouts:
                 return choosers[t](run[t].index * gs + m)
 
             kw["players_fn"] = players
+        if spec.opening_moves:
+            return self.arena.play(partial(_with_opening, name, spec.opening_moves),
+                                   dict(spec.options), **kw)
         return self.arena.play(name, dict(spec.options), **kw)
 
     def _chooser(self, kind: str, seed: int, learner: Any, seats: Sequence[str],

@@ -64,6 +64,10 @@ class EnvSpec:
                                "(`sparring list bots`)")
     group_size: int = opt(1, "episodes per group (same start state / prompt)", ge=1)
     estimator_options: dict[str, Any] = opt({}, "estimator options for this env's rows")
+    opening_moves: int = opt(
+        0, "exploring starts: each group of training episodes begins after n random legal "
+        "moves, n uniform in 0..opening_moves (never a move that ends the game; games that "
+        "pay at the end; evaluation plays the plain game)", ge=0)
     seats: list[str] = opt(
         [], "the policy (a name in `policies`) of each seat, one name per seat; with bot "
         "opponents the bot takes every seat but the rotating one, played by that seat's "
@@ -629,12 +633,18 @@ def _env_options_check(i: int, env: EnvSpec) -> None:
                                   f"{did_you_mean(str(k), names)} (allowed: "
                                   f"{', '.join(names) or 'none'})")
     try:
-        entry.fn(**env.options)
+        made = entry.fn(**env.options)
     except ImportError as e:
         raise ConfigError(f"envs.{i}.name: {entry.name} needs an optional package ({e})") \
             from None
     except (TypeError, ValueError, KeyError) as e:
         raise ConfigError(f"{key}: {entry.name} rejects {env.options!r}: {e}") from None
+    if env.opening_moves:
+        from sparring.envs.wrappers import RandomOpening
+        try:
+            RandomOpening(made, env.opening_moves)
+        except ValueError as e:
+            raise ConfigError(f"envs.{i}.opening_moves: {e}") from None
 
 
 def _opponents_check(cfg: Config) -> None:
