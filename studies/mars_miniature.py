@@ -48,15 +48,16 @@ from pathlib import Path
 from runner import Arm, Job, main
 
 TTT = ["envs.0.opponents=[self]", "train.epochs=2", "eval.every=20"]
+TURN = "algorithm.estimator=turn_rtg"  # the default recipe's estimator is turn_gae since session 7
 KUHN: list[str] = []
 TTT_STEPS, KUHN_STEPS = 80, 400
 
 ARMS = {
     "ttt_traj_grpo": Arm("default", [*TTT, "algorithm.estimator=grpo",
                                      "algorithm.estimator_options={}"], TTT_STEPS),
-    "ttt_turn_group": Arm("default", [*TTT, "algorithm.estimator_options={scope: group}"],
+    "ttt_turn_group": Arm("default", [*TTT, TURN, "algorithm.estimator_options={scope: group}"],
                           TTT_STEPS),
-    "ttt_turn_group_agent": Arm("default", [*TTT, "algorithm.estimator_options="
+    "ttt_turn_group_agent": Arm("default", [*TTT, TURN, "algorithm.estimator_options="
                                            "{scope: group_agent}"], TTT_STEPS),
     "kuhn_traj_grpo": Arm("kuhn_selfplay", [*KUHN, "algorithm.estimator=grpo",
                                             "algorithm.estimator_options={scale: false}"],

@@ -34,8 +34,12 @@ from typing import TYPE_CHECKING, Any
 
 from sparring.envs import env_entry, has_game_tree, make
 from sparring.envs.bots import BOTS, make_bot
-from sparring.eval.games import (evaluate_together, evaluate_vs_bot, policy_exploitability,
-                                 policy_vs_minimax)
+from sparring.eval.games import (
+    evaluate_together,
+    evaluate_vs_bot,
+    policy_exploitability,
+    policy_vs_minimax,
+)
 from sparring.policy.hf import HFPolicy
 from sparring.policy.sampling import SamplingParams
 from sparring.rollout.arena import Arena
