@@ -185,6 +185,9 @@ class RandomOpening:
         if not hasattr(env, "clone"):
             raise ValueError(f"RandomOpening: {env.name} has no clone(); random openings "
                              "need it to keep the game from ending in the opening")
+        seat = env.current_seat()
+        if seat is not None and env.legal_actions(seat) is None:
+            raise ValueError(f"RandomOpening: {env.name} lists no legal actions")
         self.env, self.max_moves = env, max_moves
         self.name, self.num_seats = env.name, env.num_seats
         self.reset(0)
@@ -196,9 +199,7 @@ class RandomOpening:
         for _ in range(rng.randint(0, self.max_moves)):
             seat = self.env.current_seat()
             legal = self.env.legal_actions(seat) if seat is not None else []
-            if legal is None:
-                raise ValueError(f"RandomOpening: {self.name} lists no legal actions")
-            safe = [a for a in legal if self._continues(a)]
+            safe = [a for a in legal or [] if self._continues(a)]
             if not safe:
                 break
             move = rng.choice(safe)

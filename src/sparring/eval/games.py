@@ -179,6 +179,19 @@ def action_probabilities(policy: HFPolicy, prompts: list[list[int]],
     return out
 
 
+def _probabilities_at(policy: HFPolicy, arena: Arena, positions: Sequence[tuple[Any, int]]
+                      ) -> list[dict[str, float]]:
+    """`action_probabilities` of ``policy`` at each (env, seat), the prompt being the seat's
+    current observation only (and the arena's system prompt), 256 positions a batch."""
+    builder = PromptBuilder(policy.tokenizer, PromptConfig(
+        history="state", max_prompt_tokens=0, system_prompt=arena.prompt.system_prompt))
+    prompts = [builder.build(e.system_prompt(seat), [], e.observation(seat)).ids
+               for e, seat in positions]
+    legal = [e.legal_actions(seat) for e, seat in positions]
+    return [pr for s in range(0, len(prompts), 256)
+            for pr in action_probabilities(policy, prompts[s:s + 256], legal[s:s + 256])]
+
+
 def policy_exploitability(arena: Arena, policy: HFPolicy | Sequence[HFPolicy], env: str,
                           options: dict[str, Any]) -> float:
     """Exploitability of ``policy`` in every seat, or of ``policy[s]`` in seat ``s``."""
@@ -186,17 +199,9 @@ def policy_exploitability(arena: Arena, policy: HFPolicy | Sequence[HFPolicy], e
     per_seat = list(policy) if isinstance(policy, Sequence) else None
     table: dict[str, dict[str, float]] = {}
     for p in dict.fromkeys(per_seat or [policy]):  # each distinct policy, on its own seats
-        builder = PromptBuilder(p.tokenizer, PromptConfig(
-            history="state", max_prompt_tokens=0, system_prompt=arena.prompt.system_prompt))
         keys = [k for k, (seat, _) in points.items() if per_seat is None or per_seat[seat] is p]
-        prompts, legal = [], []
-        for k in keys:
-            seat, e = points[k]
-            prompts.append(builder.build(e.system_prompt(seat), [], e.observation(seat)).ids)
-            legal.append(e.legal_actions(seat))
-        for s in range(0, len(keys), 256):
-            probs = action_probabilities(p, prompts[s:s + 256], legal[s:s + 256])
-            table.update(zip(keys[s:s + 256], probs))
+        probs = _probabilities_at(p, arena, [(points[k][1], points[k][0]) for k in keys])
+        table.update(zip(keys, probs))
     return exploitability(env, lambda info, acts: table[info], **options)
 
 
@@ -205,14 +210,7 @@ def policy_vs_minimax(arena: Arena, policy: HFPolicy, env: str, options: dict[st
     """The model against minimax, exactly: its constrained-decoding distribution (or, with
     ``greedy``, its most probable action) at each reachable position, the prompt being the
     current observation only, as in `policy_exploitability`."""
-    builder = PromptBuilder(policy.tokenizer, PromptConfig(
-        history="state", max_prompt_tokens=0, system_prompt=arena.prompt.system_prompt))
-
-    def action_probs(envs: list[Any], seat: int) -> list[dict[str, float]]:
-        prompts = [builder.build(e.system_prompt(seat), [], e.observation(seat)).ids
-                   for e in envs]
-        legal = [e.legal_actions(seat) for e in envs]
-        return [pr for s in range(0, len(envs), 256)
-                for pr in action_probabilities(policy, prompts[s:s + 256], legal[s:s + 256])]
-
-    return exact_vs_minimax(lambda: make(env, **options), action_probs, seats, greedy)
+    return exact_vs_minimax(
+        lambda: make(env, **options),
+        lambda envs, seat: _probabilities_at(policy, arena, [(e, seat) for e in envs]),
+        seats, greedy)

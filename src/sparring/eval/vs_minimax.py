@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparring.envs.bots.minimax import minimax_value
+from sparring.envs.bots.minimax import minimax_value, optimal_children
 
 ActionProbs = Callable[[list[Any], int], list[dict[str, float]]]
 
@@ -74,36 +74,21 @@ def _seat_value(env: Any, seat: int) -> float:
     return v if seat == 0 else 0.0 - v  # 0.0 - v: no -0.0 in reports
 
 
-def _optimal_children(env: Any) -> list[tuple[float, Any]]:
-    """(reward of seat 0, child) of each of the mover's optimal actions."""
-    seat = env.current_seat()
-    sign = 1.0 if seat == 0 else -1.0
-    scored = []
-    for a in env.legal_actions(seat):
-        child = env.clone()
-        r = child.step(a).rewards
-        scored.append((sign * (r[0] + minimax_value(child)), r, child))
-    best = max(v for v, _, _ in scored)
-    return [(r, c) for v, r, c in scored if v >= best - 1e-9]
-
-
 def _against_minimax(root: Any, me: int, action_probs: ActionProbs, greedy: bool
                      ) -> tuple[dict[float, float], list[Blunder]]:
     """The distribution of seat ``me``'s return from ``root`` and the blunders on the way."""
     # Forward, one depth at a time: each reachable position once (by state_key), with its
-    # outgoing edges (probability, seat ``me``'s reward, child key).
+    # outgoing edges (probability, seat ``me``'s reward, child key); none at a terminal.
     edges: dict[str, list[tuple[float, float, str]]] = {}
     blunders: list[Blunder] = []
     frontier = {root.state_key(): root}
     while frontier:
-        mine = [(k, e) for k, e in frontier.items()
-                if e.current_seat() == me and k not in edges]
-        probs = action_probs([e for _, e in mine], me) if mine else []
         nxt: dict[str, Any] = {}
-        for (key, env), pi in zip(mine, probs):
+        mine = [(k, e) for k, e in frontier.items() if e.current_seat() == me]
+        for (key, env), pi in zip(mine, action_probs([e for _, e in mine], me) if mine else []):
             played = {max(pi, key=pi.get): 1.0} if greedy else pi
             before = _seat_value(env, me)
-            out = []
+            edges[key] = []
             for a, p in played.items():
                 if p <= 0.0:
                     continue
@@ -112,34 +97,34 @@ def _against_minimax(root: Any, me: int, action_probs: ActionProbs, greedy: bool
                 after = r + _seat_value(child, me)
                 if after < before - 1e-9:
                     blunders.append(Blunder(me, env.observation(me), a, pi[a], before, after))
-                out.append((p, r, child.state_key()))
+                edges[key].append((p, r, child.state_key()))
                 nxt.setdefault(child.state_key(), child)
-            edges[key] = out
         for key, env in frontier.items():
-            if key in edges:
-                continue
             if env.current_seat() is None:
                 edges[key] = []
-                continue
-            kids = _optimal_children(env)
-            edges[key] = [(1.0 / len(kids), r[me], c.state_key()) for r, c in kids]
-            for _, c in kids:
-                nxt.setdefault(c.state_key(), c)
+            elif env.current_seat() != me:  # the bot: uniform over its optimal actions
+                kids = optimal_children(env)
+                sign = 1.0 if me == 0 else -1.0  # zero-sum: r_me = sign * r_0
+                edges[key] = [(1.0 / len(kids), sign * r, c.state_key()) for _, r, c in kids]
+                for _, _, c in kids:
+                    nxt.setdefault(c.state_key(), c)
         frontier = {k: e for k, e in nxt.items() if k not in edges}
 
     memo: dict[str, dict[float, float]] = {}
 
     def returns(key: str) -> dict[float, float]:
+        if not edges[key]:
+            return {0.0: 1.0}
         if key not in memo:
             dist: dict[float, float] = {}
             for p, r, child in edges[key]:
-                for g, q in (returns(child) if edges[child] else {0.0: 1.0}).items():
+                for g, q in returns(child).items():
                     v = round(r + g, 9)
                     dist[v] = dist.get(v, 0.0) + p * q
             memo[key] = dist
         return memo[key]
 
-    return (returns(root.state_key()) if edges[root.state_key()] else {0.0: 1.0}), blunders
+    return returns(root.state_key()), blunders
 
 
 def exact_vs_minimax(make_env: Callable[[], Any], action_probs: ActionProbs,

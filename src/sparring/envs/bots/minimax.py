@@ -43,12 +43,18 @@ def minimax_value(env: Any) -> float:
     return v
 
 
+def optimal_children(env: Any) -> list[tuple[str, float, Any]]:
+    """(action, reward of seat 0, child) of each optimal action of the seat to move: those
+    whose ``r_0 + V(child)`` is the mover's best (max for seat 0, min for seat 1)."""
+    sign = 1.0 if env.current_seat() == 0 else -1.0
+    scored = [(sign * (r + minimax_value(c)), a, r, c) for a, r, c in _children(env)]
+    best = max(v for v, _, _, _ in scored)
+    return [(a, r, c) for v, a, r, c in scored if v >= best - 1e-9]
+
+
 class MinimaxBot(Bot):
     """Optimal play with uniform random tie-breaking among optimal actions."""
 
     def act(self, env: Any, seat: int) -> str:
         self._legal(env, seat)
-        scored = [(a, r + minimax_value(c)) for a, r, c in _children(env)]
-        sign = 1.0 if seat == 0 else -1.0
-        best = max(sign * v for _, v in scored)
-        return self.rng.choice([a for a, v in scored if sign * v >= best - 1e-9])
+        return self.rng.choice([a for a, _, _ in optimal_children(env)])
