@@ -1,7 +1,7 @@
 import pytest
 
 from sparring.envs import make
-from sparring.envs.wrappers import RandomOpening, TryAgain, TurnBudget
+from sparring.envs.wrappers import RandomOpening, SymmetricViews, TryAgain, TurnBudget
 
 GYM_4X4 = ["SFFF", "FHFH", "FFFH", "HFFG"]
 
@@ -136,3 +136,87 @@ def test_random_opening_needs_clone():
         RandomOpening(make("arithmetic"), 2)
     with pytest.raises(ValueError, match="max_moves"):
         RandomOpening(make("tictactoe"), -1)
+
+
+TTT_LINES = [{0, 1, 2}, {3, 4, 5}, {6, 7, 8}, {0, 3, 6}, {1, 4, 7}, {2, 5, 8}, {0, 4, 8}, {2, 4, 6}]
+
+
+def test_tictactoe_views_are_the_eight_symmetries_of_the_square():
+    """Each view is a permutation of the cells that maps the 8 winning lines onto
+    themselves and the centre to itself; there are 8 distinct ones (the square's group has
+    8 elements), identity first, closed under composition."""
+    from sparring.envs.games.tictactoe import VIEWS
+
+    assert len(set(VIEWS)) == 8 and VIEWS[0] == tuple(range(9))
+    for p in VIEWS:
+        assert sorted(p) == list(range(9)) and p[4] == 4
+        assert sorted(map(sorted, ({p[i] for i in line} for line in TTT_LINES))) == \
+            sorted(map(sorted, TTT_LINES))
+    assert {tuple(p[q[i]] for i in range(9)) for p in VIEWS for q in VIEWS} == set(VIEWS)
+
+
+@pytest.mark.parametrize("game, options", [("tictactoe", {"compact": True}), ("connect_four", {})])
+def test_symmetric_views_play_the_same_game_in_each_seats_own_view(game, options):
+    """Random play through the views: each seat's observation is the plain game's
+    observation of the board seen through its view (for tic-tac-toe's compact text, cell i
+    shown is the board's cell VIEWS[v][i]), its legal moves are the board's in its view,
+    and the moves it names land on the board where its view says."""
+    import random
+
+    env = SymmetricViews(make(game, **options))
+    plain = make(game, **options)
+    rng = random.Random(0)
+    seen_views = set()
+    for seed in range(30):
+        env.reset(seed)
+        plain.reset(seed)
+        seen_views.add(tuple(env.views))
+        while env.current_seat() is not None:
+            seat = env.current_seat()
+            v = env.views[seat]
+            legal = env.legal_actions(seat)
+            assert legal == sorted(plain.view_action(a, v) for a in plain.legal_actions(seat))
+            if game == "tictactoe":
+                from sparring.envs.games.tictactoe import VIEWS
+
+                board = plain.state_key()
+                assert env.observation(seat) == "XO"[seat] + " " + "".join(board[VIEWS[v][i]]
+                                                                           for i in range(9))
+            else:
+                rows = plain.observation(seat).split("\n")[:6]
+                assert env.observation(seat).split("\n")[:6] == \
+                    [r[::-1] if v else r for r in rows]
+            move = rng.choice(legal)
+            assert env.parse(seat, f"<answer>{move}</answer>").action == move
+            a = env.step(move)
+            b = plain.step(plain.board_action(move, v))
+            assert a.rewards == b.rewards and a.done == b.done
+            assert env.state_key().split("|")[0] == plain.state_key()
+        assert env.returns() == plain.returns()
+    assert len(seen_views) > 4 if game == "tictactoe" else len(seen_views) == 4
+    env.reset(7)
+    first = list(env.views)
+    env.reset(7)
+    assert env.views == first  # drawn from the reset seed
+
+
+def test_symmetric_views_keep_minimax_value_and_search_through_clones():
+    """Minimax through per-seat views still draws (the game's value is unchanged) and
+    the views are kept by clones (the bot searches copies)."""
+    from sparring.envs.bots import make_bot
+
+    env = SymmetricViews(make("tictactoe", compact=True))
+    bot = make_bot("minimax", 0)
+    for seed in range(6):
+        env.reset(seed)
+        while env.current_seat() is not None:
+            seat = env.current_seat()
+            env.step(env.parse(seat, bot(env, seat)).action)
+        assert env.returns() == [0.0, 0.0]
+    twin = env.clone()
+    assert twin.views == env.views and twin.env is not env.env
+
+
+def test_symmetric_views_need_a_game_with_symmetries():
+    with pytest.raises(ValueError, match="kuhn_poker declares no symmetries"):
+        SymmetricViews(make("kuhn_poker"))

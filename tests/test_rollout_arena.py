@@ -256,3 +256,50 @@ def test_bad_arguments(tiny):
         Arena().play(lambda: Race(2), seat_players=[stub, stub, stub])
     with pytest.raises(RuntimeError, match="bot 'bad'"):
         Arena().play(lambda: Race(2), seat_players=BotPlayer(lambda e, s: "9", name="bad"))
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.5, 1.0])
+def test_an_exploring_frozen_player_plays_uniform_legal_moves_with_probability_epsilon(tiny, epsilon):
+    """The stub always says "1"; with probability epsilon a turn is a uniform draw from the
+    legal moves instead, so where both "1" and "2" are legal, "2" has frequency epsilon / 2,
+    and the stub is asked only for the other turns."""
+    _, tok = tiny
+    stub = Stub(tok, lambda c, i, a: "1")
+    explorer = ModelPlayer(stub, name="explorer", train=False, explore=epsilon)
+    ones = BotPlayer(lambda env, seat: "1", name="ones")
+    arena = Arena(SamplingParams(max_new_tokens=4), PromptConfig("full"),
+                  InvalidActionPolicy("constrained"))
+    race = lambda: Race(2, target=30)  # noqa: E731
+    eps = arena.play(race, seeds=list(range(40)), group_size=5, seat_players=[explorer, ones])
+    mine = [t for e in eps for t in e.turns if t.agent == 0]
+    both_legal = [t for t in mine if int(t.state_key.split(":")[0]) <= 28]
+    twos = sum(t.action_text == "2" for t in both_legal) / len(both_legal)
+    n = len(both_legal)
+    assert n > 1000 and abs(twos - epsilon / 2) < 4 * (0.25 / n) ** 0.5 + 1e-9
+    asked = sum(len(call["prompts"]) for call in stub.calls)
+    explored = len(mine) - asked
+    assert abs(explored / len(mine) - epsilon) < 4 * (0.25 / len(mine)) ** 0.5 + 1e-9
+    assert all(not t.action_ids for t in mine)  # frozen: no training rows either way
+    if 0 < epsilon < 1:  # an explored move is in the explorer's own history, as if sampled
+        prompts = [tok.decode(p) for call in stub.calls for p in call["prompts"]]
+        assert any(">2<" in p for p in prompts)
+    again = arena.play(race, seeds=list(range(40)), group_size=5, seat_players=[explorer, ones])
+    assert [[t.action_text for t in e.turns] for e in again] == \
+        [[t.action_text for t in e.turns] for e in eps]  # seeded per episode and turn
+
+
+def test_exploring_players_are_checked(tiny):
+    _, tok = tiny
+    stub = Stub(tok, lambda c, i, a: "1")
+    with pytest.raises(ValueError, match="explore is for frozen players"):
+        ModelPlayer(stub, train=True, explore=0.1)
+    with pytest.raises(ValueError, match=r"explore=1.5; must be in \[0, 1\]"):
+        ModelPlayer(stub, train=False, explore=1.5)
+
+    class FreeText(Race):
+        def legal_actions(self, seat):
+            return None
+
+    explorer = ModelPlayer(stub, name="explorer", train=False, explore=1.0)
+    with pytest.raises(ValueError, match="'explorer' explores .* lists no legal actions"):
+        Arena().play(lambda: FreeText(2), seeds=[0], seat_players=[explorer, explorer])

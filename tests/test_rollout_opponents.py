@@ -96,3 +96,10 @@ def test_errors_are_named():
     pool, _ = _pool()
     with pytest.raises(ValueError, match="already"):
         pool.add_bot(lambda e, s: "2", name="ones")
+
+
+def test_pool_snapshots_explore_with_the_pools_epsilon():
+    pool, _ = _pool("uniform", explore=0.25)
+    snapshot = pool._player(pool.checkpoints[0])
+    assert isinstance(snapshot, ModelPlayer) and not snapshot.train and snapshot.explore == 0.25
+    assert isinstance(pool.bots[0], BotPlayer)  # bots play as they are

@@ -204,3 +204,27 @@ def test_opening_moves_start_each_group_at_its_own_random_position(tmp_path):
             sum(c != "." for c in ep.turns[0].state_key) + len(ep.turns) - 1
     plain = build(_cfg(["rollout.episodes_per_step=96"]), tmp_path / "plain").rollout_fn(0)
     assert {ep.turns[0].state_key for ep in plain} == {"." * 9}
+
+
+def test_symmetric_views_show_each_seat_its_own_view(tmp_path):
+    """With envs.0.symmetric_views, a training turn's prompt is the board seen through the
+    mover's view (its state key says which), a group shares its views, and the policy's
+    first turns spread over the views; without the option the plain game is played."""
+    from sparring.envs.games.tictactoe import VIEWS
+
+    cfg = _cfg(["envs.0.symmetric_views=true", "rollout.episodes_per_step=96",
+                "envs.0.opponents=[self, random]"])
+    parts = build(cfg, tmp_path)
+    eps = parts.rollout_fn(0)
+    views: dict[int, set[str]] = {}
+    for ep in eps:
+        for t in ep.turns:
+            board, view = t.state_key.split("|view")
+            shown = "".join(board[i] for i in VIEWS[int(view)])
+            assert t.prompt_text.endswith(f"{'XO'[t.agent]} {shown}<|end|><|assistant|>") \
+                or not t.prompt_text  # a bot's turn has no prompt
+        views.setdefault(ep.group, set()).add(ep.turns[0].state_key)
+    assert all(len(v) == 1 for v in views.values())  # a group shares its views
+    assert len({next(iter(v)) for v in views.values()}) > 3
+    plain = build(_cfg(["rollout.episodes_per_step=96"]), tmp_path / "plain").rollout_fn(0)
+    assert all("|" not in t.state_key for ep in plain for t in ep.turns)

@@ -1,6 +1,7 @@
-"""Environment wrappers: try-again feedback, a (scheduled) turn budget, random openings.
+"""Environment wrappers: try-again feedback, a (scheduled) turn budget, random openings,
+per-seat symmetric views.
 
-Both implement the `Env` protocol around an inner env and pass everything else through.
+All implement the `Env` protocol around an inner env and pass everything else through.
 
 Truncation convention (all Sparring envs): an episode cut short by a step or turn limit
 ends with ``StepResult(done=True, info={"truncated": True, ...})``; an episode that ended
@@ -10,10 +11,12 @@ Learners that bootstrap values must not treat a truncated end as terminal.
 
 from __future__ import annotations
 
+import copy
 import random
 from collections.abc import Callable
 
 from sparring.envs.base import Env, ParseResult, StepResult
+from sparring.envs.parsing import parse_choice
 
 
 class TryAgain:
@@ -238,4 +241,72 @@ class RandomOpening:
         return self.env.clone()
 
 
-__all__ = ["RandomOpening", "TryAgain", "TurnBudget"]
+class SymmetricViews:
+    """Each seat plays the game through its own symmetry of the board, drawn uniformly at
+    `reset` from the reset seed (episodes reset with one seed, e.g. a group's, share their
+    views): seat ``s`` sees ``env.observation(s, view=v_s)``, names its moves in that view,
+    and its moves are mapped back to the board (``env.board_action``). The game itself, its
+    rewards and its value are unchanged; what changes is that a line one seat knows is met
+    by the other in every orientation, where plain self-play repeats it in one.
+
+    Needs a game that declares its symmetries: ``symmetries() -> int`` (view 0 the
+    identity), ``observation(seat, view)``, ``view_action(action, view)`` (board -> view)
+    and ``board_action(action, view)`` (view -> board), as tic-tac-toe and Connect Four do.
+    ``state_key()`` is the inner key with the mover's view (``"...|view3"``): anchor states
+    stay states whose observations are identical.
+    """
+
+    def __init__(self, env: Env):
+        needs = ("symmetries", "view_action", "board_action", "ALL_ACTIONS")
+        missing = [m for m in needs if not hasattr(env, m)]
+        if missing:
+            raise ValueError(f"SymmetricViews: {env.name} declares no symmetries (no "
+                             f"{', '.join(missing)})")
+        self.env, self.name, self.num_seats = env, env.name, env.num_seats
+        self.reset(0)
+
+    def reset(self, seed: int) -> None:
+        self.env.reset(seed)
+        rng = random.Random(f"views/{seed}")
+        self.views = [rng.randrange(self.env.symmetries()) for _ in range(self.num_seats)]
+
+    def current_seat(self) -> int | None:
+        return self.env.current_seat()
+
+    def system_prompt(self, seat: int) -> str:
+        return self.env.system_prompt(seat)
+
+    def observation(self, seat: int) -> str:
+        return self.env.observation(seat, view=self.views[seat])
+
+    def legal_actions(self, seat: int) -> list[str] | None:
+        legal = self.env.legal_actions(seat)
+        if legal is None:
+            return None
+        return sorted(self.env.view_action(a, self.views[seat]) for a in legal)
+
+    def parse(self, seat: int, text: str) -> ParseResult:
+        """The move named in ``seat``'s view (`step` maps it to the board)."""
+        return parse_choice(text, self.legal_actions(seat) or [], list(self.env.ALL_ACTIONS))
+
+    def step(self, action: str) -> StepResult:
+        seat = self.env.current_seat()
+        if seat is None or action not in self.env.ALL_ACTIONS:
+            return self.env.step(action)  # the inner game's own error
+        return self.env.step(self.env.board_action(action, self.views[seat]))
+
+    def state_key(self) -> str:
+        seat = self.env.current_seat()
+        key = self.env.state_key()
+        return key if seat is None else f"{key}|view{self.views[seat]}"
+
+    def returns(self) -> list[float]:
+        return self.env.returns()
+
+    def clone(self) -> SymmetricViews:
+        twin = copy.copy(self)
+        twin.env, twin.views = self.env.clone(), list(self.views)
+        return twin
+
+
+__all__ = ["RandomOpening", "SymmetricViews", "TryAgain", "TurnBudget"]

@@ -19,8 +19,11 @@ split among rollout workers (`sparring.distributed`). Without it (or for a polic
 ``seeds``) model seats draw from their policy's generator in batch order.
 Players: see `sparring.rollout.players` (a bare policy or bot callable is accepted).
 
-Each step, every unfinished episode's current seat is served: bots act at once; model
-seats are gathered, per (policy, sampling) pair, into one ``generate`` call over all
+Each step, every unfinished episode's current seat is served: bots act at once, and so
+does a frozen model player with ``explore`` = epsilon when its turn's draw (seeded from the
+episode's sample seed, or its seed and group, and the turn index) falls under epsilon: it
+plays a uniformly random legal action (the env must list them); other model seats are
+gathered, per (policy, sampling) pair, into one ``generate`` call over all
 episodes. The action text is parsed by ``env.parse``; invalid actions follow the
 `InvalidActionPolicy`: ``forfeit`` (penalty, episode ends, ``info["forfeit"] = seat``),
 ``retry`` (penalty, the seat is asked again with the parser's error shown before the
@@ -46,6 +49,7 @@ episode), ``invalid`` ("illegal"/"unparsable"), ``prompt_text``/``action_text`` 
 from __future__ import annotations
 
 import inspect
+import random
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -76,6 +80,7 @@ class _Slot:
     feedback: str = ""
     done: bool = False
     sample_seed: int | None = None  # the episode's random stream (see Arena.play)
+    explore_seed: int = 0  # the stream of an exploring player's draws (ModelPlayer.explore)
     req: dict[str, Any] = field(default_factory=dict)
 
 
@@ -117,6 +122,8 @@ class Arena:
                 slots.append(self._start(env, env_options or {}, int(seed), group_offset + j, sp))
                 if sample_seeds is not None:
                     slots[-1].sample_seed = _mix(sample_seeds[j], m)
+                slots[-1].explore_seed = _mix("explore", sample_seeds[j] if sample_seeds
+                                              is not None else (int(seed), group_offset + j), m)
         self._builders.clear()
         active = [s for s in slots if not s.done]
         while active:
@@ -127,8 +134,10 @@ class Arena:
                 if isinstance(player, BotPlayer):
                     self._apply(s, seat, player.fn(s.env, seat), None, None)
                     continue
-                sp = player.sampling or self.sampling
                 user = s.feedback + s.env.observation(seat)
+                if player.explore and self._explore(s, seat, player, user):
+                    continue
+                sp = player.sampling or self.sampling
                 rendered = self._builder(player).build(s.env.system_prompt(seat), s.hist[seat], user)
                 legal = s.env.legal_actions(seat) if self.invalid.mode == "constrained" else None
                 s.req = dict(seat=seat, user=user, rendered=rendered, legal=legal)
@@ -146,6 +155,22 @@ class Arena:
                     self._apply(s, s.req["seat"], gen.text, gen, s.req["rendered"])
             active = [s for s in active if not s.done]
         return [s.ep for s in slots]
+
+    def _explore(self, s: _Slot, seat: int, player: ModelPlayer, user: str) -> bool:
+        """With probability ``player.explore``, play a uniformly random legal action for
+        ``seat`` (recorded in the seat's history as if sampled) and return True."""
+        rng = random.Random(_mix(s.explore_seed, len(s.ep.turns)))
+        if rng.random() >= player.explore:
+            return False
+        legal = s.env.legal_actions(seat)
+        if not legal:
+            raise ValueError(f"player {player.name!r} explores (explore={player.explore}), but "
+                             f"{s.env.name!r} lists no legal actions to draw from")
+        text = rng.choice(legal)
+        ids = self._builder(player)._encode(text)
+        self._apply(s, seat, text, None, None)
+        s.hist[seat].append(Exchange(user, ids, text))
+        return True
 
     def _start(self, env: str | Callable[[], Env], options: dict[str, Any], seed: int, group: int,
                sp: SeatPlayers) -> _Slot:

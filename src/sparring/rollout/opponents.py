@@ -11,7 +11,8 @@ ones (a dropped one also leaves the cache). Checkpoints are folders loaded on de
 `HFPolicy.from_pretrained`; the path is passed as recorded, so a run's rollouts record
 paths relative to the run folder and their loader resolves them there, see
 `sparring.rollout.schedule.Rollouts`), keeping the ``cache_size`` most recently used in memory, and
-play as ``ModelPlayer(train=False)`` (their turns are context, not training rows).
+play as ``ModelPlayer(train=False, explore=explore)`` (their turns are context, not training
+rows; ``explore`` = epsilon: each of their moves is uniformly random with probability epsilon).
 `state_dict` / `load_state_dict` save the checkpoint list and the sampler's RNG state (plain
 JSON); bots are code, so the restoring side adds the same bots first (names are checked).
 
@@ -43,7 +44,8 @@ class _Checkpoint:
 
 class OpponentPool:
     def __init__(self, mode: str = "uniform", decay: float = 0.7, max_checkpoints: int = 0,
-                 seed: int = 0, loader: Callable[[str], Any] | None = None, cache_size: int = 2):
+                 seed: int = 0, loader: Callable[[str], Any] | None = None, cache_size: int = 2,
+                 explore: float = 0.0):
         if mode not in MODES:
             raise ValueError(f"opponents.mode={mode!r}; allowed: {', '.join(MODES)}")
         if not 0 < decay <= 1:
@@ -54,6 +56,7 @@ class OpponentPool:
         self.rng = random.Random(seed)
         self.loader = loader or _load_hf
         self.cache_size = cache_size
+        self.explore = explore
         self.bots: list[BotPlayer] = []
         self.checkpoints: list[_Checkpoint] = []
         self._cache: OrderedDict[str, ModelPlayer] = OrderedDict()
@@ -97,7 +100,8 @@ class OpponentPool:
             self._cache.move_to_end(ck.path)
             return self._cache[ck.path]
         p = as_player(self.loader(ck.path))
-        player = ModelPlayer(p.policy, name=ck.name, train=False) if isinstance(p, ModelPlayer) else p
+        player = (ModelPlayer(p.policy, name=ck.name, train=False, explore=self.explore)
+                  if isinstance(p, ModelPlayer) else p)
         self._cache[ck.path] = player
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)

@@ -1,12 +1,14 @@
 """Who sits in a seat: a model (the training policy, a frozen checkpoint, another model)
 or a bot.
 
-* `ModelPlayer(policy, name, train, sampling, prompt)`: ``policy`` is anything with a
-  ``tokenizer`` and ``generate(prompts, sampling, allowed=None) -> list[Generation]``
+* `ModelPlayer(policy, name, train, sampling, prompt, explore)`: ``policy`` is anything
+  with a ``tokenizer`` and ``generate(prompts, sampling, allowed=None) -> list[Generation]``
   (`HFPolicy`, `VLLMPolicy`). ``train=True`` records the turn's token ids and log-probs
   (rows for the learner); ``train=False`` (frozen opponents) records the action text
   only, so `collate` makes no row for it. ``sampling``/``prompt``: per-player overrides
-  of the arena's defaults.
+  of the arena's defaults. ``explore`` = epsilon (frozen players only): at each of its
+  turns the player plays a uniformly random legal action with probability epsilon
+  instead of its policy's (an epsilon-greedy opponent, seeded per turn by the arena).
 * `BotPlayer(fn, name)`: ``fn(env, seat) -> action string`` (the games' bots); its turns
   are recorded as text with empty token ids.
 
@@ -40,6 +42,15 @@ class ModelPlayer:
     train: bool = True
     sampling: SamplingParams | None = None
     prompt: PromptConfig | None = None
+    explore: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.explore <= 1.0:
+            raise ValueError(f"ModelPlayer {self.name!r}: explore={self.explore}; must be in "
+                             "[0, 1]")
+        if self.explore and self.train:
+            raise ValueError(f"ModelPlayer {self.name!r}: explore is for frozen players "
+                             "(train=False); a trained player's rows must be its own samples")
 
 
 @dataclass(eq=False)

@@ -27,7 +27,9 @@ uninterrupted one, and `Rollouts.play` of any split of the tasks, concatenated i
 order, gives the same episodes as the whole step (what `sparring.distributed` relies on).
 An env named by an alias plays exactly as under its canonical name. With
 ``envs[].opening_moves`` a spec's episodes start after a random opening drawn from their
-reset seed (`sparring.envs.wrappers.RandomOpening`), so a group shares its opening.
+reset seed (`sparring.envs.wrappers.RandomOpening`), so a group shares its opening; with
+``envs[].symmetric_views`` each seat sees the board through its own symmetry, drawn from
+the reset seed too (`sparring.envs.wrappers.SymmetricViews`); see `training_env`.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from sparring.data import Episode
 from sparring.envs import env_entry, make
 from sparring.envs.bots import BOTS, make_bot
 from sparring.envs.invalid import InvalidActionPolicy
-from sparring.envs.wrappers import RandomOpening
+from sparring.envs.wrappers import RandomOpening, SymmetricViews
 from sparring.policy.hf import HFPolicy
 from sparring.policy.sampling import SamplingParams
 from sparring.rollout.arena import Arena
@@ -58,14 +60,22 @@ from sparring.rollout.seating import learner_seat, rotating
 from sparring.train.lora import is_peft, merged_state
 
 if TYPE_CHECKING:
+    from sparring.envs.base import Env
     from sparring.train.config import Config, EnvSpec, RolloutConfig
 
 SPECIAL_OPPONENTS = ("self", "pool")  # opponent kinds besides the bots of BOTS
 _SNAPSHOT_RE = re.compile(r"^step-(\d+)(?:\.([A-Za-z][\w-]*))?$")  # .NAME: policy NAME's
 
 
-def _with_opening(name: str, max_moves: int, **options: Any) -> RandomOpening:
-    return RandomOpening(make(name, **options), max_moves)
+def training_env(name: str, spec: EnvSpec, **options: Any) -> Env:
+    """Env ``name`` as a training episode of ``spec`` plays it: through per-seat symmetric
+    views (``symmetric_views``), after a random opening (``opening_moves``)."""
+    env = make(name, **options)
+    if spec.symmetric_views:
+        env = SymmetricViews(env)
+    if spec.opening_moves:
+        env = RandomOpening(env, spec.opening_moves)
+    return env
 
 
 def check_opponents(spec: EnvSpec) -> None:
@@ -161,7 +171,8 @@ class Rollouts:
         # a pool per policy ('' for the one policy of a run), the same bots in each
         self.pools = {n: OpponentPool(mode=r.pool_mode, max_checkpoints=r.pool_max,
                                       seed=cfg.train.seed, loader=self._load_snapshot,
-                                      cache_size=r.pool_cache or r.pool_max)
+                                      cache_size=r.pool_cache or r.pool_max,
+                                      explore=r.pool_explore)
                       for n in (self.policies or [""])}
         self.pool = next(iter(self.pools.values()))
         unknown = [name for name in r.pool_bots if name not in BOTS]
@@ -320,9 +331,8 @@ class Rollouts:
                 return choosers[t](run[t].index * gs + m)
 
             kw["players_fn"] = players
-        if spec.opening_moves:
-            return self.arena.play(partial(_with_opening, name, spec.opening_moves),
-                                   dict(spec.options), **kw)
+        if spec.opening_moves or spec.symmetric_views:
+            return self.arena.play(partial(training_env, name, spec), dict(spec.options), **kw)
         return self.arena.play(name, dict(spec.options), **kw)
 
     def _chooser(self, kind: str, seed: int, learner: Any, seats: Sequence[str],

@@ -68,6 +68,11 @@ class EnvSpec:
         0, "exploring starts: each group of training episodes begins after n random legal "
         "moves, n uniform in 0..opening_moves (never a move that ends the game; games that "
         "pay at the end; evaluation plays the plain game)", ge=0)
+    symmetric_views: bool = opt(
+        False, "each seat sees the board through its own random symmetry of the game "
+        "(drawn per episode from its reset seed; the game must declare its symmetries, as "
+        "tictactoe and connect_four do), so self-play meets its lines in every orientation; "
+        "training only, evaluation plays the plain game")
     seats: list[str] = opt(
         [], "the policy (a name in `policies`) of each seat, one name per seat; with bot "
         "opponents the bot takes every seat but the rotating one, played by that seat's "
@@ -107,6 +112,10 @@ class RolloutConfig:
         "fewer saves memory with large models but reloads a snapshot from disk each time "
         "a draw misses)", ge=0)
     pool_bots: list[str] = opt(["random"], "bots in the opponent pool besides snapshots")
+    pool_explore: float = opt(
+        0.0, "epsilon of the pool's snapshots: at each of their moves they play a uniformly "
+        "random legal move with this probability (opponent exploration: the learner meets "
+        "positions its past selves would not reach, then their follow-up play)", ge=0, le=1)
     pool_mode: Literal["uniform", "recency"] = opt(
         "recency", "how the pool samples: uniformly, or favouring recent snapshots")
 
@@ -639,8 +648,13 @@ def _env_options_check(i: int, env: EnvSpec) -> None:
             from None
     except (TypeError, ValueError, KeyError) as e:
         raise ConfigError(f"{key}: {entry.name} rejects {env.options!r}: {e}") from None
+    from sparring.envs.wrappers import RandomOpening, SymmetricViews
+    if env.symmetric_views:
+        try:
+            made = SymmetricViews(made)
+        except ValueError as e:
+            raise ConfigError(f"envs.{i}.symmetric_views: {e}") from None
     if env.opening_moves:
-        from sparring.envs.wrappers import RandomOpening
         try:
             RandomOpening(made, env.opening_moves)
         except ValueError as e:

@@ -3,6 +3,9 @@
 A piece drops to the lowest empty cell of its column; four in a row (horizontal, vertical
 or diagonal) wins (+1 / -1); a full board is a draw (0). No chance. Rules as OpenSpiel's
 ``connect_four`` (column k <-> action k-1).
+
+Symmetries (for `sparring.envs.wrappers.SymmetricViews`): the board as it is (view 0) and
+its mirror image (view 1: column k shown as column 8 - k).
 """
 
 from __future__ import annotations
@@ -47,20 +50,35 @@ class ConnectFour(TwoPlayerBoardGame):
                 "Drop a piece into a column (1-7); get four in a row in any direction. "
                 "Reply with one column, e.g. <answer>4</answer>.")
 
-    def board_text(self) -> str:
+    def board_text(self, view: int = 0) -> str:
         g = self.grid
-        rows = ["".join(g[c * ROWS + r] for c in range(COLS)) for r in range(ROWS - 1, -1, -1)]
+        cols = range(COLS - 1, -1, -1) if view else range(COLS)
+        rows = ["".join(g[c * ROWS + r] for c in cols) for r in range(ROWS - 1, -1, -1)]
         return "\n".join(rows) + "\n1234567"
 
-    def observation(self, seat: int) -> str:
+    def symmetries(self) -> int:
+        """How many views `observation` and `view_action` / `board_action` know (2)."""
+        return 2
+
+    def view_action(self, action: str, view: int) -> str:
+        """The board's column ``action`` as named in view ``view`` (1: mirrored)."""
+        return COLUMNS[COLS - int(action)] if view else action
+
+    def board_action(self, action: str, view: int) -> str:
+        """The column named ``action`` in view ``view``, as the board's column."""
+        return self.view_action(action, view)  # the mirror is its own inverse
+
+    def observation(self, seat: int, view: int = 0) -> str:
+        """What ``seat`` sees, through view ``view`` of the board (0: as it is)."""
         self._check_seat(seat)
-        head = f"{self.board_text()}\nYou are {MARKS[seat]}."
+        head = f"{self.board_text(view)}\nYou are {MARKS[seat]}."
         if self.done:
             return head + (" Game over: draw." if self.winner is None
                            else f" Game over: {MARKS[self.winner]} wins.")
         if seat != self.turn:
             return head + f" Waiting for {MARKS[self.turn]}."
-        return head + f" Legal: {' '.join(self.legal_actions(seat))}"
+        legal = sorted(self.view_action(a, view) for a in self.legal_actions(seat))
+        return head + f" Legal: {' '.join(legal)}"
 
     def _wins(self, col: int, row: int, mark: str) -> bool:
         g = self.grid

@@ -2,6 +2,10 @@
 
 Rewards at the end only: +1 win, -1 loss, 0 draw. No chance: ``reset(seed)`` gives the
 empty board for every seed. Rules as in OpenSpiel's ``tic_tac_toe`` (cell k <-> action k-1).
+
+Symmetries (for `sparring.envs.wrappers.SymmetricViews`): the 8 of the square (dihedral
+group D4), each a permutation ``p`` of the cells; through view ``v`` the cell shown at
+index ``i`` is the board's cell ``VIEWS[v][i]`` (view 0 is the board as it is).
 """
 
 from __future__ import annotations
@@ -14,6 +18,19 @@ LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4
 _LINES_THROUGH = tuple(tuple(ln for ln in LINES if c in ln) for c in range(9))
 MARKS = ("X", "O")
 CELLS = tuple(str(i) for i in range(1, 10))
+
+
+def _square_symmetries() -> tuple[tuple[int, ...], ...]:
+    """The 8 symmetries of the 3x3 square as cell permutations, identity first: the view's
+    cell (r, c) shows the board's cell ``f(r, c)`` for the 4 rotations and their mirrors."""
+    maps = (lambda r, c: (r, c), lambda r, c: (2 - c, r), lambda r, c: (2 - r, 2 - c),
+            lambda r, c: (c, 2 - r), lambda r, c: (r, 2 - c), lambda r, c: (2 - r, c),
+            lambda r, c: (c, r), lambda r, c: (2 - c, 2 - r))
+    return tuple(tuple(3 * f(i // 3, i % 3)[0] + f(i // 3, i % 3)[1] for i in range(9))
+                 for f in maps)
+
+
+VIEWS = _square_symmetries()
 
 
 class TicTacToe(TwoPlayerBoardGame):
@@ -44,9 +61,22 @@ class TicTacToe(TwoPlayerBoardGame):
         return (f"Tic-tac-toe. You are {MARKS[seat]}; X moves first. Cells are numbered\n"
                 "123\n456\n789\nGet three in a row. Reply with one cell, e.g. <answer>5</answer>.")
 
-    def observation(self, seat: int) -> str:
+    def symmetries(self) -> int:
+        """How many views `observation` and `view_action` / `board_action` know (8)."""
+        return len(VIEWS)
+
+    def view_action(self, action: str, view: int) -> str:
+        """The board's cell ``action`` as named in view ``view``."""
+        return CELLS[VIEWS[view].index(int(action) - 1)]
+
+    def board_action(self, action: str, view: int) -> str:
+        """The cell named ``action`` in view ``view``, as the board's cell."""
+        return CELLS[VIEWS[view][int(action) - 1]]
+
+    def observation(self, seat: int, view: int = 0) -> str:
+        """What ``seat`` sees, through symmetry ``view`` of the board (0: as it is)."""
         self._check_seat(seat)
-        b = "".join(self.board)
+        b = "".join(self.board[i] for i in VIEWS[view])
         if self.compact and not self.done and seat == self.turn:
             return f"{MARKS[seat]} {b}"  # the mover's mark, then cells 1-9 in order
         rows = f"{b[0:3]}\n{b[3:6]}\n{b[6:9]}\n"
@@ -55,7 +85,8 @@ class TicTacToe(TwoPlayerBoardGame):
             return rows + f"You are {MARKS[seat]}. Game over: {end}"
         if seat != self.turn:
             return rows + f"You are {MARKS[seat]}. Waiting for {MARKS[self.turn]}."
-        return rows + f"You are {MARKS[seat]}. Legal: {' '.join(self.legal_actions(seat))}"
+        legal = sorted(self.view_action(a, view) for a in self.legal_actions(seat))
+        return rows + f"You are {MARKS[seat]}. Legal: {' '.join(legal)}"
 
     def step(self, action: str) -> StepResult:
         if self.done or action not in CELLS or self.board[int(action) - 1] != ".":
