@@ -47,7 +47,9 @@ from pathlib import Path
 
 from runner import Arm, Job, main
 
-TTT = ["envs.0.opponents=[self]", "train.epochs=2", "eval.every=20"]
+# the recipe as this study ran it: no per-seat views, entropy 0.01 (session 8 changed both)
+TTT = ["envs.0.opponents=[self]", "envs.0.symmetric_views=false",
+       "algorithm.entropy_coef=0.01", "train.epochs=2", "eval.every=20"]
 TURN = "algorithm.estimator=turn_rtg"  # the default recipe's estimator is turn_gae since session 7
 KUHN: list[str] = []
 TTT_STEPS, KUHN_STEPS = 80, 400

@@ -62,7 +62,8 @@ def test_eval_reports_rates_with_intervals(tmp_path):
 
 
 def test_eval_scores_exploitability_where_the_env_declares_a_tree(tmp_path):
-    cfg = _cfg(["eval.games=2", "envs.0.name=leduc_poker", "envs.0.options={compact: true}"])
+    cfg = _cfg(["eval.games=2", "envs.0.name=leduc_poker", "envs.0.options={compact: true}",
+                "envs.0.symmetric_views=false"])
     out = build(cfg, tmp_path).eval_fn(0, None)
     assert 0.0 < out["leduc/exploitability"] < 14.0  # keys use the canonical name
     assert "leduc/exploitability_average" not in out  # no learner, no magnet

@@ -40,7 +40,7 @@ def test_rotation_puts_the_learner_in_every_seat_in_turn():
 
 
 def test_rollouts_mix_self_play_bots_and_the_pool(tmp_path):
-    cfg = _cfg(["rollout.pool_every=1"])
+    cfg = _cfg(["rollout.pool_every=1", "envs.0.opponents=[self, random, random, pool]"])
     roll = build(cfg, tmp_path).rollout_fn
     eps = roll(1)  # step 1 adds the first snapshot to the pool
     assert len(eps) == 24
@@ -188,7 +188,7 @@ def test_a_lora_policys_pool_snapshot_plays_as_the_policy_did(tmp_path):
 
 def test_opening_moves_start_each_group_at_its_own_random_position(tmp_path):
     cfg = _cfg(["envs.0.opening_moves=4", "rollout.episodes_per_step=96",
-                "envs.0.opponents=[self, random]"])
+                "envs.0.opponents=[self, random]", "envs.0.symmetric_views=false"])
     parts = build(cfg, tmp_path)
     eps = parts.rollout_fn(0)
     starts: dict[int, set[str]] = {}
@@ -202,7 +202,8 @@ def test_opening_moves_start_each_group_at_its_own_random_position(tmp_path):
     for ep in eps:  # the opening is nobody's turn: every recorded turn is a player's move
         assert sum(c != "." for c in ep.turns[-1].state_key) == \
             sum(c != "." for c in ep.turns[0].state_key) + len(ep.turns) - 1
-    plain = build(_cfg(["rollout.episodes_per_step=96"]), tmp_path / "plain").rollout_fn(0)
+    plain = build(_cfg(["rollout.episodes_per_step=96", "envs.0.symmetric_views=false"]),
+                  tmp_path / "plain").rollout_fn(0)
     assert {ep.turns[0].state_key for ep in plain} == {"." * 9}
 
 
@@ -226,5 +227,6 @@ def test_symmetric_views_show_each_seat_its_own_view(tmp_path):
         views.setdefault(ep.group, set()).add(ep.turns[0].state_key)
     assert all(len(v) == 1 for v in views.values())  # a group shares its views
     assert len({next(iter(v)) for v in views.values()}) > 3
-    plain = build(_cfg(["rollout.episodes_per_step=96"]), tmp_path / "plain").rollout_fn(0)
+    plain = build(_cfg(["rollout.episodes_per_step=96", "envs.0.symmetric_views=false"]),
+                  tmp_path / "plain").rollout_fn(0)
     assert all("|" not in t.state_key for ep in plain for t in ep.turns)

@@ -61,7 +61,8 @@ def test_yaml_and_overrides_are_typed(tmp_path):
     (["train.steps.x=3"], r"train.steps.x: train.steps is a value, not a section"),
     (["envs.0.weight=1"], r"envs.0: no list item '0' \(the list has 0 items\)"),
     (["envs=[{name: kuhn_poker, symmetric_views: true}]"],
-     r"envs.0.symmetric_views: SymmetricViews: kuhn_poker declares no symmetries"),
+     r"envs.0.symmetric_views: SymmetricViews: kuhn_poker declares no symmetries.*; "
+     r"set envs.0.symmetric_views=false for this game"),
     (["rollout.pool_explore=1.5"], r"rollout.pool_explore: 1.5 is out of range \(must be <= 1\)"),
 ])
 def test_bad_overrides_name_the_key(args, match):

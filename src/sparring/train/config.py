@@ -653,7 +653,8 @@ def _env_options_check(i: int, env: EnvSpec) -> None:
         try:
             made = SymmetricViews(made)
         except ValueError as e:
-            raise ConfigError(f"envs.{i}.symmetric_views: {e}") from None
+            raise ConfigError(f"envs.{i}.symmetric_views: {e}; set envs.{i}.symmetric_views="
+                              "false for this game") from None
     if env.opening_moves:
         try:
             RandomOpening(made, env.opening_moves)
