@@ -132,3 +132,20 @@ def test_parse_fuzz(text):
         assert r.status in ("legal", "illegal", "unparsable")
         if r.ok:
             assert r.action in env.legal_actions(0)
+
+
+def test_exact_minimax_names_a_game_too_large_to_solve(monkeypatch):
+    """Connect Four's tree (about 4.5e12 positions) is out of reach: after MAX_STATES solved
+    states the solver stops with an error naming the game and the bot to use instead."""
+    from sparring.envs.bots import minimax
+
+    monkeypatch.setattr(minimax, "MAX_STATES", 500)
+    monkeypatch.setattr(minimax, "_SOLVED", {})
+    env = make("connect_four")
+    env.reset(0)
+    with pytest.raises(ValueError, match=r"gave up on 'connect_four' after solving 500 states"
+                                         r".*too large.*'mcts'"):
+        minimax_value(env)
+    nim = make("nim", heaps=(1, 2))  # a small tree is solved as before, counted on its own
+    nim.reset(0)
+    assert minimax_value(nim) == 1.0  # 1 xor 2 != 0: the first mover wins (normal play)

@@ -288,6 +288,26 @@ def test_an_exploring_frozen_player_plays_uniform_legal_moves_with_probability_e
         [[t.action_text for t in e.turns] for e in eps]  # seeded per episode and turn
 
 
+def test_explore_turns_limits_exploration_to_a_players_first_turns(tiny):
+    """explore=1 with explore_turns=2: the explorer's first two moves of each episode are
+    uniform legal draws (half of them "2" where both moves are legal), every later move is
+    the stub's "1", and the stub is asked only for those later moves."""
+    _, tok = tiny
+    stub = Stub(tok, lambda c, i, a: "1")
+    explorer = ModelPlayer(stub, name="explorer", train=False, explore=1.0, explore_turns=2)
+    ones = BotPlayer(lambda env, seat: "1", name="ones")
+    arena = Arena(SamplingParams(max_new_tokens=4), PromptConfig("full"),
+                  InvalidActionPolicy("constrained"))
+    eps = arena.play(lambda: Race(2, target=30), seeds=list(range(100)), group_size=2,
+                     seat_players=[explorer, ones])
+    mine = [[t for t in e.turns if t.agent == 0] for e in eps]
+    first = [t.action_text for turns in mine for t in turns[:2]]
+    assert len(first) == 400 and abs(first.count("2") / 400 - 0.5) < 4 * (0.25 / 400) ** 0.5
+    assert all(t.action_text == "1" for turns in mine for t in turns[2:])
+    asked = sum(len(call["prompts"]) for call in stub.calls)
+    assert asked == sum(len(turns) - 2 for turns in mine) > 0
+
+
 def test_exploring_players_are_checked(tiny):
     _, tok = tiny
     stub = Stub(tok, lambda c, i, a: "1")
@@ -295,6 +315,8 @@ def test_exploring_players_are_checked(tiny):
         ModelPlayer(stub, train=True, explore=0.1)
     with pytest.raises(ValueError, match=r"explore=1.5; must be in \[0, 1\]"):
         ModelPlayer(stub, train=False, explore=1.5)
+    with pytest.raises(ValueError, match=r"explore_turns=-1; must be >= 0"):
+        ModelPlayer(stub, train=False, explore=0.5, explore_turns=-1)
 
     class FreeText(Race):
         def legal_actions(self, seat):

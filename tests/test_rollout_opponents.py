@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from sparring.policy.sampling import SamplingParams
 from sparring.rollout.opponents import OpponentPool
 from sparring.rollout.players import BotPlayer, ModelPlayer
 
@@ -103,3 +104,20 @@ def test_pool_snapshots_explore_with_the_pools_epsilon():
     snapshot = pool._player(pool.checkpoints[0])
     assert isinstance(snapshot, ModelPlayer) and not snapshot.train and snapshot.explore == 0.25
     assert isinstance(pool.bots[0], BotPlayer)  # bots play as they are
+
+
+def test_set_explore_reaches_loaded_and_later_snapshots():
+    pool, _ = _pool("uniform", explore=0.5, explore_turns=2)
+    loaded = pool._player(pool.checkpoints[0])
+    assert (loaded.explore, loaded.explore_turns) == (0.5, 2)
+    pool.set_explore(0.125)
+    later = pool._player(pool.checkpoints[1])
+    assert loaded.explore == later.explore == 0.125 and later.explore_turns == 2
+
+
+def test_pool_snapshots_sample_with_the_pools_sampling():
+    hot = SamplingParams(temperature=2.0, max_new_tokens=3)
+    pool, _ = _pool("uniform", sampling=hot)
+    assert pool._player(pool.checkpoints[0]).sampling is hot
+    plain, _ = _pool("uniform")
+    assert plain._player(plain.checkpoints[0]).sampling is None  # the arena's

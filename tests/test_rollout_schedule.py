@@ -162,6 +162,24 @@ def test_each_pool_snapshot_is_loaded_once_while_the_pool_holds_it(tmp_path, mon
     assert set(reloads) == set(loads) and len(reloads) > len(loads)
 
 
+def test_pool_explore_follows_its_cosine_schedule(tmp_path):
+    """epsilon(step) = 0.4 * (0.25 + 0.75 * (1 + cos(pi * step / 10)) / 2): 0.4 at step 0,
+    0.4 * 0.625 = 0.25 at step 5, 0.4 * 0.25 = 0.1 at step 10; set on every policy's pool."""
+    roll = build(_cfg(["rollout.pool_explore=0.4", "rollout.pool_explore_schedule=cosine",
+                       "rollout.pool_explore_final_ratio=0.25", "train.steps=10"]),
+                 tmp_path).rollout_fn
+    for step, epsilon in [(0, 0.4), (5, 0.25), (10, 0.1)]:
+        roll.play(step, [])
+        assert roll.pool.explore == pytest.approx(epsilon)
+
+
+def test_pool_temperature_is_the_snapshots_sampling_temperature(tmp_path):
+    roll = build(_cfg(["rollout.pool_temperature=2.5"]), tmp_path / "hot").rollout_fn
+    assert roll.pool.sampling.temperature == 2.5
+    assert roll.pool.sampling.max_new_tokens == roll.arena.sampling.max_new_tokens
+    assert build(_cfg(), tmp_path / "plain").rollout_fn.pool.sampling is None
+
+
 def test_a_lora_policys_pool_snapshot_plays_as_the_policy_did(tmp_path):
     """A LoRA run's snapshot holds the merged weights (base + adapter): the snapshot's
     logits are the policy's, not those of a base with re-initialised projections."""

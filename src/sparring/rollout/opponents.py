@@ -11,8 +11,10 @@ ones (a dropped one also leaves the cache). Checkpoints are folders loaded on de
 `HFPolicy.from_pretrained`; the path is passed as recorded, so a run's rollouts record
 paths relative to the run folder and their loader resolves them there, see
 `sparring.rollout.schedule.Rollouts`), keeping the ``cache_size`` most recently used in memory, and
-play as ``ModelPlayer(train=False, explore=explore)`` (their turns are context, not training
-rows; ``explore`` = epsilon: each of their moves is uniformly random with probability epsilon).
+play as ``ModelPlayer(train=False, explore=explore, explore_turns=explore_turns)`` (their
+turns are context, not training rows; ``explore`` = epsilon: each of their moves, or of their
+first ``explore_turns`` moves, is uniformly random with probability epsilon; `set_explore`
+changes it, for a schedule).
 `state_dict` / `load_state_dict` save the checkpoint list and the sampler's RNG state (plain
 JSON); bots are code, so the restoring side adds the same bots first (names are checked).
 
@@ -29,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from sparring.policy.sampling import SamplingParams
 from sparring.rollout.players import Bot, BotPlayer, ModelPlayer, Player, as_player
 from sparring.rollout.seating import rotating
 
@@ -45,7 +48,8 @@ class _Checkpoint:
 class OpponentPool:
     def __init__(self, mode: str = "uniform", decay: float = 0.7, max_checkpoints: int = 0,
                  seed: int = 0, loader: Callable[[str], Any] | None = None, cache_size: int = 2,
-                 explore: float = 0.0):
+                 explore: float = 0.0, explore_turns: int = 0,
+                 sampling: SamplingParams | None = None):
         if mode not in MODES:
             raise ValueError(f"opponents.mode={mode!r}; allowed: {', '.join(MODES)}")
         if not 0 < decay <= 1:
@@ -56,7 +60,8 @@ class OpponentPool:
         self.rng = random.Random(seed)
         self.loader = loader or _load_hf
         self.cache_size = cache_size
-        self.explore = explore
+        self.explore, self.explore_turns = explore, explore_turns
+        self.sampling = sampling  # the snapshots' own sampling (None: the arena's)
         self.bots: list[BotPlayer] = []
         self.checkpoints: list[_Checkpoint] = []
         self._cache: OrderedDict[str, ModelPlayer] = OrderedDict()
@@ -100,12 +105,18 @@ class OpponentPool:
             self._cache.move_to_end(ck.path)
             return self._cache[ck.path]
         p = as_player(self.loader(ck.path))
-        player = (ModelPlayer(p.policy, name=ck.name, train=False, explore=self.explore)
-                  if isinstance(p, ModelPlayer) else p)
+        player = (ModelPlayer(p.policy, name=ck.name, train=False, explore=self.explore,
+                              explore_turns=self.explore_turns, sampling=self.sampling) if isinstance(p, ModelPlayer) else p)
         self._cache[ck.path] = player
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
         return player
+
+    def set_explore(self, explore: float) -> None:
+        """Epsilon of the snapshots from now on, those already loaded included."""
+        self.explore = explore
+        for player in self._cache.values():
+            player.explore = explore
 
     def players_fn(self, learner: Any, num_seats: int) -> Callable[[int], list[Player]]:
         """Episode ``i``: the learner in seat ``i % num_seats``, sampled opponents elsewhere

@@ -8,7 +8,8 @@ or a bot.
   only, so `collate` makes no row for it. ``sampling``/``prompt``: per-player overrides
   of the arena's defaults. ``explore`` = epsilon (frozen players only): at each of its
   turns the player plays a uniformly random legal action with probability epsilon
-  instead of its policy's (an epsilon-greedy opponent, seeded per turn by the arena).
+  instead of its policy's (an epsilon-greedy opponent, seeded per turn by the arena);
+  ``explore_turns`` = N > 0 limits that to its first N turns of an episode.
 * `BotPlayer(fn, name)`: ``fn(env, seat) -> action string`` (the games' bots); its turns
   are recorded as text with empty token ids.
 
@@ -43,11 +44,15 @@ class ModelPlayer:
     sampling: SamplingParams | None = None
     prompt: PromptConfig | None = None
     explore: float = 0.0
+    explore_turns: int = 0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.explore <= 1.0:
             raise ValueError(f"ModelPlayer {self.name!r}: explore={self.explore}; must be in "
                              "[0, 1]")
+        if self.explore_turns < 0:
+            raise ValueError(f"ModelPlayer {self.name!r}: explore_turns={self.explore_turns}; "
+                             "must be >= 0 (0: every turn)")
         if self.explore and self.train:
             raise ValueError(f"ModelPlayer {self.name!r}: explore is for frozen players "
                              "(train=False); a trained player's rows must be its own samples")

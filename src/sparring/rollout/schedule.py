@@ -40,7 +40,7 @@ import re
 import shutil
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -58,6 +58,7 @@ from sparring.rollout.players import BotPlayer, ModelPlayer
 from sparring.rollout.prompts import PromptConfig
 from sparring.rollout.seating import learner_seat, rotating
 from sparring.train.lora import is_peft, merged_state
+from sparring.train.schedule import lr_at
 
 if TYPE_CHECKING:
     from sparring.envs.base import Env
@@ -172,7 +173,11 @@ class Rollouts:
         self.pools = {n: OpponentPool(mode=r.pool_mode, max_checkpoints=r.pool_max,
                                       seed=cfg.train.seed, loader=self._load_snapshot,
                                       cache_size=r.pool_cache or r.pool_max,
-                                      explore=r.pool_explore)
+                                      explore=r.pool_explore,
+                                      explore_turns=r.pool_explore_turns,
+                                      sampling=replace(self.arena.sampling,
+                                                       temperature=r.pool_temperature)
+                                      if r.pool_temperature else None)
                       for n in (self.policies or [""])}
         self.pool = next(iter(self.pools.values()))
         unknown = [name for name in r.pool_bots if name not in BOTS]
@@ -212,12 +217,17 @@ class Rollouts:
 
     def _reseed(self, step: int) -> None:
         """The policies' own generators, for backends without per-prompt seeds (their
-        samples then depend on the batch; `HFPolicy` takes seeds and does not use these)."""
+        samples then depend on the batch; `HFPolicy` takes seeds and does not use these),
+        and the pools' epsilon at ``step`` (``rollout.pool_explore_schedule``)."""
         self._step = step
         self.policy.generator.manual_seed(self.cfg.train.seed * 1_000_003 + step * 7919)
         for name, p in self.policies.items():
             p.generator.manual_seed(stable_seed(self.cfg.train.seed, step, name))
+        r = self.cfg.rollout
+        explore = lr_at(step, lr=r.pool_explore, schedule=r.pool_explore_schedule,
+                        total_steps=self.cfg.train.steps, min_lr_ratio=r.pool_explore_final_ratio)
         for pool in self.pools.values():  # snapshots loaded in earlier steps
+            pool.set_explore(explore)
             for path, player in pool._cache.items():
                 player.policy.generator.manual_seed(self._snapshot_seed(path))
 

@@ -116,6 +116,20 @@ class RolloutConfig:
         0.0, "epsilon of the pool's snapshots: at each of their moves they play a uniformly "
         "random legal move with this probability (opponent exploration: the learner meets "
         "positions its past selves would not reach, then their follow-up play)", ge=0, le=1)
+    pool_explore_schedule: Literal["constant", "cosine"] = opt(
+        "constant", "pool_explore over train.steps: constant, or a cosine from pool_explore "
+        "down to pool_explore_final_ratio * pool_explore (wide coverage early; late, "
+        "opponents that punish the moves which only pay against a random mover)")
+    pool_explore_final_ratio: float = opt(
+        0.0, "final epsilon of the cosine pool_explore_schedule as a fraction of "
+        "pool_explore", ge=0, le=1)
+    pool_explore_turns: int = opt(
+        0, "a snapshot explores only at its first N turns of an episode (0: at every turn); "
+        "its later moves are its policy's, so a line opened at random is followed up well",
+        ge=0)
+    pool_temperature: float = opt(
+        0.0, "sampling temperature of the pool's snapshots (0: rollout.temperature); above "
+        "it, opponents that spread their play over the moves they rate well", ge=0)
     pool_mode: Literal["uniform", "recency"] = opt(
         "recency", "how the pool samples: uniformly, or favouring recent snapshots")
 
