@@ -57,6 +57,19 @@ def test_rollouts_mix_self_play_bots_and_the_pool(tmp_path):
     assert len(groups) == 6  # 24 episodes / group size 4, unique across opponent kinds
 
 
+def test_learner_seats_set_the_learners_seat_against_the_league(tmp_path):
+    """learner_seats [0, 1, 1, 1] with opponents [self, random, random, pool] and groups of
+    4: each of the 4 league groups puts the learner in seats 0, 1, 1, 1 (4 in seat 0, 12 in
+    seat 1); the 8 self-play episodes still have it in both."""
+    cfg = _cfg(["envs.0.learner_seats=[0, 1, 1, 1]", "rollout.pool_every=1",
+                "envs.0.opponents=[self, random, random, pool]"])
+    eps = build(cfg, tmp_path).rollout_fn(1)
+    kinds = [tuple(ep.info["players"]) for ep in eps]
+    assert kinds.count(("learner", "learner")) == 8
+    seats = [k.index("learner") for k in kinds if k != ("learner", "learner")]
+    assert (seats.count(0), seats.count(1)) == (4, 12)
+
+
 def test_rollouts_repeat_exactly_for_the_same_step(tmp_path):
     a = build(_cfg(), tmp_path / "a").rollout_fn
     b = build(_cfg(), tmp_path / "b").rollout_fn

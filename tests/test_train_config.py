@@ -63,6 +63,8 @@ def test_yaml_and_overrides_are_typed(tmp_path):
     (["envs=[{name: kuhn_poker, symmetric_views: true}]"],
      r"envs.0.symmetric_views: SymmetricViews: kuhn_poker declares no symmetries.*; "
      r"set envs.0.symmetric_views=false for this game"),
+    (["envs=[{name: tictactoe, learner_seats: [0, 2]}]"],
+     r"envs.0.learner_seats: \[2\] out of range; tictactoe has seats 0..1"),
     (["rollout.pool_explore=1.5"], r"rollout.pool_explore: 1.5 is out of range \(must be <= 1\)"),
 ])
 def test_bad_overrides_name_the_key(args, match):

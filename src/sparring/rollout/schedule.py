@@ -333,7 +333,7 @@ class Rollouts:
         if kind == "self":
             kw["seat_players"] = learner
         else:
-            choosers = [self._chooser(kind, s, learner, spec.seats, num_seats) for s in seeds]
+            choosers = [self._chooser(kind, s, learner, spec, num_seats) for s in seeds]
             gs = spec.group_size
 
             def players(i: int) -> list[Any]:  # i: the episode's index in this call
@@ -345,18 +345,20 @@ class Rollouts:
             return self.arena.play(partial(training_env, name, spec), dict(spec.options), **kw)
         return self.arena.play(name, dict(spec.options), **kw)
 
-    def _chooser(self, kind: str, seed: int, learner: Any, seats: Sequence[str],
+    def _chooser(self, kind: str, seed: int, learner: Any, spec: EnvSpec,
                  num_seats: int) -> Any:
-        """A group's `rotating` chooser against ``kind``; with several policies against the
-        pool, every other seat ``s`` is drawn from the pool of its policy ``seats[s]`` (in
-        seat order, from the group's one RNG)."""
+        """A group's `rotating` chooser against ``kind`` (the learner's seats in
+        ``spec.learner_seats`` order, else every seat in turn); with several policies
+        against the pool, every other seat ``s`` is drawn from the pool of its policy
+        ``spec.seats[s]`` (in seat order, from the group's one RNG)."""
         draw = self._opponents(kind, seed)
+        order = spec.learner_seats or None
         if not (self.policies and kind == "pool"):
-            return rotating(learner, draw, num_seats)
+            return rotating(learner, draw, num_seats, order)
 
         def choose(i: int) -> list[Any]:
-            me = learner_seat(i, num_seats)
-            return [learner[s] if s == me else draw(seats[s]) for s in range(num_seats)]
+            me = learner_seat(i, num_seats, order)
+            return [learner[s] if s == me else draw(spec.seats[s]) for s in range(num_seats)]
 
         return choose
 

@@ -73,6 +73,11 @@ class EnvSpec:
         "(drawn per episode from its reset seed; the game must declare its symmetries, as "
         "tictactoe and connect_four do), so self-play meets its lines in every orientation; "
         "training only, evaluation plays the plain game")
+    learner_seats: list[int] = opt(
+        [], "the learner's seat in games against bots or the pool, in turn: episode i of a "
+        "group's run puts it in learner_seats[i % len]; repeat a seat to train it more "
+        "(e.g. [0, 1, 1, 1]: the second seat three times as often as the first). []: every "
+        "seat in turn. Self-play is unchanged")
     seats: list[str] = opt(
         [], "the policy (a name in `policies`) of each seat, one name per seat; with bot "
         "opponents the bot takes every seat but the rotating one, played by that seat's "
@@ -662,6 +667,10 @@ def _env_options_check(i: int, env: EnvSpec) -> None:
             from None
     except (TypeError, ValueError, KeyError) as e:
         raise ConfigError(f"{key}: {entry.name} rejects {env.options!r}: {e}") from None
+    bad = [s for s in env.learner_seats if not 0 <= s < made.num_seats]
+    if bad:
+        raise ConfigError(f"envs.{i}.learner_seats: {bad} out of range; {entry.name} has "
+                          f"seats 0..{made.num_seats - 1}")
     from sparring.envs.wrappers import RandomOpening, SymmetricViews
     if env.symmetric_views:
         try:
