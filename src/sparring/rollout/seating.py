@@ -3,7 +3,8 @@
 Episode ``i`` of a batch puts the learner in seat ``learner_seat(i, num_seats) = i % num_seats``
 and an opponent in every other seat, so a batch of ``k * num_seats`` episodes plays each
 seat ``k`` times and seat advantage cancels in the totals. ``seats``: rotate over those
-seats only (``seats[i % len(seats)]``; a policy that plays only some roles of a game).
+seats only (``seats[i % len(seats)]``; a policy that plays only some roles of a game, or
+``envs[].learner_seats``, where a repeated seat is played more often).
 Used by the rollout schedule (bots, the opponent pool) and by evaluation against bots.
 """
 
