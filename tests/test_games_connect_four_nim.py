@@ -140,7 +140,7 @@ def test_exact_minimax_names_a_game_too_large_to_solve(monkeypatch):
     from sparring.envs.bots import minimax
 
     monkeypatch.setattr(minimax, "MAX_STATES", 500)
-    monkeypatch.setattr(minimax, "_SOLVED", {})
+    monkeypatch.setattr(minimax, "_CACHE", {})
     env = make("connect_four")
     env.reset(0)
     with pytest.raises(ValueError, match=r"gave up on 'connect_four' after solving 500 states"

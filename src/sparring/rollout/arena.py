@@ -22,10 +22,10 @@ Players: see `sparring.rollout.players` (a bare policy or bot callable is accept
 Each step, every unfinished episode's current seat is served: bots act at once, and so
 does a frozen model player with ``explore`` = epsilon when its turn's draw (seeded from the
 episode's sample seed, or its seed and group, and the turn index) falls under epsilon
-(with ``explore_turns`` = N, only among its first N turns): it plays a uniformly random legal action (the env must list them); other model seats are
-gathered, per (policy, sampling) pair, into one ``generate`` call over all
-episodes. The action text is parsed by ``env.parse``; invalid actions follow the
-`InvalidActionPolicy`: ``forfeit`` (penalty, episode ends, ``info["forfeit"] = seat``),
+(with ``explore_turns`` = N, only among its first N turns): it plays a uniformly random
+legal action (the env must list them); other model seats are gathered, per (policy,
+sampling) pair, into one ``generate`` call over all episodes. The action text is parsed
+by ``env.parse``; invalid actions follow the `InvalidActionPolicy`: ``forfeit`` (penalty, episode ends, ``info["forfeit"] = seat``),
 ``retry`` (penalty, the seat is asked again with the parser's error shown before the
 observation, at most ``max_retries`` times per move, then forfeit), ``constrained``
 (model seats sample only legal actions; envs without ``legal_actions`` are unconstrained;
@@ -160,7 +160,8 @@ class Arena:
         """With probability ``player.explore``, play a uniformly random legal action for
         ``seat`` (recorded in the seat's history as if sampled) and return True; never
         after the player's first ``player.explore_turns`` turns of the episode (if > 0)."""
-        if player.explore_turns and sum(t.agent == seat for t in s.ep.turns) >= player.explore_turns:
+        own_turns = sum(t.agent == seat for t in s.ep.turns)
+        if player.explore_turns and own_turns >= player.explore_turns:
             return False
         rng = random.Random(_mix(s.explore_seed, len(s.ep.turns)))
         if rng.random() >= player.explore:

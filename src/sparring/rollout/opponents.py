@@ -106,7 +106,8 @@ class OpponentPool:
             return self._cache[ck.path]
         p = as_player(self.loader(ck.path))
         player = (ModelPlayer(p.policy, name=ck.name, train=False, explore=self.explore,
-                              explore_turns=self.explore_turns, sampling=self.sampling) if isinstance(p, ModelPlayer) else p)
+                              explore_turns=self.explore_turns, sampling=self.sampling)
+                  if isinstance(p, ModelPlayer) else p)
         self._cache[ck.path] = player
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)

@@ -169,15 +169,15 @@ class Rollouts:
         # per env spec, the player of each seat (several policies), else None
         self.seat_players = [[players[n] for n in s.seats] if players else None
                              for s in cfg.envs]
+        snapshot_sampling = (replace(self.arena.sampling, temperature=r.pool_temperature)
+                             if r.pool_temperature else None)  # None: the arena's
         # a pool per policy ('' for the one policy of a run), the same bots in each
         self.pools = {n: OpponentPool(mode=r.pool_mode, max_checkpoints=r.pool_max,
                                       seed=cfg.train.seed, loader=self._load_snapshot,
                                       cache_size=r.pool_cache or r.pool_max,
                                       explore=r.pool_explore,
                                       explore_turns=r.pool_explore_turns,
-                                      sampling=replace(self.arena.sampling,
-                                                       temperature=r.pool_temperature)
-                                      if r.pool_temperature else None)
+                                      sampling=snapshot_sampling)
                       for n in (self.policies or [""])}
         self.pool = next(iter(self.pools.values()))
         unknown = [name for name in r.pool_bots if name not in BOTS]

@@ -2,7 +2,7 @@
 
 V(s) = future reward of seat 0 from state s under optimal play:
 V(terminal) = 0;  V(s) = max_a / min_a [r_0(s, a) + V(s')] as seat 0 / seat 1 moves.
-Values are memoised per (env.name, state_key()), so each state is solved once per process
+Values are memoised per game name and state_key(), so each state is solved once per process
 (tic-tac-toe: 5,478 states). The bot picks uniformly among the optimal actions.
 A game whose tree is too large to solve (Connect Four) stops with a `ValueError` naming it
 after ``MAX_STATES`` solved states, rather than running for hours.
@@ -14,9 +14,8 @@ from typing import Any
 
 from sparring.envs.bots.simple import Bot
 
-_CACHE: dict[tuple[str, str], float] = {}
+_CACHE: dict[str, dict[str, float]] = {}  # game name -> {state_key: value}
 MAX_STATES = 200_000  # per game name; tic-tac-toe has 5,478
-_SOLVED: dict[str, int] = {}  # states solved per game name
 
 
 def _children(env: Any) -> list[tuple[str, float, Any]]:
@@ -33,23 +32,21 @@ def minimax_value(env: Any) -> float:
     """Optimal future reward of seat 0 from the env's current state (memoised)."""
     if getattr(env, "num_seats", 2) != 2 or not hasattr(env, "clone"):
         raise TypeError(f"minimax needs a two-seat env with clone(); got {type(env).__name__}")
-    key = (env.name, env.state_key())
-    v = _CACHE.get(key)
+    solved, key = _CACHE.setdefault(env.name, {}), env.state_key()
+    v = solved.get(key)
     if v is not None:
         return v
-    solved = _SOLVED.get(env.name, 0)
-    if solved >= MAX_STATES:
-        raise ValueError(f"exact minimax gave up on {env.name!r} after solving {solved:,} "
+    if len(solved) >= MAX_STATES:
+        raise ValueError(f"exact minimax gave up on {env.name!r} after solving {MAX_STATES:,} "
                          "states: its game tree is too large to solve exactly; evaluate "
                          "against the 'mcts' bot instead")
-    _SOLVED[env.name] = solved + 1
     seat = env.current_seat()
     if seat is None:
         v = 0.0
     else:
         vals = [r + minimax_value(c) for _, r, c in _children(env)]
         v = max(vals) if seat == 0 else min(vals)
-    _CACHE[key] = v
+    solved[key] = v
     return v
 
 
