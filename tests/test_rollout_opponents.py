@@ -35,6 +35,42 @@ def test_probabilities_by_hand():
     assert pool.probabilities() == pytest.approx([0.25] * 4)
 
 
+def test_pfsp_weights_the_entries_by_the_learners_score_by_hand():
+    pool, _ = _pool("pfsp", power=2.0, score_rate=0.5)
+    # no games yet: every entry at the prior 1/2, so all alike
+    assert pool.probabilities() == pytest.approx([0.25] * 4)
+    # 'ones': scores 1, 1, 0, 1 -> mean 0.75, x = 0.5 + 0.5 * (0.75 - 0.5) = 0.625;
+    # then one loss -> 0.625 + 0.5 * (0 - 0.625) = 0.3125
+    pool.record({"ones": [1, 1, 0, 1], "ckpt-20": [1.0], "ckpt-30": []})
+    assert pool.scores == pytest.approx({"ones": 0.625, "ckpt-20": 0.75})
+    pool.record({"ones": [0]})
+    assert pool.scores["ones"] == pytest.approx(0.3125)
+    # weights (1 - x)^2: ones 0.6875^2, ckpt-10 (prior) 0.25, ckpt-20 0.0625, ckpt-30 0.25
+    w = [0.6875 ** 2, 0.25, 0.0625, 0.25]
+    assert pool.probabilities() == pytest.approx([x / sum(w) for x in w])
+    # the learner beats every entry: all alike again
+    pool.record({n: [1.0] for n in pool.names()})
+    pool.score_rate = 1.0
+    pool.record({n: [1.0] for n in pool.names()})
+    assert pool.probabilities() == pytest.approx([0.25] * 4)
+
+
+def test_pfsp_meets_a_beaten_bot_almost_never():
+    pool, _ = _pool("pfsp", score_rate=1.0)
+    pool.record({"ones": [1.0] * 99 + [0.5], "ckpt-10": [0.5], "ckpt-20": [0.5],
+                 "ckpt-30": [0.5]})
+    counts = sum(pool.sample().name == "ones" for _ in range(2000))
+    # weight 0.005^2 against 3 * 0.25: p = 3.3e-5, so 2000 draws show it at most rarely
+    assert counts <= 2
+
+
+def test_a_dropped_checkpoint_leaves_the_scores():
+    pool, _ = _pool("pfsp", max_checkpoints=3)
+    pool.record({"ckpt-10": [1.0], "ones": [0.0]})
+    pool.add_checkpoint("/ck/40", 40)
+    assert set(pool.scores) == {"ones"}
+
+
 def test_sample_frequencies_and_players():
     pool, loads = _pool("recency", cache_size=3)
     n = 4000
@@ -85,6 +121,9 @@ def test_state_dict_round_trip_continues_the_same_samples():
     other.load_state_dict(state)
     assert other.mode == "recency" and [c.step for c in other.checkpoints] == [10, 20, 30]
     assert [other.sample().name for _ in range(20)] == ahead
+    pool.record({"ones": [0.0], "ckpt-10": [1.0]})
+    other.load_state_dict(json.loads(json.dumps(pool.state_dict())))
+    assert other.scores == pool.scores and other.probabilities() == pool.probabilities()
     with pytest.raises(ValueError, match="same bots"):
         OpponentPool().load_state_dict(state)
 
@@ -94,6 +133,10 @@ def test_errors_are_named():
         OpponentPool(mode="elo")
     with pytest.raises(ValueError, match="empty"):
         OpponentPool().sample()
+    with pytest.raises(ValueError, match="power"):
+        OpponentPool(mode="pfsp", power=0)
+    with pytest.raises(ValueError, match="score_rate"):
+        OpponentPool(mode="pfsp", score_rate=1.5)
     pool, _ = _pool()
     with pytest.raises(ValueError, match="already"):
         pool.add_bot(lambda e, s: "2", name="ones")

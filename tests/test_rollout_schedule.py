@@ -70,6 +70,28 @@ def test_learner_seats_set_the_learners_seat_against_the_league(tmp_path):
     assert (seats.count(0), seats.count(1)) == (4, 12)
 
 
+def test_the_pool_records_the_learners_score_from_its_league_games_only(tmp_path):
+    """opponents [self, random, pool], groups of 4, 24 episodes: groups 0-1 self-play, 2-3
+    the random bot as an opponent kind, 4-5 the pool (its random bot only: no snapshot
+    yet). Only groups 4-5 count: the learner's score there (1 win, 1/2 draw, 0 loss from
+    the game's returns), averaged, moves the prior 1/2 half way (score_rate 0.5)."""
+    cfg = _cfg(["envs.0.opponents=[self, random, pool]", "rollout.pool_every=0",
+                "rollout.pool_mode=pfsp"])
+    roll = build(cfg, tmp_path).rollout_fn
+    eps = roll(0)
+
+    def score(ep):
+        me = ep.info["players"].index("learner")
+        mine, theirs = ep.info["env_returns"][me], ep.info["env_returns"][1 - me]
+        return 1.0 if mine > theirs else 0.5 if mine == theirs else 0.0
+
+    league = [score(ep) for ep in eps if ep.group in (4, 5)]
+    assert len(league) == 8
+    expected = 0.5 + 0.5 * (sum(league) / 8 - 0.5)
+    assert roll.pool.scores == pytest.approx({"random": expected})
+    assert roll.state_dict()["pool"]["scores"] == pytest.approx({"random": expected})
+
+
 def test_rollouts_repeat_exactly_for_the_same_step(tmp_path):
     a = build(_cfg(), tmp_path / "a").rollout_fn
     b = build(_cfg(), tmp_path / "b").rollout_fn

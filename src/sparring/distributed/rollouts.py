@@ -157,6 +157,7 @@ class RayRollouts:
                             "and replaying its share", share.worker, step, type(e).__name__)
                 self._replace(share.worker)
         episodes = [ep for s in shares for ep in s.result[0]]  # worker order: group order
+        self.local.record(episodes)  # the learner's scores against the pool (pfsp)
         play_s = [s.result[1]["play_s"] for s in shares]
         del self.pending[step]
         self.sync.keep_only({s.version for later in self.pending.values() for s in later}

@@ -5,6 +5,17 @@ Sampling weights over the pool's entries (bots first, then checkpoints oldest to
 * ``uniform``: every entry weight 1.
 * ``recency``: bots weight 1; the checkpoint of age ``a`` (0 = newest) weight
   ``decay ** a``, so recent checkpoints are met more often.
+* ``pfsp``: prioritised fictitious self-play (AlphaStar, Vinyals et al. 2019): entry ``i``
+  weight ``(1 - x_i) ** power``, ``x_i`` the learner's recent score against it, so the
+  opponents it still loses to are met most and those it always beats (a random bot, old
+  snapshots) almost never; every entry uniform while all weights are 0. AlphaStar's
+  ``f_hard(x) = (1 - x)^p`` is over win probabilities; ours scores a draw 1/2 (our
+  reading for games with draws).
+
+Scores (every mode keeps them; `record`): a game against entry ``i`` scores 1 if the
+learner's game return beats the entry's, 1/2 if equal, 0 if below; after each step
+``x_i <- x_i + score_rate * (mean score of the step's games - x_i)``, ``x_i = 1/2``
+before its first game (an exponential average: the learner changes, old games go stale).
 
 Probabilities are the weights normalised. ``max_checkpoints`` keeps only the newest
 ones (a dropped one also leaves the cache). Checkpoints are folders loaded on demand by ``loader(path) -> policy`` (default
@@ -16,7 +27,7 @@ turns are context, not training rows; ``explore`` = epsilon: each of their moves
 first ``explore_turns`` moves, is uniformly random with probability epsilon; `set_explore`
 changes it, for a schedule).
 `state_dict` / `load_state_dict` save the checkpoint list and the sampler's RNG state (plain
-JSON); bots are code, so the restoring side adds the same bots first (names are checked).
+JSON) and the scores; bots are code, so the restoring side adds the same bots first (names are checked).
 
 ``players_fn(learner, num_seats)`` gives an ``Arena.play(players_fn=...)`` chooser: the
 learner sits in seat ``i % num_seats`` of episode ``i`` and the other seats get sampled
@@ -27,7 +38,7 @@ from __future__ import annotations
 
 import random
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +46,8 @@ from sparring.policy.sampling import SamplingParams
 from sparring.rollout.players import Bot, BotPlayer, ModelPlayer, Player, as_player
 from sparring.rollout.seating import rotating
 
-MODES = ("uniform", "recency")
+MODES = ("uniform", "recency", "pfsp")
+PRIOR_SCORE = 0.5  # an entry's score before its first game
 
 
 @dataclass
@@ -49,14 +61,20 @@ class OpponentPool:
     def __init__(self, mode: str = "uniform", decay: float = 0.7, max_checkpoints: int = 0,
                  seed: int = 0, loader: Callable[[str], Any] | None = None, cache_size: int = 2,
                  explore: float = 0.0, explore_turns: int = 0,
-                 sampling: SamplingParams | None = None):
+                 sampling: SamplingParams | None = None, power: float = 2.0,
+                 score_rate: float = 0.5):
         if mode not in MODES:
             raise ValueError(f"opponents.mode={mode!r}; allowed: {', '.join(MODES)}")
         if not 0 < decay <= 1:
             raise ValueError(f"opponents.decay={decay}; must be in (0, 1]")
         if max_checkpoints < 0 or cache_size < 1:
             raise ValueError("opponents.max_checkpoints must be >= 0 and cache_size >= 1")
+        if power <= 0 or not 0 < score_rate <= 1:
+            raise ValueError(f"opponents: power={power} must be > 0 and score_rate={score_rate} "
+                             "in (0, 1]")
         self.mode, self.decay, self.max_checkpoints = mode, decay, max_checkpoints
+        self.power, self.score_rate = power, score_rate
+        self.scores: dict[str, float] = {}  # entry name -> the learner's recent score
         self.rng = random.Random(seed)
         self.loader = loader or _load_hf
         self.cache_size = cache_size
@@ -82,14 +100,34 @@ class OpponentPool:
             held = {c.path for c in self.checkpoints}
             for path in [p for p in self._cache if p not in held]:  # never drawn again
                 del self._cache[path]
+            names = {b.name for b in self.bots} | {c.name for c in self.checkpoints}
+            self.scores = {n: x for n, x in self.scores.items() if n in names}
+
+    def names(self) -> list[str]:
+        """The entries' names: bots, then checkpoints oldest to newest."""
+        return [b.name for b in self.bots] + [c.name for c in self.checkpoints]
+
+    def record(self, results: Mapping[str, Sequence[float]]) -> None:
+        """One step's games: ``{entry name: the learner's scores (1 win, 1/2 draw, 0 loss)}``;
+        moves each named entry's score towards the step's mean (``score_rate``)."""
+        for name, games in results.items():
+            if games:
+                x = self.scores.get(name, PRIOR_SCORE)
+                self.scores[name] = x + self.score_rate * (sum(games) / len(games) - x)
 
     def probabilities(self) -> list[float]:
         """Sampling probability of each entry: bots, then checkpoints oldest to newest."""
         n = len(self.checkpoints)
-        ck = [1.0] * n if self.mode == "uniform" else [self.decay ** (n - 1 - i) for i in range(n)]
-        w = [1.0] * len(self.bots) + ck
-        if not w:
+        if not len(self):
             raise ValueError("the opponent pool is empty; add a bot or a checkpoint")
+        if self.mode == "pfsp":
+            w = [(1 - self.scores.get(name, PRIOR_SCORE)) ** self.power for name in self.names()]
+            if not sum(w):  # the learner beats every entry: all alike
+                w = [1.0] * len(w)
+        elif self.mode == "uniform":
+            w = [1.0] * (len(self.bots) + n)
+        else:
+            w = [1.0] * len(self.bots) + [self.decay ** (n - 1 - i) for i in range(n)]
         total = sum(w)
         return [x / total for x in w]
 
@@ -129,6 +167,7 @@ class OpponentPool:
         return {"mode": self.mode, "decay": self.decay, "max_checkpoints": self.max_checkpoints,
                 "bots": [b.name for b in self.bots],
                 "checkpoints": [vars(c).copy() for c in self.checkpoints],
+                "power": self.power, "score_rate": self.score_rate, "scores": dict(self.scores),
                 "rng": [version, list(internal), gauss]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -139,9 +178,14 @@ class OpponentPool:
         self.mode, self.decay = state["mode"], state["decay"]
         self.max_checkpoints = state["max_checkpoints"]
         self.checkpoints = [_Checkpoint(**c) for c in state["checkpoints"]]
+        self.power = state.get("power", self.power)  # (older states have no scores)
+        self.score_rate = state.get("score_rate", self.score_rate)
+        self.scores = dict(state.get("scores", {}))
         version, internal, gauss = state["rng"]
         self.rng.setstate((version, tuple(internal), gauss))
-        self._cache.clear()
+        held = {c.path for c in self.checkpoints}  # a snapshot folder's weights never change
+        for path in [p for p in self._cache if p not in held]:
+            del self._cache[path]
 
 
 def _load_hf(path: str) -> Any:

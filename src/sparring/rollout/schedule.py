@@ -177,7 +177,8 @@ class Rollouts:
                                       cache_size=r.pool_cache or r.pool_max,
                                       explore=r.pool_explore,
                                       explore_turns=r.pool_explore_turns,
-                                      sampling=snapshot_sampling)
+                                      sampling=snapshot_sampling, power=r.pool_pfsp_power,
+                                      score_rate=r.pool_score_rate)
                       for n in (self.policies or [""])}
         self.pool = next(iter(self.pools.values()))
         unknown = [name for name in r.pool_bots if name not in BOTS]
@@ -290,9 +291,35 @@ class Rollouts:
                 shutil.rmtree(folder, ignore_errors=True)
 
     def __call__(self, step: int) -> list[Episode]:
-        """Step ``step``'s episodes: `begin_step`, then every group."""
+        """Step ``step``'s episodes: `begin_step`, every group, then `record`."""
         self.begin_step(step)
-        return self.play(step, group_tasks(self.cfg))
+        episodes = self.play(step, group_tasks(self.cfg))
+        self.record(episodes)
+        return episodes
+
+    def record(self, episodes: Sequence[Episode]) -> None:
+        """The learner's score against each pool entry it met in ``episodes`` (a step's,
+        from any split of its groups), into the pools (`OpponentPool.record`; ``pfsp`` samples
+        by it). In a game against the pool, each opponent seat scores 1 if the learner's game
+        return (``info["env_returns"]``) beats that seat's, 1/2 if equal, 0 if below; with
+        several policies it counts in the pool of the seat's policy."""
+        tasks = {t.group: t for t in group_tasks(self.cfg)}
+        trainers = {self.learner.name, *self.policies}
+        results: dict[str, dict[str, list[float]]] = {n: {} for n in self.pools}
+        for ep in episodes:
+            t = tasks.get(ep.group)
+            spec = self.cfg.envs[t.spec] if t else None
+            if spec is None or (spec.opponents or ["self"])[t.kind] != "pool":
+                continue
+            names, r = ep.info["players"], ep.info["env_returns"]
+            me = next(s for s, n in enumerate(names) if n in trainers)
+            for s, name in enumerate(names):
+                if s != me:
+                    score = 1.0 if r[me] > r[s] else 0.5 if r[me] == r[s] else 0.0
+                    pool = spec.seats[s] if self.policies else ""
+                    results[pool].setdefault(name, []).append(score)
+        for n, pool in self.pools.items():
+            pool.record(results[n])
 
     def begin_step(self, step: int) -> None:
         """The pool's upkeep at the start of ``step`` (tidy the snapshots, take this step's

@@ -135,8 +135,16 @@ class RolloutConfig:
     pool_temperature: float = opt(
         0.0, "sampling temperature of the pool's snapshots (0: rollout.temperature); above "
         "it, opponents that spread their play over the moves they rate well", ge=0)
-    pool_mode: Literal["uniform", "recency"] = opt(
-        "recency", "how the pool samples: uniformly, or favouring recent snapshots")
+    pool_mode: Literal["uniform", "recency", "pfsp"] = opt(
+        "recency", "how the pool samples: uniformly, favouring recent snapshots, or 'pfsp' "
+        "(prioritised fictitious self-play): entry weight (1 - x) ** pool_pfsp_power, x the "
+        "learner's recent score against it (win 1, draw 1/2, loss 0), so the opponents it "
+        "still loses to are met most")
+    pool_pfsp_power: float = opt(
+        2.0, "pool_mode=pfsp: the power p of (1 - x) ** p (larger: harder opponents only)", gt=0)
+    pool_score_rate: float = opt(
+        0.5, "how fast the learner's score against a pool entry follows each step's games "
+        "(exponential average; 1: the last step's only)", gt=0, le=1)
 
 
 @dataclass
