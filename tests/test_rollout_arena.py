@@ -308,6 +308,37 @@ def test_explore_turns_limits_exploration_to_a_players_first_turns(tiny):
     assert asked == sum(len(turns) - 2 for turns in mine) > 0
 
 
+def test_a_tactical_explorer_draws_only_among_the_moves_the_lookahead_keeps(tiny):
+    """Tic-tac-toe from X 1, O 5, X 2: O must block at 3. An explorer with explore=1 draws
+    its first move uniformly from the 6 empty cells (1/6 of them "3"); with
+    explore_tactical every first move is the block."""
+    from sparring.envs import make
+
+    def threatened():
+        env = make("tictactoe", compact=True)
+        reset = env.reset
+
+        def reset_to_threat(seed):
+            reset(seed)
+            for m in ("1", "5", "2"):
+                env.step(m)
+        env.reset = reset_to_threat
+        return env
+
+    _, tok = tiny
+    stub = Stub(tok, lambda c, i, a: a[0])
+    firsts = {}
+    for tactical in (False, True):
+        explorer = ModelPlayer(stub, name="explorer", train=False, explore=1.0,
+                               explore_tactical=tactical)
+        rand = BotPlayer(lambda env, seat: env.legal_actions(seat)[-1], name="last")
+        eps = Arena().play(threatened, seeds=list(range(120)), seat_players=[rand, explorer])
+        firsts[tactical] = [next(t.action_text for t in e.turns if t.agent == 1) for e in eps]
+    assert firsts[True] == ["3"] * 120
+    share = firsts[False].count("3") / 120
+    assert abs(share - 1 / 6) < 4 * ((1 / 6) * (5 / 6) / 120) ** 0.5
+
+
 def test_exploring_players_are_checked(tiny):
     _, tok = tiny
     stub = Stub(tok, lambda c, i, a: "1")

@@ -58,6 +58,7 @@ from typing import Any
 from sparring.data import Episode, Turn
 from sparring.envs.base import Env
 from sparring.envs.invalid import InvalidActionPolicy, retry_feedback
+from sparring.envs.lookahead import tactical_actions
 from sparring.policy.sampling import Generation, SamplingParams
 from sparring.rollout.players import BotPlayer, ModelPlayer, Player, as_player
 from sparring.rollout.prompts import Exchange, PromptBuilder, PromptConfig, Rendered
@@ -170,6 +171,8 @@ class Arena:
         if not legal:
             raise ValueError(f"player {player.name!r} explores (explore={player.explore}), but "
                              f"{s.env.name!r} lists no legal actions to draw from")
+        if player.explore_tactical:
+            legal = tactical_actions(s.env, seat, legal)
         text = rng.choice(legal)
         ids = self._builder(player)._encode(text)
         self._apply(s, seat, text, None, None)

@@ -24,7 +24,8 @@ paths relative to the run folder and their loader resolves them there, see
 `sparring.rollout.schedule.Rollouts`), keeping the ``cache_size`` most recently used in memory, and
 play as ``ModelPlayer(train=False, explore=explore, explore_turns=explore_turns)`` (their
 turns are context, not training rows; ``explore`` = epsilon: each of their moves, or of their
-first ``explore_turns`` moves, is uniformly random with probability epsilon; `set_explore`
+first ``explore_turns`` moves, is uniformly random with probability epsilon, among the
+moves a two-ply lookahead keeps with ``explore_tactical``; `set_explore`
 changes it, for a schedule).
 `state_dict` / `load_state_dict` save the checkpoint list and the sampler's RNG state (plain
 JSON) and the scores; bots are code, so the restoring side adds the same bots first (names are checked).
@@ -60,7 +61,7 @@ class _Checkpoint:
 class OpponentPool:
     def __init__(self, mode: str = "uniform", decay: float = 0.7, max_checkpoints: int = 0,
                  seed: int = 0, loader: Callable[[str], Any] | None = None, cache_size: int = 2,
-                 explore: float = 0.0, explore_turns: int = 0,
+                 explore: float = 0.0, explore_turns: int = 0, explore_tactical: bool = False,
                  sampling: SamplingParams | None = None, power: float = 2.0,
                  score_rate: float = 0.5):
         if mode not in MODES:
@@ -79,6 +80,7 @@ class OpponentPool:
         self.loader = loader or _load_hf
         self.cache_size = cache_size
         self.explore, self.explore_turns = explore, explore_turns
+        self.explore_tactical = explore_tactical
         self.sampling = sampling  # the snapshots' own sampling (None: the arena's)
         self.bots: list[BotPlayer] = []
         self.checkpoints: list[_Checkpoint] = []
@@ -144,7 +146,8 @@ class OpponentPool:
             return self._cache[ck.path]
         p = as_player(self.loader(ck.path))
         player = (ModelPlayer(p.policy, name=ck.name, train=False, explore=self.explore,
-                              explore_turns=self.explore_turns, sampling=self.sampling)
+                              explore_turns=self.explore_turns,
+                              explore_tactical=self.explore_tactical, sampling=self.sampling)
                   if isinstance(p, ModelPlayer) else p)
         self._cache[ck.path] = player
         while len(self._cache) > self.cache_size:

@@ -9,7 +9,10 @@ or a bot.
   of the arena's defaults. ``explore`` = epsilon (frozen players only): at each of its
   turns the player plays a uniformly random legal action with probability epsilon
   instead of its policy's (an epsilon-greedy opponent, seeded per turn by the arena);
-  ``explore_turns`` = N > 0 limits that to its first N turns of an episode.
+  ``explore_turns`` = N > 0 limits that to its first N turns of an episode;
+  ``explore_tactical``: the random action is drawn among the moves a two-ply lookahead
+  keeps (`sparring.envs.lookahead.tactical_actions`: a win if there is one, else no
+  move that lets the next mover win at once).
 * `BotPlayer(fn, name)`: ``fn(env, seat) -> action string`` (the games' bots); its turns
   are recorded as text with empty token ids.
 
@@ -45,6 +48,7 @@ class ModelPlayer:
     prompt: PromptConfig | None = None
     explore: float = 0.0
     explore_turns: int = 0
+    explore_tactical: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.explore <= 1.0:

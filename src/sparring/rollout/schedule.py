@@ -177,6 +177,7 @@ class Rollouts:
                                       cache_size=r.pool_cache or r.pool_max,
                                       explore=r.pool_explore,
                                       explore_turns=r.pool_explore_turns,
+                                      explore_tactical=r.pool_explore_tactical,
                                       sampling=snapshot_sampling, power=r.pool_pfsp_power,
                                       score_rate=r.pool_score_rate)
                       for n in (self.policies or [""])}

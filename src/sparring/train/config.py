@@ -132,6 +132,11 @@ class RolloutConfig:
         0, "a snapshot explores only at its first N turns of an episode (0: at every turn); "
         "its later moves are its policy's, so a line opened at random is followed up well",
         ge=0)
+    pool_explore_tactical: bool = opt(
+        False, "a snapshot's random move is drawn among the moves a two-ply lookahead keeps "
+        "(a win in one if there is one, else none that lets the next mover win at once): new "
+        "positions without gifts, so a move that only pays against an opponent who misses a "
+        "block stops paying (needs a game with clone() and no hidden chance)")
     pool_temperature: float = opt(
         0.0, "sampling temperature of the pool's snapshots (0: rollout.temperature); above "
         "it, opponents that spread their play over the moves they rate well", ge=0)
@@ -428,7 +433,7 @@ def validate(cfg: Config) -> Config:
     _algorithm_check(cfg.algorithm, cfg.envs, "algorithm")
     for i, env in enumerate(cfg.envs):
         _registry_check("env", env.name, f"envs.{i}.name")
-        _env_options_check(i, env)
+        _env_options_check(i, env, tactical=cfg.rollout.pool_explore_tactical)
     _betas_check(cfg.optim.betas, "optim.betas")
     if cfg.train.microbatch_size and cfg.train.minibatch_size \
             and cfg.train.microbatch_size > cfg.train.minibatch_size:
@@ -646,7 +651,7 @@ def _run_dir_check(run_dir: str) -> None:
         raise ConfigError(f"train.run_dir: {run_dir!r} is not a folder name")
 
 
-def _env_options_check(i: int, env: EnvSpec) -> None:
+def _env_options_check(i: int, env: EnvSpec, tactical: bool = False) -> None:
     """The options of ``envs.i`` are keywords its constructor takes, with values it accepts
     (the env is built once here, so a bad value fails before any run folder exists)."""
     import inspect
@@ -679,6 +684,13 @@ def _env_options_check(i: int, env: EnvSpec) -> None:
     if bad:
         raise ConfigError(f"envs.{i}.learner_seats: {bad} out of range; {entry.name} has "
                           f"seats 0..{made.num_seats - 1}")
+    if tactical and "pool" in env.opponents:
+        from sparring.envs.lookahead import check_lookahead
+        try:
+            check_lookahead(made)
+        except ValueError as e:
+            raise ConfigError(f"rollout.pool_explore_tactical: {e} (envs.{i} plays the pool)") \
+                from None
     from sparring.envs.wrappers import RandomOpening, SymmetricViews
     if env.symmetric_views:
         try:

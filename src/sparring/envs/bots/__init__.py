@@ -2,6 +2,8 @@
 calling the bot does the same). Search bots need ``env.clone()`` (all built-in games have it).
 
 * `RandomBot`: uniform over legal actions.
+* `TacticalBot`: random among the moves a two-ply lookahead keeps (takes a win, blocks a
+  one-move threat; `sparring.envs.lookahead`).
 * `MinimaxBot`: exact minimax for two-seat zero-sum perfect-information games
   (tic-tac-toe, Nim), memoised over ``state_key()``, random tie-breaking.
 * `MCTSBot`: UCT with random rollouts (Connect Four), configurable simulations.
@@ -16,6 +18,7 @@ from sparring.envs.bots.mcts import MCTSBot
 from sparring.envs.bots.minimax import MinimaxBot, minimax_value
 from sparring.envs.bots.registry import BOTS, make_bot
 from sparring.envs.bots.simple import Bot, RandomBot
+from sparring.envs.bots.tactical import TacticalBot
 
 __all__ = ["BOTS", "Bot", "CFRBot", "MCTSBot", "MinimaxBot", "RandomBot", "cfr_policy",
-           "make_bot", "minimax_value"]
+           "TacticalBot", "make_bot", "minimax_value"]

@@ -12,6 +12,7 @@ from sparring.envs.bots.cfr import CFRBot
 from sparring.envs.bots.mcts import MCTSBot
 from sparring.envs.bots.minimax import MinimaxBot
 from sparring.envs.bots.simple import Bot, RandomBot
+from sparring.envs.bots.tactical import TacticalBot
 from sparring.registry import Registry
 
 BOTS = Registry("bot")
@@ -21,6 +22,13 @@ BOTS = Registry("bot")
 def random_bot(seed: int) -> Bot:
     """Uniformly random legal moves."""
     return RandomBot(seed=seed)
+
+
+@BOTS.register("tactical", family="baseline", needs=("clone",),
+               source="uniform over the moves a two-ply lookahead keeps")
+def tactical_bot(seed: int) -> Bot:
+    """Random, but takes a win in one and blocks the opponent's win in one."""
+    return TacticalBot(seed=seed)
 
 
 @BOTS.register("minimax", family="search", needs=("clone",),
