@@ -267,6 +267,25 @@ def test_resume_with_workers_is_exact(local_ray, single_process, tmp_path):
     _assert_same_metrics(single_process, _metrics(tmp_path))
 
 
+def test_pfsp_with_workers_is_the_single_process_run(local_ray, tmp_path):
+    """rollout.pool_mode=pfsp: the driver records the learner's scores from the workers'
+    episodes and sends the pool (scores included) with each share, so two workers draw the
+    league as one process does: the same metrics and the same scores at the end."""
+    pfsp = ["rollout.pool_mode=pfsp", "rollout.pool_score_rate=0.7"]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        alone = _train(_cfg(pfsp), tmp_path / "alone")
+    finally:
+        torch.set_num_threads(threads)
+    rows = _train(_cfg([*pfsp, "distributed.rollout_workers=2"]), tmp_path / "workers")
+    _assert_same_metrics(alone, rows)
+    scores = [json.loads((run / "checkpoints" / "step_000003" / "state.json").read_text())
+              for run in (tmp_path / "alone", tmp_path / "workers")]
+    assert '"scores": {"random"' in json.dumps(scores[0])
+    assert scores[0] == scores[1]
+
+
 def test_async_workers_log_staleness_and_the_importance_correction(local_ray, tmp_path):
     rows = _train(_cfg(["distributed.rollout_workers=2", "distributed.mode=async",
                         "distributed.max_staleness=1", "distributed.correction=turn",
