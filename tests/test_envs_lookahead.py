@@ -72,6 +72,10 @@ def test_games_with_hidden_deals_are_refused():
     with pytest.raises(ValueError, match="hidden chance deals"):
         check_lookahead(make("kuhn_poker"))
     check_lookahead(make("tictactoe"))
+    kuhn = make("kuhn_poker")
+    kuhn.reset(0)
+    with pytest.raises(ValueError, match="hidden chance deals"):
+        make_bot("tactical", seed=0)(kuhn, 0)
 
 
 def test_the_tactical_bot_wins_blocks_and_otherwise_spreads():
