@@ -64,9 +64,10 @@ def test_any_split_of_a_step_plays_the_same_episodes(tmp_path):
     bots, pool draws), so halves of a step, concatenated, are the whole step."""
     cfg = _cfg()
     roll = build(cfg, tmp_path).rollout_fn
-    roll(0)
-    whole = roll(1)  # step 1 adds the first snapshot to the pool: pool draws include it
+    roll(0)  # (records the learner's scores against the pool: pfsp draws by them)
     tasks = group_tasks(cfg)
+    roll.begin_step(1)  # step 1 adds the first snapshot to the pool: pool draws include it
+    whole = roll.play(1, tasks)  # the whole step, its scores not yet recorded
     assert [t.group for t in tasks] == list(range(6))
     assert [(t.kind, t.index) for t in tasks] == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0),
                                                   (3, 0)]
