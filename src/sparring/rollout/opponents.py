@@ -27,8 +27,9 @@ turns are context, not training rows; ``explore`` = epsilon: each of their moves
 first ``explore_turns`` moves, is uniformly random with probability epsilon, among the
 moves a two-ply lookahead keeps with ``explore_tactical``; `set_explore`
 changes it, for a schedule).
-`state_dict` / `load_state_dict` save the checkpoint list and the sampler's RNG state (plain
-JSON) and the scores; bots are code, so the restoring side adds the same bots first (names are checked).
+`state_dict` / `load_state_dict` save the checkpoint list, the scores and the sampler's RNG
+state (plain JSON); bots are code, so the restoring side adds the same bots first (names
+are checked).
 
 ``players_fn(learner, num_seats)`` gives an ``Arena.play(players_fn=...)`` chooser: the
 learner sits in seat ``i % num_seats`` of episode ``i`` and the other seats get sampled
