@@ -90,6 +90,9 @@ def test_the_pool_records_the_learners_score_from_its_league_games_only(tmp_path
     expected = 0.5 + 0.5 * (sum(league) / 8 - 0.5)
     assert roll.pool.scores == pytest.approx({"random": expected})
     assert roll.state_dict()["pool"]["scores"] == pytest.approx({"random": expected})
+    # logged by the loop: the bot's score and, the pool holding only it, probability 1
+    assert roll.league_metrics() == pytest.approx({"league/score/random": expected,
+                                                   "league/prob/random": 1.0})
 
 
 def test_rollouts_repeat_exactly_for_the_same_step(tmp_path):

@@ -249,6 +249,9 @@ class RayRollouts:
 
     # ------------------------------------------------------------------ state, shutdown
 
+    def league_metrics(self) -> dict[str, float]:
+        return self.local.league_metrics()
+
     def state_dict(self) -> dict[str, Any]:
         return self.local.state_dict()
 

@@ -322,6 +322,25 @@ class Rollouts:
         for n, pool in self.pools.items():
             pool.record(results[n])
 
+    def league_metrics(self) -> dict[str, float]:
+        """The league as the training loop logs it after each step: per pool bot its score
+        (``league/score/<bot>``) and sampling probability (``league/prob/<bot>``), the mean
+        and the lowest score over the snapshots (``league/score/snapshots_mean``, ``_min``);
+        with several policies ``league/<policy>/...``. Scored entries only."""
+        out: dict[str, float] = {}
+        for n, pool in self.pools.items():
+            key = f"league/{n}/" if n else "league/"
+            probs = dict(zip(pool.names(), pool.probabilities())) if len(pool) else {}
+            for bot in pool.bots:
+                if bot.name in pool.scores:
+                    out[f"{key}score/{bot.name}"] = pool.scores[bot.name]
+                    out[f"{key}prob/{bot.name}"] = probs[bot.name]
+            snaps = [pool.scores[c.name] for c in pool.checkpoints if c.name in pool.scores]
+            if snaps:
+                out[f"{key}score/snapshots_mean"] = sum(snaps) / len(snaps)
+                out[f"{key}score/snapshots_min"] = min(snaps)
+        return out
+
     def begin_step(self, step: int) -> None:
         """The pool's upkeep at the start of ``step`` (tidy the snapshots, take this step's
         one), done once per step by whoever owns the pool (the driver, with workers)."""

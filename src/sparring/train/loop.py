@@ -12,7 +12,8 @@
    ``correct(step, episodes, batch, adv, learner) -> (batch, adv, metrics)`` (the Ray
    rollout workers, `sparring.distributed.RayRollouts`) may reweight samples drawn by
    older weights and adds its metrics,
-5. metrics to ``metrics.jsonl``; evaluation every ``eval.every`` steps and at the end;
+5. metrics to ``metrics.jsonl`` (with a ``rollout_fn`` method ``league_metrics() -> dict``
+   its metrics too: the opponent pool's scores, `sparring.rollout.schedule.Rollouts`); evaluation every ``eval.every`` steps and at the end;
    a checkpoint every ``checkpoint.every`` steps, at the end, and at each step where
    ``checkpoint.best_metric`` improves (kept apart from ``checkpoint.keep``;
    `sparring.train.best`).
@@ -207,6 +208,7 @@ def _train(cfg: Config, model: Models, rollout_fn: RolloutFn, eval_fn: EvalFn | 
                            wandb_project=lg.wandb_project, config=to_dict(cfg))
     layout = batch_layout(cfg, [p.stage for p in policies])
     correct = getattr(rollout_fn, "correct", None)
+    league = getattr(rollout_fn, "league_metrics", None)
     # what eval_fn gets: the learner, or {name: learner} with several policies
     learners: Any = ({p.name: p.learner for p in policies} if cfg.policies
                      else policies[0].learner)
@@ -259,6 +261,8 @@ def _train(cfg: Config, model: Models, rollout_fn: RolloutFn, eval_fn: EvalFn | 
             for sh in shares:
                 metrics.update(sh.policy.metrics(sh.critic_metrics))
             metrics.update(off_policy)
+            if league is not None:  # the opponent pool's scores (sparring.rollout.schedule)
+                metrics.update(league())
             for sh in shares:
                 metrics.update(sh.policy.metrics(sh.policy.learner.update(sh.batch, sh.adv,
                                                                           sh.keep)))
