@@ -467,6 +467,7 @@ def test_a_resumed_two_policy_run_repeats_an_uninterrupted_one(variant, tmp_path
             raise KeyboardInterrupt
         return parts.rollout_fn(step)
 
+    stop_at_step_3.league_metrics = parts.rollout_fn.league_metrics  # logged as by the rollouts
     with pytest.raises(KeyboardInterrupt):
         train(cfg, parts.model, stop_at_step_3, parts.eval_fn, parts.stateful, run_dir=cut,
               pad_id=parts.pad_id)
