@@ -67,7 +67,8 @@ def test_yaml_and_overrides_are_typed(tmp_path):
      r"envs.0.learner_seats: \[2\] out of range; tictactoe has seats 0..1"),
     (["rollout.pool_explore=1.5"], r"rollout.pool_explore: 1.5 is out of range \(must be <= 1\)"),
     (["envs=[{name: kuhn_poker, opponents: [self, pool]}]", "rollout.pool_explore_tactical=true"],
-     r"rollout.pool_explore_tactical: kuhn_poker has hidden chance deals.*\(envs.0 plays the pool\)"),
+     r"rollout.pool_explore_tactical: kuhn_poker has hidden chance deals.*"
+     r"\(envs.0 plays the pool\)"),
     (["rollout.pool_mode=pfsp", "rollout.pool_pfsp_power=0"],
      r"rollout.pool_pfsp_power: 0.0 is out of range \(must be > 0\)"),
 ])

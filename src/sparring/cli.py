@@ -402,7 +402,8 @@ def build_parser() -> argparse.ArgumentParser:
     ep = sub.add_parser("eval", help="evaluate a trained policy against bots")
     ep.add_argument("checkpoint", metavar="CHECKPOINT", help="a run folder or a checkpoint folder")
     ep.add_argument("--vs", type=lambda s: [x for x in s.split(",") if x], default=["random"],
-                    help="comma-separated bots (`sparring list bots`): random, tactical, minimax, mcts, cfr")
+                    help="comma-separated bots (`sparring list bots`): random, tactical, "
+                    "minimax, mcts, cfr")
     ep.add_argument("--env", action="append",
                     help="environment, its name or an alias (default: the run's games)")
     ep.add_argument("--games", type=_positive_int, default=400,

@@ -105,7 +105,7 @@ class RolloutWorker:
         if version != self.version:
             raise RuntimeError(f"rollout worker {self.rank}: asked for weights version "
                                f"{version}, has {self.version}")
-        if pool != self._pool:  # only when the driver's pool changed (it keeps the snapshots it still holds loaded)
+        if pool != self._pool:  # the driver's pool changed (held snapshots stay loaded)
             self.parts.rollout_fn.load_state_dict({"pool": pool})
             self._pool = pool
         t0 = time.perf_counter()

@@ -17,31 +17,37 @@ from __future__ import annotations
 from typing import Any
 
 
-def wins_at_once(env: Any, seat: int, action: str) -> bool:
-    """``action`` by ``seat`` (the mover) ends the game with ``seat``'s return above all others'."""
+def _after(env: Any, action: str) -> Any:
+    """A copy of ``env`` with ``action`` played."""
     twin = env.clone()
     twin.step(action)
-    if twin.current_seat() is not None:
+    return twin
+
+
+def _won(env: Any, seat: int) -> bool:
+    """The game is over and ``seat``'s return is above every other seat's."""
+    if env.current_seat() is not None:
         return False
-    r = twin.returns()
+    r = env.returns()
     return all(r[seat] > x for s, x in enumerate(r) if s != seat)
+
+
+def wins_at_once(env: Any, seat: int, action: str) -> bool:
+    """``action`` by ``seat`` (the mover) ends the game with ``seat``'s return above all
+    others'."""
+    return _won(_after(env, action), seat)
 
 
 def tactical_actions(env: Any, seat: int, legal: list[str] | None = None) -> list[str]:
     """``seat``'s moves (from ``legal``, default ``env.legal_actions(seat)``) that win at
     once; else those that leave the next mover no win at once; else all of them."""
     legal = list(env.legal_actions(seat) if legal is None else legal)
-    wins = [a for a in legal if wins_at_once(env, seat, a)]
+    after = {a: _after(env, a) for a in legal}  # one copy per move
+    wins = [a for a, twin in after.items() if _won(twin, seat)]
     if wins:
         return wins
-    safe = []
-    for a in legal:
-        twin = env.clone()
-        twin.step(a)
-        nxt = twin.current_seat()
-        if nxt is None or not any(wins_at_once(twin, nxt, b)
-                                  for b in twin.legal_actions(nxt) or []):
-            safe.append(a)
+    safe = [a for a, twin in after.items() if (nxt := twin.current_seat()) is None
+            or not any(wins_at_once(twin, nxt, b) for b in twin.legal_actions(nxt) or [])]
     return safe or legal
 
 

@@ -25,7 +25,8 @@ episode's sample seed, or its seed and group, and the turn index) falls under ep
 (with ``explore_turns`` = N, only among its first N turns): it plays a uniformly random
 legal action (the env must list them); other model seats are gathered, per (policy,
 sampling) pair, into one ``generate`` call over all episodes. The action text is parsed
-by ``env.parse``; invalid actions follow the `InvalidActionPolicy`: ``forfeit`` (penalty, episode ends, ``info["forfeit"] = seat``),
+by ``env.parse``; invalid actions follow the `InvalidActionPolicy`: ``forfeit`` (penalty,
+episode ends, ``info["forfeit"] = seat``),
 ``retry`` (penalty, the seat is asked again with the parser's error shown before the
 observation, at most ``max_retries`` times per move, then forfeit), ``constrained``
 (model seats sample only legal actions; envs without ``legal_actions`` are unconstrained;

@@ -100,11 +100,17 @@ class OpponentPool:
         self.checkpoints.append(_Checkpoint(str(path), int(step), name or f"ckpt-{step}"))
         if self.max_checkpoints and len(self.checkpoints) > self.max_checkpoints:
             del self.checkpoints[: len(self.checkpoints) - self.max_checkpoints]
-            held = {c.path for c in self.checkpoints}
-            for path in [p for p in self._cache if p not in held]:  # never drawn again
-                del self._cache[path]
-            names = {b.name for b in self.bots} | {c.name for c in self.checkpoints}
-            self.scores = {n: x for n, x in self.scores.items() if n in names}
+            self._forget_dropped()
+
+    def _forget_dropped(self) -> None:
+        """Unload the snapshots the pool no longer holds (never drawn again; a held
+        snapshot folder's weights never change, so its loaded player stays) and drop
+        their scores."""
+        held = {c.path for c in self.checkpoints}
+        for path in [p for p in self._cache if p not in held]:
+            del self._cache[path]
+        names = set(self.names())
+        self.scores = {n: x for n, x in self.scores.items() if n in names}
 
     def names(self) -> list[str]:
         """The entries' names: bots, then checkpoints oldest to newest."""
@@ -187,9 +193,7 @@ class OpponentPool:
         self.scores = dict(state.get("scores", {}))
         version, internal, gauss = state["rng"]
         self.rng.setstate((version, tuple(internal), gauss))
-        held = {c.path for c in self.checkpoints}  # a snapshot folder's weights never change
-        for path in [p for p in self._cache if p not in held]:
-            del self._cache[path]
+        self._forget_dropped()
 
 
 def _load_hf(path: str) -> Any:

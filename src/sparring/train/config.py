@@ -433,7 +433,9 @@ def validate(cfg: Config) -> Config:
     _algorithm_check(cfg.algorithm, cfg.envs, "algorithm")
     for i, env in enumerate(cfg.envs):
         _registry_check("env", env.name, f"envs.{i}.name")
-        _env_options_check(i, env, tactical=cfg.rollout.pool_explore_tactical)
+        game = _env_options_check(i, env)
+        if cfg.rollout.pool_explore_tactical and "pool" in env.opponents:
+            _lookahead_check(i, game)
     _betas_check(cfg.optim.betas, "optim.betas")
     if cfg.train.microbatch_size and cfg.train.minibatch_size \
             and cfg.train.microbatch_size > cfg.train.minibatch_size:
@@ -651,9 +653,10 @@ def _run_dir_check(run_dir: str) -> None:
         raise ConfigError(f"train.run_dir: {run_dir!r} is not a folder name")
 
 
-def _env_options_check(i: int, env: EnvSpec, tactical: bool = False) -> None:
+def _env_options_check(i: int, env: EnvSpec) -> Any:
     """The options of ``envs.i`` are keywords its constructor takes, with values it accepts
-    (the env is built once here, so a bad value fails before any run folder exists)."""
+    (the env is built once here, so a bad value fails before any run folder exists), and
+    its other fields fit the game; returns the game built."""
     import inspect
 
     from sparring.envs import env_entry
@@ -684,14 +687,8 @@ def _env_options_check(i: int, env: EnvSpec, tactical: bool = False) -> None:
     if bad:
         raise ConfigError(f"envs.{i}.learner_seats: {bad} out of range; {entry.name} has "
                           f"seats 0..{made.num_seats - 1}")
-    if tactical and "pool" in env.opponents:
-        from sparring.envs.lookahead import check_lookahead
-        try:
-            check_lookahead(made)
-        except ValueError as e:
-            raise ConfigError(f"rollout.pool_explore_tactical: {e} (envs.{i} plays the pool)") \
-                from None
     from sparring.envs.wrappers import RandomOpening, SymmetricViews
+    game = made
     if env.symmetric_views:
         try:
             made = SymmetricViews(made)
@@ -703,6 +700,18 @@ def _env_options_check(i: int, env: EnvSpec, tactical: bool = False) -> None:
             RandomOpening(made, env.opening_moves)
         except ValueError as e:
             raise ConfigError(f"envs.{i}.opening_moves: {e}") from None
+    return game
+
+
+def _lookahead_check(i: int, game: Any) -> None:
+    """``rollout.pool_explore_tactical``: the pool's game ``envs.i`` can be searched by
+    copies with nothing hidden (`sparring.envs.lookahead.check_lookahead`)."""
+    from sparring.envs.lookahead import check_lookahead
+    try:
+        check_lookahead(game)
+    except ValueError as e:
+        raise ConfigError(f"rollout.pool_explore_tactical: {e} (envs.{i} plays the pool)") \
+            from None
 
 
 def _opponents_check(cfg: Config) -> None:

@@ -12,8 +12,9 @@
    ``correct(step, episodes, batch, adv, learner) -> (batch, adv, metrics)`` (the Ray
    rollout workers, `sparring.distributed.RayRollouts`) may reweight samples drawn by
    older weights and adds its metrics,
-5. metrics to ``metrics.jsonl`` (with a ``rollout_fn`` method ``league_metrics() -> dict``
-   its metrics too: the opponent pool's scores, `sparring.rollout.schedule.Rollouts`); evaluation every ``eval.every`` steps and at the end;
+5. metrics to ``metrics.jsonl`` (and, from a ``rollout_fn`` with a method
+   ``league_metrics() -> dict``, the opponent pool's scores: `sparring.rollout.schedule`);
+   evaluation every ``eval.every`` steps and at the end;
    a checkpoint every ``checkpoint.every`` steps, at the end, and at each step where
    ``checkpoint.best_metric`` improves (kept apart from ``checkpoint.keep``;
    `sparring.train.best`).
