@@ -88,6 +88,23 @@ def test_overlong_penalty_rewards_and_returns():
         SHAPERS["overlong_penalty"](b, max_length=3, cache=5)
 
 
+def test_loss_aversion_rewards_and_returns():
+    b, rs = batch(), rows()
+    assert any(x["r"] < 0 for x in rs) and any(x["r"] > 0 for x in rs)
+    out = SHAPERS["loss_aversion"](b, weight=3.0)
+    # a negative reward r becomes 3 r (r + 2 r), a positive or zero one stays
+    delta = [2.0 * x["r"] if x["r"] < 0 else 0.0 for x in rs]
+    assert out.reward.tolist() == pytest.approx([x["r"] + d for x, d in zip(rs, delta)])
+    tot = {}
+    for x, d in zip(rs, delta):
+        tot[(x["e"], x["a"])] = tot.get((x["e"], x["a"]), 0.0) + d
+    assert out.returns.tolist() == pytest.approx([x["ret"] + tot[(x["e"], x["a"])] for x in rs])
+    same = SHAPERS["loss_aversion"](b, weight=1.0)
+    assert same.reward.tolist() == pytest.approx([x["r"] for x in rs])
+    with pytest.raises(ValueError, match="weight"):
+        SHAPERS["loss_aversion"](b, weight=0.5)
+
+
 def test_kl_in_reward_and_composition_order():
     b, rs = batch(), rows()
     ref = torch.where(b.action_mask, b.old_logp - 0.1, torch.zeros_like(b.old_logp))
@@ -174,6 +191,6 @@ def test_cli_lists_estimators_and_shapers(capsys):
     out = capsys.readouterr().out
     for name in ("turn_rtg", "trloo", "gigpo", "role_ema", "gae", "turn_gae", "archer_targets",
                  "igpo", "matchtir", "gated", "ucas", "canon", "entropy_shaping",
-                 "overlong_penalty", "kl_in_reward", "drop_zero_variance_groups",
+                 "overlong_penalty", "kl_in_reward", "loss_aversion", "drop_zero_variance_groups",
                  "top_abs_advantage"):
         assert name in out

@@ -4,7 +4,7 @@ Three kinds, each a pure function, applied by `stage.AdvantageStage` in this ord
 
 * ``reward``: ``fn(batch, **opts) -> TurnBatch`` with a new per-row ``reward`` and the
   per-trajectory ``returns`` kept consistent; runs *before* the estimator
-  (`overlong_penalty`, `kl_in_reward`).
+  (`overlong_penalty`, `kl_in_reward`, `loss_aversion`).
 * ``advantage``: ``fn(adv [n, T], batch, **opts) -> adv [n, T]``; runs *after* the
   estimator, on its result, in the order configured (`ucas`, `canon`, `entropy_shaping`).
   Given ``adv`` zero outside ``batch.action_mask``, the result is too.
@@ -157,3 +157,22 @@ def kl_in_reward(batch: TurnBatch, *, beta: float = 0.05, kind: str = "k1") -> T
     kl = kl_estimate(batch.old_logp.float(), batch.ref_logp.float(), batch.action_mask, kind)
     return with_row_delta(batch, -beta * kl.sum(1))
 
+
+
+@shaper("loss_aversion", kind="reward", source="Prospect theory's loss aversion "
+        "(Kahneman & Tversky 1979)")
+def loss_aversion(batch: TurnBatch, *, weight: float = 2.0) -> TurnBatch:
+    """``r' = r + (weight - 1) * min(r, 0)`` per row: a negative reward counts ``weight``
+    times, a positive one once (and the trajectory's return follows).
+
+    With a game's outcome as its reward (win +1, draw 0, loss -1) the learner maximises
+    ``P(win) - weight * P(loss)``: a line that wins more often against weak opponents but
+    loses against a good one stops paying, so play leans to the lines that do not lose
+    (in self-play both seats are averse, so the game is no longer zero-sum for the
+    learner). ``weight = 1`` leaves rewards unchanged. Loss aversion is prospect theory's
+    (losses weigh about twice as much as gains); its use as a reward transform for
+    non-loss play is our reading, not the paper's.
+    """
+    if weight < 1:
+        raise ValueError(f"bad weight={weight!r}; need weight >= 1 (1: no change)")
+    return with_row_delta(batch, (weight - 1.0) * batch.reward.clamp(max=0.0))
