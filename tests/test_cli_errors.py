@@ -341,7 +341,7 @@ def test_train_names_the_best_checkpoint_in_its_closing_lines(tmp_path, capsys):
 
 
 def test_eval_against_minimax_adds_the_exact_row_and_the_blunders(run, capsys):
-    from sparring.eval.games import policy_vs_minimax
+    from sparring.eval.games import policy_conversion_vs_minimax, policy_vs_minimax
     from sparring.rollout.schedule import make_arena
     from sparring.train.restore import load_policies
 
@@ -353,3 +353,9 @@ def test_eval_against_minimax_adds_the_exact_row_and_the_blunders(run, capsys):
     assert rc == 0 and f"{exact.rates()['non_loss']:.3f}" in row
     n = len(exact.blunders)
     assert (f"{n} positions where the policy plays a losing move" in out) == (n > 0)
+    won = policy_conversion_vs_minimax(make_arena(cfg.rollout), policies[""], "tictactoe",
+                                       dict(cfg.envs[0].options))
+    for seat in (0, 1):
+        w = [p.win for p in won if p.seat == seat]
+        assert (f"seat {seat} converts the {len(w)} won positions of its first 3 moves "
+                f"against minimax with mean win probability {sum(w) / len(w):.3f}") in out

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from sparring.envs import make
-from sparring.envs.bots.minimax import MinimaxBot
+from sparring.envs.bots.minimax import MinimaxBot, minimax_value, optimal_children
 from sparring.eval.games import evaluate_vs_bot, policy_vs_minimax
-from sparring.eval.vs_minimax import exact_vs_minimax
+from sparring.eval.vs_minimax import conversion_vs_minimax, exact_vs_minimax
 from sparring.policy.sampling import SamplingParams
 from sparring.train.config import load_config
 from sparring.train.setup import build
@@ -87,6 +87,67 @@ def test_the_model_exactly_matches_its_greedy_games_against_the_bot(tmp_path):
         p = exact[f"non_loss_seat{s}"]
         assert abs(played[f"non_loss_seat{s}"] - p) <= 5 * (p * (1 - p) / (n / 2)) ** 0.5 + 1e-9
     assert exact["win"] == 0.0
+
+
+def after(env, actions):
+    e = env.clone()
+    for a in actions:
+        e.step(a)
+    return e
+
+
+def test_nim_conversion_by_hand():
+    # Heaps (2, 2): seat 0's every opening loses, so seat 1 is to move with a forced win at
+    # (1,2), (0,2), (2,1), (2,0). Taking 1 from the first non-empty heap wins only from
+    # (2,1) (-> (1,1), seat 0 takes one, seat 1 the last); from (1,2) -> (0,2),
+    # (0,2) -> (0,1) and (2,0) -> (1,0) seat 0 takes the rest.
+    start = make("nim", heaps=[2, 2])
+    want = {after(start, [a]).observation(1): w
+            for a, w in (("1:1", 0.0), ("1:2", 0.0), ("2:1", 1.0), ("2:2", 0.0))}
+    got = conversion_vs_minimax(lambda: make("nim", heaps=[2, 2]), first_legal, seats=(1,),
+                                plies=1)
+    assert {p.observation: p.win for p in got} == want
+    assert all(p.seat == 1 for p in got)
+
+
+def win_probability(env, me, policy, memo):
+    """P(seat ``me`` wins) from ``env``: ``policy``'s distribution at its turns, the minimax
+    bot uniform over its optimal moves at the other's (a plain recursion over the tree)."""
+    key = (env.state_key(), me)
+    if key not in memo:
+        seat = env.current_seat()
+        if seat is None:
+            memo[key] = 1.0 if env.returns()[me] > 0 else 0.0
+        elif seat != me:
+            kids = [c for _, _, c in optimal_children(env)]
+            memo[key] = sum(win_probability(c, me, policy, memo) for c in kids) / len(kids)
+        else:
+            memo[key] = sum(p * win_probability(after(env, [a]), me, policy, memo)
+                            for a, p in policy([env], me)[0].items() if p > 0)
+    return memo[key]
+
+
+def test_tictactoe_conversion_matches_a_tree_walk():
+    start = make("tictactoe")
+    want, memo = {}, {}  # won positions within 3 moves: X's after two, O's after three
+    for a in start.legal_actions(0):
+        for b in after(start, [a]).legal_actions(1):
+            e = after(start, [a, b])
+            if minimax_value(e) > 0:
+                want[e.observation(0)] = win_probability(e, 0, uniform, memo)
+            for c in e.legal_actions(0):
+                e3 = after(e, [c])
+                if e3.current_seat() == 1 and minimax_value(e3) < 0:
+                    want[e3.observation(1)] = win_probability(e3, 1, uniform, memo)
+    got = conversion_vs_minimax(lambda: make("tictactoe"), uniform, greedy=False)
+    assert len(got) == len(want) > 0
+    assert {p.observation: p.win for p in got} == pytest.approx(want)
+    assert 0 < min(want.values()) < max(want.values()) < 1  # uniform play: partly converted
+
+    def optimal(envs, seat):  # an optimal policy converts every won position
+        return [{optimal_children(e)[0][0]: 1.0} for e in envs]
+    assert all(p.win == pytest.approx(1.0)
+               for p in conversion_vs_minimax(lambda: make("tictactoe"), optimal))
 
 
 def test_a_game_without_clone_is_refused():

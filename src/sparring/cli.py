@@ -250,7 +250,12 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from sparring.envs import env_entry, has_game_tree
     from sparring.envs.bots import BOTS, make_bot
-    from sparring.eval.games import evaluate_vs_bot, policy_exploitability, policy_vs_minimax
+    from sparring.eval.games import (
+        evaluate_vs_bot,
+        policy_conversion_vs_minimax,
+        policy_exploitability,
+        policy_vs_minimax,
+    )
     from sparring.eval.periodic import env_options, env_seats
     from sparring.registry import UnknownNameError
     from sparring.rollout.schedule import make_arena
@@ -282,6 +287,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 "non-loss", "forfeit", "invalid"):
         table.add_column(col)
     blunders: list = []  # (env, policy, Blunder) against minimax
+    converted: list = []  # (env, policy, [WonPosition]) against minimax
     for env in envs:
         opts, seats = env_options(cfg, env), env_seats(cfg, env)
         for name in chosen:
@@ -305,6 +311,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
                                   *(f"{x[k]:.3f}" for k in ("win", "draw", "loss", "non_loss")),
                                   "-", "-")
                     blunders.extend((env, name, b) for b in exact.blunders)
+                    converted.append((env, name, policy_conversion_vs_minimax(
+                        arena, policies[name], env, opts, not args.sample, mine or range(2))))
         if has_game_tree(env):
             profile = ([policies[n] for n in seats] if several and seats
                        else policies[chosen[0]])
@@ -321,6 +329,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
                           f"{b.value_before:+g} -> {b.value_after:+g})", highlight=False)
         if len(blunders) > 20:
             console.print(f"  ... and {len(blunders) - 20} more")
+    for env, name, won in converted:
+        for seat in sorted({p.seat for p in won}):
+            w = [p.win for p in won if p.seat == seat]
+            console.print(f"{env}{f' {name}' if several else ''} seat {seat} converts the "
+                          f"{len(w)} won positions of its first 3 moves against minimax with "
+                          f"mean win probability {sum(w) / len(w):.3f} "
+                          f"({sum(x < 0.5 for x in w)} below 0.5)", highlight=False)
     return 0
 
 

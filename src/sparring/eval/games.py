@@ -33,7 +33,7 @@ from sparring.data import Episode
 from sparring.envs import env_entry, make
 from sparring.eval.exploitability import exploitability
 from sparring.eval.stats import wilson
-from sparring.eval.vs_minimax import VsMinimax, exact_vs_minimax
+from sparring.eval.vs_minimax import VsMinimax, WonPosition, conversion_vs_minimax, exact_vs_minimax
 from sparring.policy.forward import token_logprobs
 from sparring.policy.hf import HFPolicy
 from sparring.policy.sampling import SamplingParams
@@ -214,3 +214,16 @@ def policy_vs_minimax(arena: Arena, policy: HFPolicy, env: str, options: dict[st
         lambda: make(env, **options),
         lambda envs, seat: _probabilities_at(policy, arena, [(e, seat) for e in envs]),
         seats, greedy)
+
+
+def policy_conversion_vs_minimax(arena: Arena, policy: HFPolicy, env: str,
+                                 options: dict[str, Any], greedy: bool = True,
+                                 seats: Sequence[int] = (0, 1), plies: int = 3
+                                 ) -> list[WonPosition]:
+    """`conversion_vs_minimax` of the model: its exact win probability against minimax from
+    each won position of its ``seats`` within the first ``plies`` moves (prompts as in
+    `policy_vs_minimax`)."""
+    return conversion_vs_minimax(
+        lambda: make(env, **options),
+        lambda envs, seat: _probabilities_at(policy, arena, [(e, seat) for e in envs]),
+        seats, greedy, plies)

@@ -18,6 +18,13 @@ A *blunder* is an action the policy plays (``pi > 0``) that lowers the minimax v
 seat: ``r_me(s, a) + V_me(s·a) < V_me(s)`` (a won position to a draw or a loss, a drawn one
 to a loss), with ``V_me`` = `minimax_value` for seat 0 and its negation for seat 1.
 
+*Conversion* (`conversion_vs_minimax`) is the other side of the same match: every position
+within the game's first ``plies`` moves (any moves, both seats) where seat ``s`` is to move
+with a forced win (``V_s > 0``: the other seat has already erred), and the policy's exact
+win probability from there against minimax. Non-loss says whether a policy avoids
+mistakes; conversion says whether it punishes them (a self-play opponent that never
+converts a wrong answer never teaches the other seat to avoid it).
+
 The policy is asked once per depth, for every reachable position where it is to move
 (``action_probs(envs, seat)``, a batch), so a model scores the reachable positions in a few
 batched forward passes.
@@ -125,6 +132,46 @@ def _against_minimax(root: Any, me: int, action_probs: ActionProbs, greedy: bool
         return memo[key]
 
     return returns(root.state_key()), blunders
+
+
+@dataclass
+class WonPosition:
+    """A position where ``seat`` is to move with a forced win, and the policy's exact
+    probability of winning from it against minimax (1.0 for an optimal policy)."""
+
+    seat: int
+    observation: str
+    win: float
+
+
+def conversion_vs_minimax(make_env: Callable[[], Any], action_probs: ActionProbs,
+                          seats: Sequence[int] = (0, 1), greedy: bool = True,
+                          plies: int = 3) -> list[WonPosition]:
+    """The won positions of ``seats`` within ``plies`` moves of a fresh ``make_env()`` (each
+    distinct position once, in the order reached) and the policy's exact win probability
+    from each against minimax; see the module docstring."""
+    root = make_env()
+    found: dict[str, tuple[int, Any]] = {}
+    frontier = {root.state_key(): root}
+    for _ in range(plies + 1):
+        nxt: dict[str, Any] = {}
+        for key, env in frontier.items():
+            seat = env.current_seat()
+            if seat is None:
+                continue
+            if seat in seats and _seat_value(env, seat) > 0:
+                found.setdefault(key, (seat, env))
+            for a in env.legal_actions(seat):
+                child = env.clone()
+                child.step(a)
+                nxt.setdefault(child.state_key(), child)
+        frontier = nxt
+    out = []
+    for seat, env in found.values():
+        dist, _ = _against_minimax(env, seat, action_probs, greedy)
+        out.append(WonPosition(seat, env.observation(seat),
+                               sum(q for g, q in dist.items() if g > 0)))
+    return out
 
 
 def exact_vs_minimax(make_env: Callable[[], Any], action_probs: ActionProbs,
