@@ -126,13 +126,15 @@ SHAPING = [  # every registered shaper, in an order that interleaves the kinds
     {"name": "canon", "options": {"metric": "entropy", "weight": 2.0}},
     {"name": "drop_zero_variance_groups"},
     {"name": "kl_in_reward", "options": {"beta": 2.0}},
+    {"name": "loss_aversion", "options": {"weight": 3.0}},
     {"name": "entropy_shaping", "options": {"lo": 0.8, "hi": 1.25}},
     {"name": "top_abs_advantage", "options": {"k": 3}},
 ]
 
 
 def _expected(b):
-    """rloo on shaped returns, then ucas, canon, entropy_shaping; keep: variance and top-3.
+    """rloo on shaped returns (overlong, KL, loss aversion), then ucas, canon,
+    entropy_shaping; keep: variance and top-3.
     Plain Python over the rows of the captured batch (one row per trajectory here)."""
     n = b.n_rows
     toks = [b.action_mask[i].nonzero().squeeze(1).tolist() for i in range(n)]
@@ -145,7 +147,9 @@ def _expected(b):
         L = len(toks[i])  # max_length 2, cache 1: penalty 0 for L <= 1, (1 - L) / 1 at L = 2
         pen = 0.0 if L <= 1 else (1 - L) / 1.0
         kl = sum(o - r for o, r in zip(old[i], ref[i]))
-        R.append(float(b.returns[i]) + 0.5 * pen - 2.0 * kl)
+        r = float(b.returns[i]) + 0.5 * pen - 2.0 * kl
+        R.append(r if r >= 0 else 3.0 * r)  # loss_aversion, after the two above
+    assert min(R) < 0 < max(R)  # loss_aversion has rewards of both signs to tell apart
     A = []
     for i in range(n):
         others = [R[j] for j in range(n) if g[j] == g[i] and j != i]
