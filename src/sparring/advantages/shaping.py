@@ -158,7 +158,6 @@ def kl_in_reward(batch: TurnBatch, *, beta: float = 0.05, kind: str = "k1") -> T
     return with_row_delta(batch, -beta * kl.sum(1))
 
 
-
 @shaper("loss_aversion", kind="reward", source="Prospect theory's loss aversion "
         "(Kahneman & Tversky 1979)")
 def loss_aversion(batch: TurnBatch, *, weight: float = 2.0) -> TurnBatch:

@@ -166,9 +166,17 @@ def conversion_vs_minimax(make_env: Callable[[], Any], action_probs: ActionProbs
                 child.step(a)
                 nxt.setdefault(child.state_key(), child)
         frontier = nxt
+    asked: dict[tuple[str, int], dict[str, float]] = {}  # the roots' subtrees overlap
+
+    def probs(envs: list[Any], seat: int) -> list[dict[str, float]]:
+        new = [e for e in envs if (e.state_key(), seat) not in asked]
+        for e, pi in zip(new, action_probs(new, seat) if new else []):
+            asked[e.state_key(), seat] = pi
+        return [asked[e.state_key(), seat] for e in envs]
+
     out = []
     for seat, env in found.values():
-        dist, _ = _against_minimax(env, seat, action_probs, greedy)
+        dist, _ = _against_minimax(env, seat, probs, greedy)
         out.append(WonPosition(seat, env.observation(seat),
                                sum(q for g, q in dist.items() if g > 0)))
     return out
