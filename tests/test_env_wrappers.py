@@ -1,7 +1,13 @@
 import pytest
 
 from sparring.envs import make
-from sparring.envs.wrappers import RandomOpening, SymmetricViews, TryAgain, TurnBudget
+from sparring.envs.wrappers import (
+    CanonicalViews,
+    RandomOpening,
+    SymmetricViews,
+    TryAgain,
+    TurnBudget,
+)
 
 GYM_4X4 = ["SFFF", "FHFH", "FFFH", "HFFG"]
 
@@ -220,3 +226,85 @@ def test_symmetric_views_keep_minimax_value_and_search_through_clones():
 def test_symmetric_views_need_a_game_with_symmetries():
     with pytest.raises(ValueError, match="kuhn_poker declares no symmetries"):
         SymmetricViews(make("kuhn_poker"))
+
+
+
+def _ttt_after(moves: list[int]) -> list[str]:
+    """The plain board (cells 0-8) after ``moves`` (board cells), X first."""
+    board = ["."] * 9
+    for k, c in enumerate(moves):
+        board[c] = "XO"[k % 2]
+    return board
+
+
+def test_canonical_views_show_symmetric_positions_alike_and_map_moves_back():
+    """Every position reached by random play reads the same as each of its 8 images under
+    the square's symmetries (played as such from the start); the text is the smallest of
+    the 8 ways to write the board; and the move the seat names lands on the board's cell
+    its view says (checked against a plain game fed the mapped moves)."""
+    import random
+
+    from sparring.envs.games.tictactoe import VIEWS
+
+    rng = random.Random(1)
+    for _ in range(40):
+        env, plain = make("tictactoe", compact=True, canonical=True), make("tictactoe")
+        moves: list[int] = []
+        while env.current_seat() is not None:
+            seat = env.current_seat()
+            board = _ttt_after(moves)
+            texts = {"XO"[seat] + " " + "".join(board[p[i]] for i in range(9)) for p in VIEWS}
+            obs = env.observation(seat)
+            assert obs == min(texts)
+            twins = []  # the position turned by each symmetry reads the same
+            for p in VIEWS:
+                image = CanonicalViews(make("tictactoe", compact=True))
+                image.env.board, image.env.turn = [board[p[i]] for i in range(9)], seat
+                twins.append(image.observation(seat))
+            assert set(twins) == {obs}
+            move = rng.choice(env.legal_actions(seat))
+            cell = VIEWS[env.view(seat)][int(move) - 1]  # the board cell it names
+            assert env.parse(seat, f"<answer>{move}</answer>").action == move
+            a, b = env.step(move), plain.step(str(cell + 1))
+            moves.append(cell)
+            assert a.rewards == b.rewards and a.done == b.done
+            assert env.state_key() == plain.state_key() == "".join(_ttt_after(moves))
+        assert env.returns() == plain.returns()
+
+
+def test_canonical_views_by_hand_and_through_bots():
+    """By hand: after X takes corner 3, O sees it in corner 9 (``'.'`` sorts before
+    ``'X'``), and O's canonical 1 (the opposite corner) is the board's 7. Minimax plays the
+    canonical game to a draw against itself (its search clones and steps the wrapper).
+    Connect Four mirrors: X's piece in column 1 is seen by O in column 7, so O's column 7
+    is the board's column 1."""
+    from sparring.envs.bots import make_bot
+
+    env = make("tictactoe", compact=True, canonical=True)
+    assert env.observation(0) == "X ........." and env.legal_actions(0) == list("123456789")
+    env.step("3")
+    assert env.observation(1) == "O ........X"
+    env.step("1")
+    assert env.state_key() == "..X...O.."
+    bot = make_bot("minimax", 0)
+    for seed in range(4):
+        env = make("tictactoe", compact=True, canonical=True)
+        env.reset(seed)
+        while env.current_seat() is not None:
+            seat = env.current_seat()
+            env.step(env.parse(seat, bot(env, seat)).action)
+        assert env.returns() == [0.0, 0.0]
+    c4 = make("connect_four", canonical=True)
+    c4.step("1")
+    assert c4.observation(1).split("\n")[5] == "......X"
+    c4.step("7")  # O's column 7 as seen: the board's column 1
+    assert c4.state_key() == make_c4_after(["1", "1"])
+    with pytest.raises(ValueError, match="kuhn_poker declares no symmetries"):
+        CanonicalViews(make("kuhn_poker"))
+
+
+def make_c4_after(columns: list[str]) -> str:
+    game = make("connect_four")
+    for c in columns:
+        game.step(c)
+    return game.state_key()

@@ -63,6 +63,9 @@ def test_yaml_and_overrides_are_typed(tmp_path):
     (["envs=[{name: kuhn_poker, symmetric_views: true}]"],
      r"envs.0.symmetric_views: SymmetricViews: kuhn_poker declares no symmetries.*; "
      r"set envs.0.symmetric_views=false for this game"),
+    (["envs=[{name: tictactoe, options: {canonical: true}, symmetric_views: true}]"],
+     r"envs.0.symmetric_views: the game's option canonical already shows every position in "
+     r"one orientation"),
     (["envs=[{name: tictactoe, learner_seats: [0, 2]}]"],
      r"envs.0.learner_seats: \[2\] out of range; tictactoe has seats 0..1"),
     (["rollout.pool_explore=1.5"], r"rollout.pool_explore: 1.5 is out of range \(must be <= 1\)"),
@@ -182,7 +185,7 @@ ENV = {"envs": [{"name": "tictactoe"}]}
     (["envs.0.opponents=[self,randm]"], r"envs.0.opponents.1: unknown opponent 'randm'; "
                                         r"did you mean 'random'"),
     (["envs.0.options.bogus=1"], r"envs.0.options: tictactoe has no option 'bogus' "
-                                 r"\(allowed: compact\)"),
+                                 r"\(allowed: compact, canonical\)"),
     (["envs.0.name=calculator", "envs.0.options.max_calls=0"],
      r"envs.0.options: calculator rejects .*max_calls=0; must be >= 1"),
     (["envs.0.name=calculator", "envs.0.options.max_call=2"],

@@ -1,5 +1,5 @@
 """Environment wrappers: try-again feedback, a (scheduled) turn budget, random openings,
-per-seat symmetric views.
+per-seat symmetric views, canonical views.
 
 All implement the `Env` protocol around an inner env and pass everything else through.
 
@@ -309,4 +309,71 @@ class SymmetricViews:
         return twin
 
 
-__all__ = ["RandomOpening", "SymmetricViews", "TryAgain", "TurnBudget"]
+class CanonicalViews:
+    """Every seat sees the board in its canonical orientation: of the game's symmetries, the
+    view whose observation text sorts first (the lowest view index on ties), recomputed at
+    every position; the seat names its moves in that view and they are mapped back to the
+    board. Positions that are symmetric to each other then read the same, so what the
+    policy learns in one holds in all of them (a tic-tac-toe corner opening is one
+    position, not four). Unlike `SymmetricViews`, a training-time augmentation, this is
+    part of the game's observation: evaluation and bots play the same wrapped game (it is
+    the game option ``canonical``). Rewards, values and ``state_key()`` are the inner
+    game's. Needs what `SymmetricViews` needs.
+    """
+
+    def __init__(self, env: Env):
+        needs = ("symmetries", "view_action", "board_action", "ALL_ACTIONS")
+        missing = [m for m in needs if not hasattr(env, m)]
+        if missing:
+            raise ValueError(f"CanonicalViews: {env.name} declares no symmetries (no "
+                             f"{', '.join(missing)})")
+        self.env, self.name, self.num_seats = env, env.name, env.num_seats
+        self.ALL_ACTIONS = env.ALL_ACTIONS
+
+    def view(self, seat: int) -> int:
+        """``seat``'s canonical view of the current position."""
+        texts = [self.env.observation(seat, view=v) for v in range(self.env.symmetries())]
+        return min(range(len(texts)), key=lambda v: (texts[v], v))
+
+    def reset(self, seed: int) -> None:
+        self.env.reset(seed)
+
+    def current_seat(self) -> int | None:
+        return self.env.current_seat()
+
+    def system_prompt(self, seat: int) -> str:
+        return self.env.system_prompt(seat)
+
+    def observation(self, seat: int) -> str:
+        return self.env.observation(seat, view=self.view(seat))
+
+    def legal_actions(self, seat: int) -> list[str] | None:
+        legal = self.env.legal_actions(seat)
+        if legal is None:
+            return None
+        v = self.view(seat)
+        return sorted(self.env.view_action(a, v) for a in legal)
+
+    def parse(self, seat: int, text: str) -> ParseResult:
+        """The move named in ``seat``'s canonical view (`step` maps it to the board)."""
+        return parse_choice(text, self.legal_actions(seat) or [], list(self.ALL_ACTIONS))
+
+    def step(self, action: str) -> StepResult:
+        seat = self.env.current_seat()
+        if seat is None or action not in self.ALL_ACTIONS:
+            return self.env.step(action)  # the inner game's own error
+        return self.env.step(self.env.board_action(action, self.view(seat)))
+
+    def state_key(self) -> str:
+        return self.env.state_key()
+
+    def returns(self) -> list[float]:
+        return self.env.returns()
+
+    def clone(self) -> CanonicalViews:
+        twin = copy.copy(self)
+        twin.env = self.env.clone()
+        return twin
+
+
+__all__ = ["CanonicalViews", "RandomOpening", "SymmetricViews", "TryAgain", "TurnBudget"]

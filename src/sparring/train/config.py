@@ -689,6 +689,10 @@ def _env_options_check(i: int, env: EnvSpec) -> Any:
                           f"seats 0..{made.num_seats - 1}")
     from sparring.envs.wrappers import RandomOpening, SymmetricViews
     game = made
+    if env.symmetric_views and env.options.get("canonical"):
+        raise ConfigError(f"envs.{i}.symmetric_views: the game's option canonical already "
+                          "shows every position in one orientation, and random views would "
+                          f"undo it; set envs.{i}.symmetric_views=false or drop canonical")
     if env.symmetric_views:
         try:
             made = SymmetricViews(made)

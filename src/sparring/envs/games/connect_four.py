@@ -11,8 +11,9 @@ its mirror image (view 1: column k shown as column 8 - k).
 from __future__ import annotations
 
 from sparring.envs import register_env
-from sparring.envs.base import StepResult
+from sparring.envs.base import Env, StepResult
 from sparring.envs.games.common import TwoPlayerBoardGame
+from sparring.envs.wrappers import CanonicalViews
 
 COLS, ROWS = 7, 6
 MARKS = ("X", "O")
@@ -111,6 +112,9 @@ class ConnectFour(TwoPlayerBoardGame):
 
 
 @register_env("connect_four", family="game", source="classic; rules as OpenSpiel connect_four")
-def make_connect_four() -> ConnectFour:
-    """Connect Four 7x6 (no options)."""
-    return ConnectFour()
+def make_connect_four(canonical: bool = False) -> Env:
+    """Connect Four 7x6; ``canonical``: every seat sees the board as it is or mirrored,
+    whichever text sorts first, and names its columns in it
+    (`sparring.envs.wrappers.CanonicalViews`)."""
+    game = ConnectFour()
+    return CanonicalViews(game) if canonical else game

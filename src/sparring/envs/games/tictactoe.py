@@ -11,8 +11,9 @@ index ``i`` is the board's cell ``VIEWS[v][i]`` (view 0 is the board as it is).
 from __future__ import annotations
 
 from sparring.envs import register_env
-from sparring.envs.base import StepResult
+from sparring.envs.base import Env, StepResult
 from sparring.envs.games.common import TwoPlayerBoardGame
+from sparring.envs.wrappers import CanonicalViews
 
 LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
 _LINES_THROUGH = tuple(tuple(ln for ln in LINES if c in ln) for c in range(9))
@@ -104,7 +105,10 @@ class TicTacToe(TwoPlayerBoardGame):
 
 @register_env("tictactoe", family="game", source="classic; rules as OpenSpiel tic_tac_toe",
               aliases=("tic_tac_toe",))
-def make_tictactoe(compact: bool = False) -> TicTacToe:
+def make_tictactoe(compact: bool = False, canonical: bool = False) -> Env:
     """Tic-tac-toe; ``compact``: the mover sees only its mark and cells 1-9 in order
-    (``"O X...O.X.."``), for tiny models."""
-    return TicTacToe(compact=compact)
+    (``"O X...O.X.."``), for tiny models; ``canonical``: every seat sees the board in the
+    orientation of the square whose text sorts first, and names its cells in it
+    (`sparring.envs.wrappers.CanonicalViews`: the four corner openings read as one)."""
+    game = TicTacToe(compact=compact)
+    return CanonicalViews(game) if canonical else game
