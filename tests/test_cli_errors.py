@@ -340,6 +340,33 @@ def test_train_names_the_best_checkpoint_in_its_closing_lines(tmp_path, capsys):
     assert (folder / "checkpoints" / f"step_{step:06d}").is_dir()
 
 
+def test_eval_lists_positions_the_policy_sees_alike_once(tmp_path, capsys):
+    """With the game option canonical, symmetric board positions read the same to the
+    policy; the blunder list prints each (seat, observation, move) once with its count of
+    board positions (counted here from the exact evaluation itself)."""
+    from collections import Counter
+
+    from sparring.eval.games import policy_vs_minimax
+    from sparring.rollout.schedule import make_arena
+    from sparring.train.restore import load_policies
+
+    folder = tmp_path / "run"
+    assert main(["train", *TINY, "train.steps=1", f"train.run_dir={folder}",
+                 "envs.0.options.canonical=true", "envs.0.symmetric_views=false",
+                 "eval.opponents=[random]"]) == 0
+    rc, out, _ = cli(capsys, "eval", str(folder), "--vs", "minimax", "--games", "2")
+    policies, cfg, _ = load_policies(folder)
+    exact = policy_vs_minimax(make_arena(cfg.rollout), policies[""], "tictactoe",
+                              dict(cfg.envs[0].options))
+    seen = Counter((b.seat, b.observation, b.action) for b in exact.blunders)
+    assert rc == 0 and exact.blunders and max(seen.values()) > 1  # symmetric twins exist
+    printed = [line for line in out.splitlines() if line.startswith("  tictactoe seat ")]
+    assert len(printed) == min(len(seen), 20)
+    for line in printed:
+        key = next(k for k in seen if line.startswith(f"  tictactoe seat {k[0]}: {k[1]!r} -> {k[2]} "))
+        assert line.endswith(f" x{seen[key]} positions") == (seen[key] > 1)
+
+
 def test_eval_against_minimax_adds_the_exact_row_and_the_blunders(run, capsys):
     from sparring.eval.games import policy_conversion_vs_minimax, policy_vs_minimax
     from sparring.rollout.schedule import make_arena

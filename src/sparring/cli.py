@@ -13,6 +13,7 @@ import errno
 import json
 import logging
 import sys
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -323,12 +324,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
         console.print(f"{len(blunders)} positions where the policy plays a losing move "
                       "against minimax (seat: observation -> move, its probability, the "
                       "seat's minimax value before -> after):")
-        for env, name, b in blunders[:20]:
-            console.print(f"  {env}{f' {name}' if several else ''} seat {b.seat}: "
-                          f"{b.observation!r} -> {b.action} (p {b.prob:.2f}, "
-                          f"{b.value_before:+g} -> {b.value_after:+g})", highlight=False)
-        if len(blunders) > 20:
-            console.print(f"  ... and {len(blunders) - 20} more")
+        # positions the policy sees alike (a game's option canonical) print once, counted
+        lines = Counter(f"  {env}{f' {name}' if several else ''} seat {b.seat}: "
+                        f"{b.observation!r} -> {b.action} (p {b.prob:.2f}, "
+                        f"{b.value_before:+g} -> {b.value_after:+g})"
+                        for env, name, b in blunders)
+        for line, n in list(lines.items())[:20]:
+            console.print(line + (f" x{n} positions" if n > 1 else ""), highlight=False)
+        if len(lines) > 20:
+            console.print(f"  ... and {len(lines) - 20} more")
     for env, name, won in converted:
         for seat in sorted({p.seat for p in won}):
             w = [p.win for p in won if p.seat == seat]
