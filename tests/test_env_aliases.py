@@ -2,6 +2,7 @@
 ``tic_tac_toe`` = ``tictactoe``) everywhere a game is named; exploitability is a
 capability an environment declares, not a list of names."""
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -92,6 +93,6 @@ def test_config_with_an_alias_validates_trains_and_evaluates(tmp_path, capsys,
     assert "unknown environment 'bogus_game'" in capsys.readouterr().err
 
     policy, run_cfg, _ = load_policy(run)
-    moves = iter("123456789")
+    moves = itertools.cycle("123456789")  # tries every cell in turn until one is legal
     returns = play(policy, run_cfg, "tic_tac_toe", ask=lambda _: next(moves), say=lambda _: None)
     assert len(returns) == 2

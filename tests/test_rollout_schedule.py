@@ -258,7 +258,7 @@ def test_opening_moves_start_each_group_at_its_own_random_position(tmp_path):
     for ep in eps:  # the opening is nobody's turn: every recorded turn is a player's move
         assert sum(c != "." for c in ep.turns[-1].state_key) == \
             sum(c != "." for c in ep.turns[0].state_key) + len(ep.turns) - 1
-    plain = build(_cfg(["rollout.episodes_per_step=96", "envs.0.symmetric_views=false"]),
+    plain = build(_cfg(["rollout.episodes_per_step=96", "envs.0.opening_moves=0"]),
                   tmp_path / "plain").rollout_fn(0)
     assert {ep.turns[0].state_key for ep in plain} == {"." * 9}
 
@@ -269,8 +269,8 @@ def test_symmetric_views_show_each_seat_its_own_view(tmp_path):
     first turns spread over the views; without the option the plain game is played."""
     from sparring.envs.games.tictactoe import VIEWS
 
-    cfg = _cfg(["envs.0.symmetric_views=true", "rollout.episodes_per_step=96",
-                "envs.0.opponents=[self, random]"])
+    cfg = _cfg(["envs.0.symmetric_views=true", "envs.0.options.canonical=false",
+                "rollout.episodes_per_step=96", "envs.0.opponents=[self, random]"])
     parts = build(cfg, tmp_path)
     eps = parts.rollout_fn(0)
     views: dict[int, set[str]] = {}

@@ -160,10 +160,11 @@ def test_the_periodic_evaluation_reports_the_exact_rates_against_minimax(tmp_pat
     tiny = ["model.options.hidden_size=32", "model.options.num_layers=1",
             "model.options.intermediate_size=64", "model.options.num_heads=2",
             "model.options.num_kv_heads=2", "eval.games=4"]
-    parts = build(load_config(CONFIGS / "default.yaml", tiny), tmp_path)
+    cfg = load_config(CONFIGS / "default.yaml", tiny)
+    parts = build(cfg, tmp_path)
     out = parts.eval_fn(0, None)
     direct = policy_vs_minimax(parts.rollout_fn.arena, parts.policy, "tictactoe",
-                               {"compact": True}).rates()
+                               dict(cfg.envs[0].options)).rates()
     assert {k: out[f"tictactoe/minimax_exact/{k}"] for k in direct} == direct
     off = build(load_config(CONFIGS / "default.yaml", [*tiny, "eval.exact_vs_minimax=false"]),
                 tmp_path / "off").eval_fn(0, None)
