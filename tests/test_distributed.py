@@ -29,7 +29,8 @@ SMALL = ["model.options.hidden_size=32", "model.options.num_layers=1",
          "model.options.intermediate_size=64", "model.options.num_heads=2",
          "model.options.num_kv_heads=2", "rollout.episodes_per_step=24", "envs.0.group_size=4",
          "rollout.pool_every=1", "train.epochs=1", "train.minibatch_size=0",
-         "optim.schedule=constant", "eval.at_start=false", "logging.progress=false",
+         "optim.schedule=constant", "algorithm.entropy_schedule=constant",
+         "eval.at_start=false", "logging.progress=false",
          "checkpoint.every=1"]
 STEPS = 3
 HAS_RAY = importlib.util.find_spec("ray") is not None
