@@ -241,102 +241,28 @@ class RandomOpening:
         return self.env.clone()
 
 
-class SymmetricViews:
-    """Each seat plays the game through its own symmetry of the board, drawn uniformly at
-    `reset` from the reset seed (episodes reset with one seed, e.g. a group's, share their
-    views): seat ``s`` sees ``env.observation(s, view=v_s)``, names its moves in that view,
-    and its moves are mapped back to the board (``env.board_action``). The game itself, its
-    rewards and its value are unchanged; what changes is that a line one seat knows is met
-    by the other in every orientation, where plain self-play repeats it in one.
+class _Viewed:
+    """A game played through views of its board: seat ``s`` sees
+    ``env.observation(s, view=self.view(s))``, names its moves in that view, and they are
+    mapped back to the board (``env.board_action``); rewards and returns are the game's.
+    Subclasses say which view a seat has (`view`).
 
     Needs a game that declares its symmetries: ``symmetries() -> int`` (view 0 the
     identity), ``observation(seat, view)``, ``view_action(action, view)`` (board -> view)
     and ``board_action(action, view)`` (view -> board), as tic-tac-toe and Connect Four do.
-    ``state_key()`` is the inner key with the mover's view (``"...|view3"``): anchor states
-    stay states whose observations are identical.
     """
 
     def __init__(self, env: Env):
         needs = ("symmetries", "view_action", "board_action", "ALL_ACTIONS")
         missing = [m for m in needs if not hasattr(env, m)]
         if missing:
-            raise ValueError(f"SymmetricViews: {env.name} declares no symmetries (no "
-                             f"{', '.join(missing)})")
-        self.env, self.name, self.num_seats = env, env.name, env.num_seats
-        self.reset(0)
-
-    def reset(self, seed: int) -> None:
-        self.env.reset(seed)
-        rng = random.Random(f"views/{seed}")
-        self.views = [rng.randrange(self.env.symmetries()) for _ in range(self.num_seats)]
-
-    def current_seat(self) -> int | None:
-        return self.env.current_seat()
-
-    def system_prompt(self, seat: int) -> str:
-        return self.env.system_prompt(seat)
-
-    def observation(self, seat: int) -> str:
-        return self.env.observation(seat, view=self.views[seat])
-
-    def legal_actions(self, seat: int) -> list[str] | None:
-        legal = self.env.legal_actions(seat)
-        if legal is None:
-            return None
-        return sorted(self.env.view_action(a, self.views[seat]) for a in legal)
-
-    def parse(self, seat: int, text: str) -> ParseResult:
-        """The move named in ``seat``'s view (`step` maps it to the board)."""
-        return parse_choice(text, self.legal_actions(seat) or [], list(self.env.ALL_ACTIONS))
-
-    def step(self, action: str) -> StepResult:
-        seat = self.env.current_seat()
-        if seat is None or action not in self.env.ALL_ACTIONS:
-            return self.env.step(action)  # the inner game's own error
-        return self.env.step(self.env.board_action(action, self.views[seat]))
-
-    def state_key(self) -> str:
-        seat = self.env.current_seat()
-        key = self.env.state_key()
-        return key if seat is None else f"{key}|view{self.views[seat]}"
-
-    def returns(self) -> list[float]:
-        return self.env.returns()
-
-    def clone(self) -> SymmetricViews:
-        twin = copy.copy(self)
-        twin.env, twin.views = self.env.clone(), list(self.views)
-        return twin
-
-
-class CanonicalViews:
-    """Every seat sees the board in its canonical orientation: of the game's symmetries, the
-    view whose observation text sorts first (the lowest view index on ties), recomputed at
-    every position; the seat names its moves in that view and they are mapped back to the
-    board. Positions that are symmetric to each other then read the same, so what the
-    policy learns in one holds in all of them (a tic-tac-toe corner opening is one
-    position, not four). Unlike `SymmetricViews`, a training-time augmentation, this is
-    part of the game's observation: evaluation and bots play the same wrapped game (it is
-    the game option ``canonical``). Rewards, values and ``state_key()`` are the inner
-    game's. Needs what `SymmetricViews` needs.
-    """
-
-    def __init__(self, env: Env):
-        needs = ("symmetries", "view_action", "board_action", "ALL_ACTIONS")
-        missing = [m for m in needs if not hasattr(env, m)]
-        if missing:
-            raise ValueError(f"CanonicalViews: {env.name} declares no symmetries (no "
+            raise ValueError(f"{type(self).__name__}: {env.name} declares no symmetries (no "
                              f"{', '.join(missing)})")
         self.env, self.name, self.num_seats = env, env.name, env.num_seats
         self.ALL_ACTIONS = env.ALL_ACTIONS
 
     def view(self, seat: int) -> int:
-        """``seat``'s canonical view of the current position."""
-        texts = [self.env.observation(seat, view=v) for v in range(self.env.symmetries())]
-        return min(range(len(texts)), key=lambda v: (texts[v], v))
-
-    def reset(self, seed: int) -> None:
-        self.env.reset(seed)
+        raise NotImplementedError
 
     def current_seat(self) -> int | None:
         return self.env.current_seat()
@@ -355,7 +281,7 @@ class CanonicalViews:
         return sorted(self.env.view_action(a, v) for a in legal)
 
     def parse(self, seat: int, text: str) -> ParseResult:
-        """The move named in ``seat``'s canonical view (`step` maps it to the board)."""
+        """The move named in ``seat``'s view (`step` maps it to the board)."""
         return parse_choice(text, self.legal_actions(seat) or [], list(self.ALL_ACTIONS))
 
     def step(self, action: str) -> StepResult:
@@ -364,16 +290,69 @@ class CanonicalViews:
             return self.env.step(action)  # the inner game's own error
         return self.env.step(self.env.board_action(action, self.view(seat)))
 
-    def state_key(self) -> str:
-        return self.env.state_key()
-
     def returns(self) -> list[float]:
         return self.env.returns()
 
-    def clone(self) -> CanonicalViews:
+    def clone(self) -> _Viewed:
         twin = copy.copy(self)
         twin.env = self.env.clone()
         return twin
+
+
+class SymmetricViews(_Viewed):
+    """Each seat plays the game through its own symmetry of the board, drawn uniformly at
+    `reset` from the reset seed (episodes reset with one seed, e.g. a group's, share their
+    views). The game itself, its rewards and its value are unchanged; what changes is that
+    a line one seat knows is met by the other in every orientation, where plain self-play
+    repeats it in one. Needs what `_Viewed` needs. ``state_key()`` is the inner key with
+    the mover's view (``"...|view3"``): anchor states stay states whose observations are
+    identical.
+    """
+
+    def __init__(self, env: Env):
+        super().__init__(env)
+        self.reset(0)
+
+    def reset(self, seed: int) -> None:
+        self.env.reset(seed)
+        rng = random.Random(f"views/{seed}")
+        self.views = [rng.randrange(self.env.symmetries()) for _ in range(self.num_seats)]
+
+    def view(self, seat: int) -> int:
+        return self.views[seat]
+
+    def state_key(self) -> str:
+        seat = self.env.current_seat()
+        key = self.env.state_key()
+        return key if seat is None else f"{key}|view{self.views[seat]}"
+
+    def clone(self) -> SymmetricViews:
+        twin = super().clone()
+        twin.views = list(self.views)
+        return twin
+
+
+class CanonicalViews(_Viewed):
+    """Every seat sees the board in its canonical orientation: of the game's symmetries, the
+    view whose observation text sorts first (the lowest view index on ties), recomputed at
+    every position. Positions that are symmetric to each other then read the same, so what
+    the policy learns in one holds in all of them (a tic-tac-toe corner opening is one
+    position, not four). Unlike `SymmetricViews`, a training-time augmentation, this is
+    part of the game's observation: evaluation and bots play the same wrapped game (it is
+    the game option ``canonical``). Rewards, values and ``state_key()`` are the inner
+    game's. Needs what `_Viewed` needs.
+    """
+
+    def view(self, seat: int) -> int:
+        """``seat``'s canonical view of the current position."""
+        texts = [self.env.observation(seat, view=v) for v in range(self.env.symmetries())]
+        return min(range(len(texts)), key=lambda v: (texts[v], v))
+
+    def reset(self, seed: int) -> None:
+        self.env.reset(seed)
+
+    def state_key(self) -> str:
+        return self.env.state_key()
 
 
 __all__ = ["CanonicalViews", "RandomOpening", "SymmetricViews", "TryAgain", "TurnBudget"]
