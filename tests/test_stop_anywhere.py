@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from sparring.train.checkpoint import step_dirs
 from sparring.train.metrics import read_metrics
@@ -41,12 +40,11 @@ def uninterrupted(tmp_path_factory):
     pytest.param(signal.SIGINT, marks=pytest.mark.slow),
     pytest.param(signal.SIGKILL, marks=pytest.mark.slow)],
     ids=["int-a", "kill-a", "int-b", "kill-b"])
-def test_stop_at_a_random_moment_then_resume(sig, uninterrupted, tmp_path, one_torch_thread):
+def test_stop_at_a_random_moment_then_resume(sig, uninterrupted, tmp_path):
     run = tmp_path / "run"
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + str(ROOT))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.train_resume_job", str(run), "--threads",
-         str(torch.get_num_threads())], cwd=ROOT, env=env,
+        [sys.executable, "-m", "tests.train_resume_job", str(run)], cwd=ROOT, env=env,
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.time() + 120

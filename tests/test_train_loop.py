@@ -37,8 +37,8 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path):
     full, killed = tmp_path / "full", tmp_path / "killed"
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + str(ROOT))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.train_resume_job", str(killed), "--block-at", "5",
-         "--threads", str(torch.get_num_threads())], cwd=ROOT, env=env,
+        [sys.executable, "-m", "tests.train_resume_job", str(killed), "--block-at", "5"],
+        cwd=ROOT, env=env,
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         run_job(full)  # the uninterrupted run, while the victim starts up

@@ -1,9 +1,14 @@
 """A short training run for the resume test; also runnable as a victim process:
 
-    python -m tests.train_resume_job RUN_DIR --block-at STEP --threads N
+    python -m tests.train_resume_job RUN_DIR --block-at STEP
 
 blocks inside the rollout of step index STEP (after the earlier steps were logged and
 checkpointed) until it is killed.
+
+Every run of the job, in the test process or as a victim, trains on THREADS torch threads:
+runs are bit-exact only at the same thread count (docs/reliability.md), and pytest's
+module fixtures (the uninterrupted reference runs) start before function fixtures such
+as ``one_torch_thread``, so the job pins its own count rather than inherit the caller's.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from sparring.train.loop import resume, train
 from tests import train_helpers as th
 
 STEPS = 8
+THREADS = 1
 CONFIG = {
     "algorithm": {"estimator": "test_centered", "objective": "test_clip", "entropy_coef": 0.01,
                   "kl": {"coef": 0.05, "reference": "magnet", "magnet_rate": 0.1},
@@ -31,6 +37,15 @@ CONFIG = {
 
 
 def run_job(run_dir, *, block_at: int | None = None, resume_run: bool = False):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(THREADS)
+    try:
+        return _run_job(run_dir, block_at=block_at, resume_run=resume_run)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run_job(run_dir, *, block_at: int | None, resume_run: bool):
     th.register()
     model = th.tiny_qwen(0)
     sampler = th.Sampler(123)
@@ -55,7 +70,5 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("run_dir")
     ap.add_argument("--block-at", type=int, default=None)
-    ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
     run_job(args.run_dir, block_at=args.block_at)
