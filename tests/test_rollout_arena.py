@@ -356,3 +356,34 @@ def test_exploring_players_are_checked(tiny):
     explorer = ModelPlayer(stub, name="explorer", train=False, explore=1.0)
     with pytest.raises(ValueError, match="'explorer' explores .* lists no legal actions"):
         Arena().play(lambda: FreeText(2), seeds=[0], seat_players=[explorer, explorer])
+
+
+def test_stop_strings_from_the_config_end_turns_and_the_learner_scores_exactly_them(tiny):
+    """`rollout.stop` reaches the arena's sampling: free-decoded turns end at the first
+    stop string (not at max_new_tokens), the turn's action ids are exactly the sampled
+    tokens up to it, and the learner's recomputed log-probs are the sampler's."""
+    from sparring.rollout.schedule import make_arena
+    from sparring.train.config import load_config
+
+    model, tok = tiny
+    free = load_config(None, ["rollout.invalid_action=forfeit", "rollout.max_new_tokens=12",
+                              "rollout.temperature=1.5", "rollout.history=full"])
+    stop = " "  # the tiny model's character vocabulary: a space comes up often
+    cfg = load_config(None, [f"rollout.stop=['{stop}']", "rollout.invalid_action=forfeit",
+                             "rollout.max_new_tokens=12", "rollout.temperature=1.5",
+                             "rollout.history=full"])
+    arena = make_arena(cfg.rollout)
+    assert arena.sampling.stop == (stop,) and make_arena(free.rollout).sampling.stop == ()
+    eps = arena.play(lambda: Race(2, target=9), seeds=list(range(6)), group_size=2,
+                     seat_players=HFPolicy(model, tok, seed=1))
+    turns = [t for e in eps for t in e.turns]
+    stopped = [t for t in turns if stop in tok.decode(t.action_ids)]
+    assert stopped, "no turn sampled the stop string: the test would prove nothing"
+    for t in stopped:  # the stop string ends the action: nothing generated after it
+        text = tok.decode(t.action_ids)
+        assert text.index(stop) == len(text) - len(stop) and len(t.action_ids) <= 12
+    b = collate(eps, layout="turn")
+    assert sorted(b.input_ids[i][b.action_mask[i]].tolist() for i in range(b.n_rows)) == \
+        sorted(t.action_ids for t in turns)
+    lp, _ = token_logprobs(model, b.input_ids, b.attention_mask, temperature=1.5)
+    torch.testing.assert_close(lp[b.action_mask], b.old_logp[b.action_mask], atol=1e-5, rtol=0)

@@ -129,6 +129,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     run_dir = Path(args.resume) if args.resume else _run_dir(cfg)
     parts = build(cfg, run_dir)
+    console.print(f"precision: {parts.precision}", highlight=False)
     try:
         if args.resume:
             run = resume(args.resume, parts.model, parts.rollout_fn, parts.eval_fn,
@@ -259,7 +260,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     )
     from sparring.eval.periodic import env_options, env_seats
     from sparring.registry import UnknownNameError
-    from sparring.rollout.schedule import make_arena
+    from sparring.rollout.schedule import make_arena, rollout_sampling
     from sparring.train.restore import check_policy_name, load_policies
 
     console = Console(width=200 if not sys.stdout.isatty() else None)  # no wrapping in pipes
@@ -279,10 +280,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     chosen = [args.policy] if args.policy else list(policies)  # ['']: a run with one policy
     envs = envs or list(dict.fromkeys(env_entry(s.name).name for s in cfg.envs))
     arena = make_arena(cfg.rollout)
-    from sparring.policy.sampling import SamplingParams
-
-    sampling = SamplingParams(temperature=cfg.rollout.temperature, greedy=not args.sample,
-                              max_new_tokens=cfg.rollout.max_new_tokens)
+    sampling = rollout_sampling(cfg.rollout, greedy=not args.sample)
     table = Table(title=f"{ckpt} ({args.games} games each, Wilson 95% intervals)")
     for col in ("env", *(("policy",) if several else ()), "opponent", "win", "draw", "loss",
                 "non-loss", "forfeit", "invalid"):

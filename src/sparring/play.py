@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 from sparring.envs import make
 from sparring.eval.periodic import env_options
-from sparring.policy.sampling import SamplingParams
 from sparring.rollout.prompts import PromptBuilder, PromptConfig
+from sparring.rollout.schedule import rollout_sampling
 
 
 def _readable(env, seat: int) -> str:
@@ -43,8 +43,7 @@ def play(policy, cfg, env_name: str, human_seat: int = 0, greedy: bool = True,
                          f"{env.name}")
     prompts = PromptConfig(history="state", max_prompt_tokens=r.max_prompt_tokens,
                            system_prompt=r.system_prompt)
-    sampling = SamplingParams(temperature=r.temperature, greedy=greedy,
-                              max_new_tokens=r.max_new_tokens)
+    sampling = rollout_sampling(r, greedy=greedy)
     say(env.system_prompt(human_seat))
     while (seat := env.current_seat()) is not None:
         if seat == human_seat:

@@ -36,6 +36,7 @@ from sparring.eval.stats import wilson
 from sparring.eval.vs_minimax import VsMinimax, WonPosition, conversion_vs_minimax, exact_vs_minimax
 from sparring.policy.forward import token_logprobs
 from sparring.policy.hf import HFPolicy
+from sparring.policy.precision import autocast_for
 from sparring.policy.sampling import SamplingParams
 from sparring.rollout.arena import Arena
 from sparring.rollout.players import BotPlayer, ModelPlayer
@@ -171,8 +172,9 @@ def action_probabilities(policy: HFPolicy, prompts: list[list[int]],
     for j, r in enumerate(rows):
         ids[j, :len(r)] = torch.tensor(r)
         att[j, :len(r)] = True
-    lp, _ = token_logprobs(policy.model, ids.to(policy.device), att.to(policy.device),
-                           allowed=allowed)
+    with autocast_for(policy.model):  # the precision the policy samples in
+        lp, _ = token_logprobs(policy.model, ids.to(policy.device), att.to(policy.device),
+                               allowed=allowed)
     out: list[dict[str, float]] = [{} for _ in prompts]
     for j, (i, a, start, n) in enumerate(index):
         out[i][a] = float(lp[j, start:start + n].sum().exp())

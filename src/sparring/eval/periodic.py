@@ -41,8 +41,8 @@ from sparring.eval.games import (
     policy_vs_minimax,
 )
 from sparring.policy.hf import HFPolicy
-from sparring.policy.sampling import SamplingParams
 from sparring.rollout.arena import Arena
+from sparring.rollout.schedule import rollout_sampling
 
 if TYPE_CHECKING:
     from sparring.train.config import Config
@@ -81,8 +81,7 @@ def make_eval_fn(cfg: Config, arena: Arena, policy: HFPolicy | Mapping[str, HFPo
     if unknown:
         raise ValueError(f"eval.opponents: unknown {', '.join(map(repr, unknown))}; "
                          f"allowed: {', '.join(BOTS.names())}")
-    sampling = SamplingParams(temperature=cfg.rollout.temperature, greedy=e.greedy,
-                              max_new_tokens=cfg.rollout.max_new_tokens)
+    sampling = rollout_sampling(cfg.rollout, greedy=e.greedy)
     games = list(dict.fromkeys(env_entry(s.name).name for s in cfg.envs
                                if make(s.name, **s.options).num_seats >= 2))
     policies = dict(policy) if isinstance(policy, Mapping) else None

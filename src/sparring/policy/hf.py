@@ -13,6 +13,9 @@ the sampler then only follows token paths of a trie over ``encode(action) + [EOS
 (each action's canonical tokenization) and records, per token, the allowed ids, which
 ``Turn.allowed_ids`` carries to the learner (`sparring.policy.forward` re-applies them).
 
+Precision: every forward runs under the model's `precision.autocast_for` context (bf16
+autocast for a ``bf16-mixed`` model, see `sparring.policy.precision`).
+
 ``adapter``: the LoRA adapter of a multi-adapter PEFT ``model`` (several policies on one
 base, ``lora.shared_base``) that this policy is; `activate` (called by ``generate``) makes
 it the active one before the model runs.
@@ -28,6 +31,7 @@ import torch
 from torch import Tensor
 
 from sparring.memo import BoundedMemo
+from sparring.policy.precision import autocast_for
 from sparring.policy.prefix import distinct, run_prompts, select_rows
 from sparring.policy.sampling import (
     Generation,
@@ -109,6 +113,14 @@ class HFPolicy:
             return []
         check_generate_args(prompts, allowed, seeds)
         self.activate()
+        with autocast_for(self.model):
+            return self._decode(prompts, sp, allowed, seeds)
+
+    def _decode(self, prompts: Sequence[Sequence[int]], sp: SamplingParams,
+                allowed: Sequence[Sequence[str] | None] | None,
+                seeds: Sequence[int] | None) -> list[Generation]:
+        """`generate`'s decoding loop (under the model's precision context)."""
+        B = len(prompts)
         gens = None if seeds is None else [
             torch.Generator(device=self.device).manual_seed(int(s)) for s in seeds]
         tries = [None if a is None else self.encode_actions(a) for a in (allowed or [None] * B)]

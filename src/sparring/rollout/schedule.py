@@ -122,10 +122,17 @@ def group_tasks(cfg: Config) -> list[GroupTask]:
     return tasks
 
 
+def rollout_sampling(r: RolloutConfig, *, greedy: bool = False) -> SamplingParams:
+    """How ``rollout`` config ``r`` samples a turn (evaluation and play too, ``greedy``
+    there when asked): temperature, token budget, stop strings."""
+    return SamplingParams(temperature=r.temperature, max_new_tokens=r.max_new_tokens,
+                          stop=tuple(r.stop), greedy=greedy)
+
+
 def make_arena(r: RolloutConfig) -> Arena:
     """The arena of ``rollout`` config ``r``: sampling, prompts, invalid actions, turn budget."""
     return Arena(
-        sampling=SamplingParams(temperature=r.temperature, max_new_tokens=r.max_new_tokens),
+        sampling=rollout_sampling(r),
         prompt=PromptConfig(history=r.history, last_k=r.last_k,
                             max_prompt_tokens=r.max_prompt_tokens, system_prompt=r.system_prompt),
         invalid=InvalidActionPolicy(r.invalid_action, r.invalid_penalty, r.max_retries),

@@ -42,7 +42,13 @@ class ModelConfig:
     name: str = opt("tiny", "'tiny' (the built-in tiny model) or a Hugging Face id / local path")
     options: dict[str, Any] = opt({}, "constructor options (e.g. the tiny model's sizes)")
     dtype: Literal["float32", "bfloat16", "float16"] = opt(
-        "float32", "dtype the weights are loaded in and trained in")
+        "float32", "dtype the weights are loaded in and trained in (bfloat16: pure "
+        "low-precision weights, every update rounded to 8 mantissa bits)")
+    precision: Literal["auto", "float32", "bf16-mixed"] = opt(
+        "auto", "compute precision: 'bf16-mixed' runs matrix products in bf16 (autocast) over "
+        "float32 weights and optimizer state, the LM head in float32; 'auto' picks it where "
+        "the device has native bf16 (CUDA, a CPU with AVX-512 BF16 or AMX) and the model has "
+        "10 M parameters or more, else float32. The run prints what it chose")
     device: str = opt("cpu", "'cpu', 'cuda', 'cuda:N', 'mps' or 'auto'")
     trust_remote_code: bool = opt(False, "allow model code from the hub (off unless you trust it)")
     backend: Literal["hf", "vllm"] = opt(
@@ -88,6 +94,10 @@ class EnvSpec:
 class RolloutConfig:
     episodes_per_step: int = opt(64, "episodes collected per training step", ge=1)
     max_new_tokens: int = opt(8, "generation budget per turn", ge=1)
+    stop: list[str] = opt(
+        [], "stop strings: free decoding ends a turn at the first one it generates (e.g. "
+        "'</answer>'), as at EOS, instead of running to max_new_tokens; the stop string's "
+        "tokens are part of the action and scored")
     temperature: float = opt(1.0, "sampling temperature (log-probs use the same)", gt=0)
     layout: Literal["turn", "trajectory"] = opt(
         "turn", "TurnBatch rows: one per turn or one per agent trajectory "

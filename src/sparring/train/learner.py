@@ -13,6 +13,9 @@ optimizer step (regularised self-play, R-NaD / magnetic mirror descent).
 With ``adapter=NAME`` (several policies as LoRA adapters on one base, ``lora.shared_base``)
 the learner trains only that adapter's weights and activates it before every forward; a
 magnet then copies the whole model (base included) once per such learner.
+Every forward runs under the model's precision context (`sparring.policy.precision`:
+bf16 autocast over float32 weights for a ``bf16-mixed`` model); backward, optimizer and
+magnet stay in the weights' dtype.
 A non-finite loss or gradient skips the optimizer step with a warning, and so does a step
 that would leave a weight or an optimizer moment non-finite (it is undone, bit for bit);
 after ``max_skipped_updates`` consecutive skips `NonFiniteError` is raised.
@@ -40,6 +43,7 @@ from sparring.objectives import OBJECTIVES
 from sparring.objectives import _load_families as _load_objectives
 from sparring.objectives import compute as objective_compute
 from sparring.policy.forward import token_logprobs
+from sparring.policy.precision import autocast_for
 from sparring.policy.prefix import (
     SHARED_PREFIX_MIN,
     Prefixes,
@@ -156,13 +160,14 @@ class Learner:
         shared = with_values and self.critic is not None and self.critic.kind == "head"
         ctx = capture_hidden(self.model) if shared else nullcontext([])
         pre = None if shared else self._prefixes(ids, att, amask)
-        with ctx as hs:
+        with ctx as hs, autocast_for(self.model):
             logp, ent = token_logprobs(self.model, ids, att, self.temperature, with_entropy=True,
                                        allowed=allowed, prefixes=pre)
         values = None
         if with_values and self.critic is not None:
-            values = (self.critic.values_from_hidden(hs[-1]) if shared
-                      else self.critic.separate_values(ids, att))
+            with autocast_for(self.model):
+                values = (self.critic.values_from_hidden(hs[-1]) if shared
+                          else self.critic.separate_values(ids, att))
         return logp, ent, values
 
     def _micro_slices(self, batch: TurnBatch, rows: Tensor) -> tuple[Tensor, Tensor, int]:
@@ -193,8 +198,8 @@ class Learner:
             for rows in self._chunks(batch.n_rows):
                 ids, att, L = self._micro_slices(batch, rows)
                 if what == "ref":
-                    with self._ref_context():
-                        model = self.ref_model if self.ref_model is not None else self.model
+                    model = self.ref_model if self.ref_model is not None else self.model
+                    with self._ref_context(), autocast_for(model):
                         out[rows, :L] = token_logprobs(
                             model, ids, att, self.temperature,
                             allowed=self._allowed(batch, rows),

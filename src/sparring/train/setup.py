@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from sparring.eval.periodic import EvalFn, make_eval_fn
+from sparring.policy import precision
 from sparring.policy.hf import HFPolicy
 from sparring.rollout.schedule import Rollouts
 from sparring.train.config import Config
@@ -43,11 +44,29 @@ class RunParts:
     stateful: dict[str, Any] = field(default_factory=dict)
     pad_id: int = 0
     policies: dict[str, HFPolicy] = field(default_factory=dict)  # {} with one policy
+    precision: str = "float32"  # the compute precision chosen, and why (printed by the CLI)
 
 
 def load_model(cfg: Config) -> tuple[Any, Any]:
     """``model.name``: 'tiny' (built from ``model.options``), 'smollm2', or an HF folder/id;
-    the weights in ``model.dtype``."""
+    the weights in ``model.dtype``, the compute precision of ``model.precision`` recorded on
+    the model (`sparring.policy.precision`)."""
+    model, tok = _load_weights(cfg)
+    mode = model_precision(cfg, model)
+    precision.apply(model, mode.mode)
+    return model, tok
+
+
+def model_precision(cfg: Config, model: Any) -> precision.Resolved:
+    """What ``model.precision`` resolves to for ``model`` on ``model.device``, and why."""
+    n = sum(p.numel() for p in model.parameters())
+    device = cfg.model.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return precision.resolve(cfg.model.precision, device, n, next(model.parameters()).dtype)
+
+
+def _load_weights(cfg: Config) -> tuple[Any, Any]:
     m = cfg.model
     dtype = getattr(torch, m.dtype)
     if m.name == "tiny":
@@ -95,9 +114,11 @@ def build(cfg: Config, run_dir: str | Path | None = None) -> RunParts:
                                        trust_remote_code=cfg.model.trust_remote_code,
                                        **dict(cfg.model.vllm_options))
         rollout_fn = EngineRollouts(rollouts, engine, policy.model)
+    chosen = model_precision(cfg, model)
     return RunParts(model=policy.model, tokenizer=tok, policy=policy, rollout_fn=rollout_fn,
                     eval_fn=make_eval_fn(cfg, rollouts.arena, policy),
-                    stateful={"rollouts": rollouts}, pad_id=policy.pad_id)
+                    stateful={"rollouts": rollouts}, pad_id=policy.pad_id,
+                    precision=f"{chosen.mode} ({chosen.reason})")
 
 
 def _build_several(cfg: Config, run_dir: Path) -> RunParts:
@@ -125,4 +146,6 @@ def _build_several(cfg: Config, run_dir: Path) -> RunParts:
     return RunParts(model={n: p.model for n, p in policies.items()}, tokenizer=first.tokenizer,
                     policy=first, rollout_fn=rollouts,
                     eval_fn=make_eval_fn(cfg, rollouts.arena, policies),
-                    stateful={"rollouts": rollouts}, pad_id=first.pad_id, policies=policies)
+                    stateful={"rollouts": rollouts}, pad_id=first.pad_id, policies=policies,
+                    precision=", ".join(f"{n}: {precision.mode_of(p.model)}"
+                                        for n, p in policies.items()))
