@@ -373,9 +373,20 @@ def cmd_play(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """`sparring sweep RECIPE --seeds 0-7 [overrides]`: the recipe over seeds, one table."""
+    from sparring.sweep import parse_seeds, sweep
+
+    text, failed = sweep(args.recipe, parse_seeds(args.seeds), args.overrides, jobs=args.jobs,
+                         threads=args.threads, out=args.out, metrics=args.metric or (),
+                         steps=args.steps)
+    print(text)
+    return 1 if failed else 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "list": cmd_list, "train": cmd_train, "report": cmd_report, "eval": cmd_eval,
-    "play": cmd_play, "export": cmd_export}
+    "play": cmd_play, "export": cmd_export, "sweep": cmd_sweep}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -403,6 +414,22 @@ def build_parser() -> argparse.ArgumentParser:
                     help="print the resolved config and exit")
     tp.add_argument("--print-defaults", action="store_true",
                     help="print every key with its default and help, and exit")
+    wp = sub.add_parser("sweep", help="run a recipe over seeds and summarise them: sparring "
+                        "sweep RECIPE --seeds 0-7 --jobs 2 [key.sub=value ...]")
+    wp.add_argument("recipe", metavar="RECIPE", help="a recipe name in configs/ or a YAML file")
+    wp.add_argument("overrides", nargs="*", metavar="key=value", help="given to every seed")
+    wp.add_argument("--seeds", default="0-7", help="seeds: 0-7, 0,2,5 or 0-3,8 (default 0-7)")
+    wp.add_argument("--jobs", type=_positive_int, default=1, help="runs at a time (default 1)")
+    wp.add_argument("--threads", type=_positive_int, default=None,
+                    help="torch threads per run (default: the cores divided among the jobs)")
+    wp.add_argument("--steps", type=_positive_int, default=None,
+                    help="train.steps of every run (default: the recipe's)")
+    wp.add_argument("--metric", action="append", metavar="KEY[:min|:max|>=X|<=X]",
+                    help="a logged key to summarise, its direction or target (repeatable; "
+                    "default: the runs' headline evaluation keys)")
+    wp.add_argument("--out", default=None,
+                    help="output folder (default: runs/sweeps/RECIPE-TIME); finished seeds "
+                    "in it are reused")
     xp = sub.add_parser("export", help="write a trained policy as a Hugging Face model folder "
                         "(LoRA merged, tokenizer and chat template included)")
     xp.add_argument("run_dir", metavar="RUN_DIR", help="a run folder or a checkpoint folder")
@@ -487,7 +514,12 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command == "sweep" and not any(e.startswith("-") for e in extra):
+        args.overrides += extra  # overrides after the options: `--seeds 0-7 key=value`
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     debug = bool(getattr(args, "debug", False))
     root = logging.getLogger()
     if not root.handlers:  # warnings as "warning: ..." lines on stderr
