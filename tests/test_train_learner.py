@@ -323,3 +323,40 @@ def test_shared_prompts_give_the_hand_loss_gradient(micro, start, samples):
             assert (calls[0] == (1, 10)) == share
         else:  # the 3 prompts run once (a [3, P] prefill) before the continuations
             assert (calls[0][0] == 3) == (share and micro == 0)
+
+
+def test_share_rows_runs_each_distinct_row_once_with_the_same_logprobs_and_gradients():
+    """train.share_rows: a batch where rows repeat (a group's equal moves, constrained
+    decoding's restrictions included) runs only its distinct rows, and the log-probs,
+    entropies and gradients are those of the plain forward (to float rounding)."""
+    eps = []
+    for i in range(12):  # 3 prompts x 2 moves, each row twice
+        p, a = i % 3, (i // 3) % 2
+        t = Turn(agent=0, prompt_ids=[1, 2 + p, 5], action_ids=[10 + a, 3], logprobs=[0.0, 0.0],
+                 allowed_ids=[[10, 11], [3]])
+        eps.append(Episode(env="toy", seed=i, group=p, num_agents=1, turns=[t], returns=[0.0]))
+    batch = collate(eps)
+    w = torch.randn(batch.input_ids.shape, generator=torch.Generator().manual_seed(0))
+    got = []
+    for share in (False, True):
+        model = th.tiny_qwen(5)
+        cfg = from_dict({"algorithm": {"estimator": "test_centered"},
+                         "train": {"steps": 1, "share_rows": share, "share_prefix": False}})
+        learner = Learner(model, cfg)
+        seen = []
+        hook = model.register_forward_pre_hook(
+            lambda _m, _a, kw: seen.append(kw["input_ids"].shape[0]), with_kwargs=True)
+        logp, ent, _ = learner._forward(batch.input_ids, batch.attention_mask,
+                                        with_values=False, allowed=batch.allowed,
+                                        amask=batch.action_mask)
+        hook.remove()
+        ((logp * w + 0.1 * ent) * batch.action_mask).sum().backward()
+        got.append((logp.detach(), ent.detach(), [p.grad.clone() for p in model.parameters()
+                                                  if p.grad is not None], seen))
+    (lp0, e0, g0, seen0), (lp1, e1, g1, seen1) = got
+    assert seen0 == [12] and seen1 == [6]  # 6 distinct rows
+    torch.testing.assert_close(lp1, lp0, atol=1e-5, rtol=0)
+    torch.testing.assert_close(e1, e0, atol=1e-5, rtol=0)
+    assert len(g0) == len(g1) > 0
+    for a, b in zip(g0, g1):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)

@@ -54,6 +54,17 @@ def distinct(keys: Sequence[Hashable]) -> tuple[list[int], list[int]]:
     return first, inverse
 
 
+def distinct_rows(ids: Tensor, att: Tensor, allowed: Sequence[Any] | None = None
+                  ) -> tuple[list[int], list[int]]:
+    """`distinct` over whole rows: their tokens (up to their length) and, under constrained
+    decoding, their restrictions (``TurnBatch.allowed``)."""
+    lens = att.sum(1).tolist()
+    rows = ids.tolist()
+    keys = [(tuple(r[:n]), repr(sorted(allowed[i].items())) if allowed and allowed[i] else None)
+            for i, (r, n) in enumerate(zip(rows, lens))]
+    return distinct(keys)
+
+
 def find_prefixes(ids: Tensor, plen: Tensor) -> Prefixes:
     """Group rows by their prefix ``ids[i, :plen[i]]`` (exact token equality)."""
     plen_l = plen.tolist()

@@ -246,6 +246,11 @@ class TrainConfig:
     epochs: int = opt(1, "passes over each batch", ge=1)
     minibatch_size: int = opt(0, "rows per optimizer step (0: the whole batch)", ge=0)
     microbatch_size: int = opt(0, "rows per forward/backward (0: the whole mini-batch)", ge=0)
+    share_rows: bool = opt(
+        False, "run each distinct row (prompt and action) once per forward and give its "
+        "log-probs to every row that repeats it (same loss and gradient to float rounding; "
+        "pays where groups repeat moves: a game with few legal moves under constrained "
+        "decoding). Off by default only so that earlier runs reproduce bit for bit")
     share_prefix: bool = opt(True, "run a prompt shared by several rows, and the start all "
                              "prompts share, once per forward (same loss and gradient, fewer "
                              "FLOPs; used when at most half the rows' prompts are distinct or "

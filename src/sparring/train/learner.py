@@ -47,6 +47,7 @@ from sparring.policy.precision import autocast_for
 from sparring.policy.prefix import (
     SHARED_PREFIX_MIN,
     Prefixes,
+    distinct_rows,
     find_prefixes,
     first_action_positions,
 )
@@ -156,8 +157,20 @@ class Learner:
                  amask: Tensor | None = None) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """Policy log-probs, entropies and (when asked) critic values, ``[n, T]`` each.
         ``allowed``: the rows' constrained-decoding restrictions (``TurnBatch.allowed``);
-        ``amask``: their action masks (to share prompts, see `_prefixes`)."""
+        ``amask``: their action masks (to share prompts, see `_prefixes`). With
+        ``train.share_rows`` a row repeated in the batch runs once (indexing is
+        differentiable: its gradient is the sum over the rows that repeat it)."""
         shared = with_values and self.critic is not None and self.critic.kind == "head"
+        if self.cfg.train.share_rows and not shared and ids.shape[0] > 1:
+            first, inverse = distinct_rows(ids, att, allowed)
+            if len(first) < ids.shape[0]:  # run each distinct row once, then index out
+                f = torch.as_tensor(first, device=ids.device)
+                out = self._forward(ids[f], att[f], with_values=with_values,
+                                    allowed=None if allowed is None else
+                                    [allowed[i] for i in first],
+                                    amask=None if amask is None else amask[f])
+                inv = torch.as_tensor(inverse, device=ids.device)
+                return tuple(None if x is None else x[inv] for x in out)
         ctx = capture_hidden(self.model) if shared else nullcontext([])
         pre = None if shared else self._prefixes(ids, att, amask)
         with ctx as hs, autocast_for(self.model):
