@@ -32,8 +32,10 @@ def cli(capsys, *args):
 
 
 def one_line_error(err: str, prefix: str = "error: ") -> str:
-    """The single error line of ``err`` (warnings aside), checked to be no traceback."""
-    lines = [x for x in err.strip().splitlines() if x.strip() and not x.startswith("warning:")]
+    """The single error line of ``err`` (warnings and the run's precision line aside),
+    checked to be no traceback."""
+    lines = [x for x in err.strip().splitlines()
+             if x.strip() and not x.startswith(("warning:", "precision:"))]
     assert len(lines) == 1 and lines[0].startswith(prefix), err
     assert "Traceback" not in err
     return lines[0]
