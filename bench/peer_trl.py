@@ -2,11 +2,13 @@
 
     PYTHONPATH=src python bench/peer_trl.py            # 20 timed steps per side (+ warm-up)
     PYTHONPATH=src python bench/peer_trl.py --quick    # 3 steps per side: checks the script runs
+    PYTHONPATH=src python bench/peer_trl.py --model smollm2   # the same workload on SmolLM2-135M
 
 Needs TRL (a bench-only extra): ``pip install 'sparring[bench]'``.
 
 Workload (both sides): a tiny Qwen2 (hidden 128, 2 layers, the character tokenizer of
-`sparring.policy.tiny`), built once and copied so both start from identical weights;
+`sparring.policy.tiny`), or with ``--model smollm2`` SmolLM2-135M-Instruct and its own
+tokenizer (the smollm2 extra), built once and copied so both start from identical weights;
 prompts ``a+b=`` over single digits a, b (100 prompts, shuffled per epoch with the same
 seed by both sides, 32 per step); 8 samples per prompt, at most 4 new tokens,
 temperature 1, no top-k/top-p; reward 1 if the completion starts with the sum, else 0.
@@ -70,9 +72,21 @@ def require_trl():
     return trl, datasets, TrainerCallback
 
 
-def build_model(seed: int):
-    """The tiny Qwen2 and the character tokenizer (deterministic in ``seed``)."""
+def build_model(seed: int, name: str = "tiny"):
+    """The tiny Qwen2 and the character tokenizer (deterministic in ``seed``), or
+    SmolLM2-135M-Instruct (``name='smollm2'``) and its tokenizer."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    if name == "smollm2":
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from sparring.policy.smollm2 import smollm2_folder
+
+        folder = smollm2_folder()
+        tok = AutoTokenizer.from_pretrained(folder)
+        if tok.pad_token is None:
+            tok.pad_token = tok.eos_token
+        return AutoModelForCausalLM.from_pretrained(folder).float().eval(), tok
 
     tok = build_tokenizer()
     cfg = Qwen2Config(
@@ -144,12 +158,13 @@ class SparringSide:
         self.seen.append(texts)
 
 
-def run(steps: int, warmup: int, block: int, seed: int, threads: int | None) -> None:
+def run(steps: int, warmup: int, block: int, seed: int, threads: int | None,
+        model_name: str = "tiny") -> None:
     trl, datasets, TrainerCallback = require_trl()
     warnings.filterwarnings("ignore", category=FutureWarning)  # transformers 5 renames
     if threads:
         torch.set_num_threads(threads)
-    model, tok = build_model(seed)
+    model, tok = build_model(seed, model_name)
     trl_model, sp_model = model, copy.deepcopy(model)
     sd1, sd2 = trl_model.state_dict(), sp_model.state_dict()
     assert all(torch.equal(sd1[k], sd2[k]) for k in sd1), "initial weights differ"
@@ -200,10 +215,11 @@ def run(steps: int, warmup: int, block: int, seed: int, threads: int | None) -> 
         trainer.train()
     while len(sparring.seconds) < total:  # the last, partial block
         sparring.step()
-    report(cb.seconds, trl_rewards, trl_seen, sparring, warmup, trl.__version__)
+    report(cb.seconds, trl_rewards, trl_seen, sparring, warmup, trl.__version__, model_name)
 
 
-def report(trl_s, trl_r, trl_seen, sp, warmup: int, trl_version: str) -> None:
+def report(trl_s, trl_r, trl_seen, sp, warmup: int, trl_version: str,
+           model_name: str = "tiny") -> None:
     import transformers
 
     n = len(sp.seconds)
@@ -211,7 +227,8 @@ def report(trl_s, trl_r, trl_seen, sp, warmup: int, trl_version: str) -> None:
         sys.exit(f"step count mismatch: TRL timed {len(trl_s)} steps and scored {len(trl_r)} "
                  f"batches, Sparring ran {n}")
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl_version}, "
-          f"{torch.get_num_threads()} threads; {PROMPTS_PER_STEP} prompts x {GROUP} samples, "
+          f"{torch.get_num_threads()} threads; model {model_name}, float32; "
+          f"{PROMPTS_PER_STEP} prompts x {GROUP} samples, "
           f"<= {MAX_NEW} new tokens; warm-up steps {warmup} (marked *)")
     print(f"{'step':>5} {'TRL s':>7} {'Spar s':>7} {'TRL reward':>11} {'Spar reward':>12}")
     for i in range(n):
@@ -238,12 +255,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--quick", action="store_true", help="3 steps per side (1 warm-up)")
+    p.add_argument("--model", choices=("tiny", "smollm2"), default="tiny",
+                   help="the tiny Qwen2 (default) or SmolLM2-135M-Instruct (smollm2 extra)")
     a = p.parse_args(argv)
     if a.quick:
         a.steps, a.warmup, a.block = 2, 1, 1
     if a.steps < 1 or a.warmup < 0 or a.block < 1:
         p.error("--steps and --block must be >= 1, --warmup >= 0")
-    run(a.steps, a.warmup, a.block, a.seed, a.threads)
+    run(a.steps, a.warmup, a.block, a.seed, a.threads, a.model)
 
 
 if __name__ == "__main__":
