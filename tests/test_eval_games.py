@@ -42,6 +42,29 @@ def test_action_probabilities_match_the_constrained_sampler(tmp_path):
         assert probs[act] == pytest.approx(float(torch.tensor(g.logprobs).sum().exp()), rel=1e-4)
 
 
+def test_action_probabilities_in_an_answer_format_are_the_choice_after_its_opening(tmp_path):
+    """rollout.answer_format '<answer>{}</answer>': each move is scored as written there;
+    the shared '<answer>' and the forced rest are probability 1, so the result is the
+    softmax over the moves' first characters right after '<answer>' (a hand computation
+    from one plain forward), not the bare-move distribution."""
+    policy = build(_cfg(), tmp_path).policy
+    tok = policy.tokenizer
+    prompt = tok.encode("K -", add_special_tokens=False)
+    legal = ["pass", "bet"]
+    got = action_probabilities(policy, [prompt], [legal], "<answer>{}</answer>")[0]
+    opening = tok.encode("<answer>", add_special_tokens=False)
+    with torch.no_grad():
+        z = policy.model(input_ids=torch.tensor([prompt + opening])).logits[0, -1].float()
+    first = [tok.encode(a, add_special_tokens=False)[0] for a in legal]
+    want = torch.softmax(z[first], 0)
+    assert got["pass"] == pytest.approx(float(want[0]), rel=1e-4)
+    assert got["bet"] == pytest.approx(float(want[1]), rel=1e-4)
+    bare = action_probabilities(policy, [prompt], [legal])[0]
+    assert abs(bare["pass"] - got["pass"]) > 1e-3  # the format changes what is measured
+    with pytest.raises(ConfigError, match="rollout.answer_format: 'x' needs exactly one"):
+        _cfg(["rollout.answer_format=x"])
+
+
 def test_policy_exploitability_of_the_model_equals_the_table_it_implies(tmp_path):
     parts = build(_cfg(), tmp_path)
     arena, policy = parts.rollout_fn.arena, parts.policy

@@ -150,14 +150,19 @@ def _walk_decision_points(env_name: str, options: dict[str, Any]) -> dict[str, t
 
 @torch.no_grad()
 def action_probabilities(policy: HFPolicy, prompts: list[list[int]],
-                         legal: list[list[str]]) -> list[dict[str, float]]:
+                         legal: list[list[str]], answer_format: str = "{}"
+                         ) -> list[dict[str, float]]:
     """Probability of each legal action under constrained decoding (product over the
-    action's tokens of the distribution restricted to the trie's children)."""
+    action's tokens of the distribution restricted to the trie's children), each action
+    written as ``answer_format.format(action)``: with "<answer>{}</answer>" the tokens all
+    actions share are forced (probability 1 under the restriction), so the result is the
+    model's choice among the moves within its answer format, renormalised over them."""
     rows, allowed, index = [], [], []
     for i, (p, acts) in enumerate(zip(prompts, legal)):
-        trie = policy.encode_actions(acts)
-        for a in acts:
-            seq = policy.tokenizer.encode(a, add_special_tokens=False) + [policy.eos_ids[0]]
+        written = [answer_format.format(a) for a in acts]
+        trie = policy.encode_actions(written)
+        for a, text in zip(acts, written):
+            seq = policy.tokenizer.encode(text, add_special_tokens=False) + [policy.eos_ids[0]]
             node, restr = 0, {}
             for k, tok in enumerate(seq):
                 restr[len(p) + k] = trie.allowed(node)
@@ -191,7 +196,8 @@ def _probabilities_at(policy: HFPolicy, arena: Arena, positions: Sequence[tuple[
                for e, seat in positions]
     legal = [e.legal_actions(seat) for e, seat in positions]
     return [pr for s in range(0, len(prompts), 256)
-            for pr in action_probabilities(policy, prompts[s:s + 256], legal[s:s + 256])]
+            for pr in action_probabilities(policy, prompts[s:s + 256], legal[s:s + 256],
+                                           arena.answer_format)]
 
 
 def policy_exploitability(arena: Arena, policy: HFPolicy | Sequence[HFPolicy], env: str,

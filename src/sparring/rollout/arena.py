@@ -90,9 +90,17 @@ class Arena:
     """Plays batches of episodes. Defaults apply to model players without overrides."""
 
     def __init__(self, sampling: SamplingParams | None = None, prompt: PromptConfig | None = None,
-                 invalid: InvalidActionPolicy | None = None, max_turns: int = 100):
+                 invalid: InvalidActionPolicy | None = None, max_turns: int = 100,
+                 answer_format: str = "{}"):
+        """``answer_format``: how a model writes a move in its answer ("{}": the bare move,
+        as constrained decoding samples it; "<answer>{}</answer>" for a free-decoding
+        recipe); the exact evaluations (`sparring.eval.games`) score each legal move in it."""
         if max_turns < 1:
             raise ValueError(f"max_turns={max_turns}; must be >= 1")
+        if answer_format.count("{}") != 1:
+            raise ValueError(f"answer_format={answer_format!r}: needs exactly one {{}}, "
+                             "where the move goes")
+        self.answer_format = answer_format
         self.sampling = sampling or SamplingParams()
         self.prompt = prompt or PromptConfig()
         self.invalid = invalid or InvalidActionPolicy()

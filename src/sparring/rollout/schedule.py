@@ -136,7 +136,7 @@ def make_arena(r: RolloutConfig) -> Arena:
         prompt=PromptConfig(history=r.history, last_k=r.last_k,
                             max_prompt_tokens=r.max_prompt_tokens, system_prompt=r.system_prompt),
         invalid=InvalidActionPolicy(r.invalid_action, r.invalid_penalty, r.max_retries),
-        max_turns=r.max_turns)
+        max_turns=r.max_turns, answer_format=r.answer_format)
 
 
 def stable_seed(*parts: Any) -> int:

@@ -94,6 +94,11 @@ class EnvSpec:
 class RolloutConfig:
     episodes_per_step: int = opt(64, "episodes collected per training step", ge=1)
     max_new_tokens: int = opt(8, "generation budget per turn", ge=1)
+    answer_format: str = opt(
+        "{}", "how the model writes a move in its answer, {} standing for the move: '{}' the "
+        "bare move (constrained decoding), e.g. '<answer>{}</answer>' with free decoding. "
+        "The exact evaluations (exploitability, exact rates against minimax) score each "
+        "legal move written this way, so they measure what the model plays")
     stop: list[str] = opt(
         [], "stop strings: free decoding ends a turn at the first one it generates (e.g. "
         "'</answer>'), as at EOS, instead of running to max_new_tokens; the stop string's "
@@ -455,6 +460,9 @@ def validate(cfg: Config) -> Config:
     if cfg.train.microbatch_size and cfg.train.minibatch_size \
             and cfg.train.microbatch_size > cfg.train.minibatch_size:
         raise ConfigError("train.microbatch_size: must not exceed train.minibatch_size")
+    if cfg.rollout.answer_format.count("{}") != 1:
+        raise ConfigError(f"rollout.answer_format: {cfg.rollout.answer_format!r} needs exactly "
+                          "one {}, where the move goes (e.g. '<answer>{}</answer>')")
     _model_check(cfg.model)
     _run_dir_check(cfg.train.run_dir)
     _opponents_check(cfg)
