@@ -29,7 +29,7 @@ import math
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -255,8 +255,9 @@ def sweep(recipe: str, seeds: Sequence[int], overrides: Sequence[str] = (), *, j
     out = Path(out) if out else Path("runs") / "sweeps" / \
         f"{name}-{datetime.now():%Y%m%d-%H%M%S}"
     out = out.resolve()
-    runs = [Run(r.arm, r.seed, out / f"seed{r.seed}", r.steps, r.args) for r in
-            plan({name: Arm(recipe, list(overrides))}, seeds, out, n_steps)]
+    # one arm: its seeds directly under OUT, not under OUT/<arm>
+    runs = [replace(r, dir=out / f"seed{r.seed}")
+            for r in plan({name: Arm(recipe, list(overrides))}, seeds, out, n_steps)]
     print(f"sweep {name}: seeds {', '.join(map(str, seeds))}, {jobs} at a time, "
           f"{threads} thread(s) each -> {out}", flush=True)
     failed = run_jobs([r.job() for r in runs], jobs, threads=threads)
