@@ -93,3 +93,27 @@ def test_export_errors(tmp_path):
 
     with pytest.raises(ValueError, match="dtype='int8'"):
         export(tmp_path, tmp_path / "out", dtype="int8")
+
+
+def test_export_never_writes_over_its_run_or_a_foreign_folder(tmp_path):
+    """Issue 32: `sparring export RUN RUN --overwrite` deleted the run (exit 0). OUT may not
+    overlap the run, and --overwrite replaces only an earlier export."""
+    from sparring.train.checkpoint import step_dirs
+
+    run = tmp_path / "run"
+    assert main(["train", "default", *FAST, "checkpoint.every=1", f"train.run_dir={run}"]) == 0
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    ckpt = step_dirs(run)[-1][1]
+    for out in (run, run / "checkpoints", ckpt, ckpt / "hf", tmp_path):
+        assert main(["export", str(run), str(out), "--overwrite"]) == 2, out
+        assert main(["export", str(ckpt), str(out), "--overwrite"]) == 2, out
+    foreign = tmp_path / "notes"
+    foreign.mkdir()
+    (foreign / "keep.txt").write_text("mine")
+    assert main(["export", str(run), str(foreign), "--overwrite"]) == 2
+    assert (foreign / "keep.txt").read_text() == "mine"
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before  # nothing touched
+    out = tmp_path / "hf"
+    assert main(["export", str(run), str(out)]) == 0
+    assert main(["export", str(run), str(out), "--overwrite"]) == 0  # an export: replaced
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "notes", "run"]  # no temporaries

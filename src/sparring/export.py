@@ -10,13 +10,16 @@ does any server that reads Hugging Face folders (vLLM, TGI, llama.cpp's converte
 ``sparring_export.json`` records where it came from.
 
 The folder is written beside ``OUT`` under a temporary name and renamed into place, so an
-interrupted export never leaves a half-written ``OUT``.
+interrupted export never leaves a half-written ``OUT``. ``OUT`` may not overlap the run it
+comes from (be it, hold it, or lie inside it), and ``--overwrite`` replaces only a folder an
+earlier export wrote (one with ``sparring_export.json``): `check_target`.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +37,29 @@ def merged_model(model: Any) -> Any:
     return model.merge_and_unload() if is_peft(model) else model
 
 
+def check_target(source: str | Path, out_dir: str | Path, *, overwrite: bool) -> None:
+    """Refuse an ``out_dir`` an export could destroy data with (``FileExistsError`` or
+    ``ValueError`` naming the rule): one that is the run folder of ``source``, contains it,
+    or lies inside it (a checkpoint exported into its own run, ``RUN/checkpoints``); and,
+    when it exists, anything but a folder an earlier export wrote, with ``overwrite``."""
+    from sparring.train.restore import find_checkpoint
+
+    run, _ = find_checkpoint(source)
+    run, out = run.resolve(), Path(out_dir).resolve()
+    if out == run or run.is_relative_to(out) or out.is_relative_to(run):
+        where = ("is the run folder" if out == run else "contains the run folder"
+                 if run.is_relative_to(out) else "lies inside the run folder")
+        raise ValueError(f"export: {out_dir} {where} {run}; export to a folder outside the run")
+    if not Path(out_dir).exists():
+        return
+    if not overwrite:
+        raise FileExistsError(f"{out_dir} already exists (pass --overwrite to replace it)")
+    if not (Path(out_dir).is_dir() and (Path(out_dir) / EXPORT_INFO).is_file()):
+        raise FileExistsError(f"{out_dir} exists and is not an earlier export (it has no "
+                              f"{EXPORT_INFO}); --overwrite replaces only an export: choose "
+                              "another folder or remove it yourself")
+
+
 def export(source: str | Path, out_dir: str | Path, *, dtype: str | None = None,
            overwrite: bool = False, trust_remote_code: bool = False,
            policy: str | None = None) -> Path:
@@ -47,8 +73,7 @@ def export(source: str | Path, out_dir: str | Path, *, dtype: str | None = None,
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"export: dtype={dtype!r}; allowed: {', '.join(DTYPES)}")
     out = Path(out_dir)
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"{out} already exists (pass --overwrite to replace it)")
+    check_target(source, out, overwrite=overwrite)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a one-line command, not a progress display
@@ -60,10 +85,8 @@ def export(source: str | Path, out_dir: str | Path, *, dtype: str | None = None,
     model = merged_model(loaded.model)
     if dtype is not None:
         model = model.to(getattr(torch, dtype))
-    tmp = out.with_name(out.name + ".exporting")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.exporting-"))  # a new name
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         loaded.tokenizer.save_pretrained(tmp)
@@ -81,4 +104,4 @@ def export(source: str | Path, out_dir: str | Path, *, dtype: str | None = None,
     return out
 
 
-__all__ = ["EXPORT_INFO", "export", "merged_model"]
+__all__ = ["EXPORT_INFO", "check_target", "export", "merged_model"]
