@@ -274,11 +274,12 @@ def test_ctrl_c_while_training_says_what_was_kept(tmp_path, monkeypatch, capsys)
 
 
 def _hostile_run(tmp_path: Path, marker: Path, *, model_code: bool = False,
-                 plugin: bool = False) -> Path:
+                 plugin: bool = False, reference: str = "") -> Path:
     """A run folder (one empty checkpoint) whose config asks for code to run: with
     ``model_code`` a model folder with an ``auto_map`` and a Python file, and
-    ``trust_remote_code: true``; with ``plugin`` a plugin file in ``plugins``. Each file
-    writes ``marker`` when it runs."""
+    ``trust_remote_code: true``; with ``plugin`` a plugin file in ``plugins``; with
+    ``reference`` (gymnasium or pettingzoo) an adapter env whose options name a module
+    ``evil.py`` shipped in the folder. Each file writes ``marker`` when it runs."""
     run = tmp_path / "run"
     (run / "checkpoints" / "step_000001").mkdir(parents=True)
     cfg = {"model": {"name": "tiny", "trust_remote_code": True}, "envs": [{"name": "tictactoe"}]}
@@ -292,6 +293,14 @@ def _hostile_run(tmp_path: Path, marker: Path, *, model_code: bool = False,
     if plugin:
         (run / "plugin.py").write_text(f"open({str(marker)!r}, 'a').write('plugin ran\\n')\n")
         cfg["plugins"] = [str(run / "plugin.py")]
+    if reference:
+        (run / "evil.py").write_text(f"open({str(marker)!r}, 'a').write('module ran\\n')\n"
+                                     "def text(obs):\n    return str(obs)\n"
+                                     "def env(**kwargs):\n    raise SystemExit\n")
+        options = ({"env": "CartPole-v1", "obs_to_text": "evil:text"} if reference == "gymnasium"
+                   else {"env": "evil", "obs_to_text": "sparring.envs.adapters.pettingzoo:"
+                         "tictactoe_text"})  # the env module itself, without a colon
+        cfg["envs"] = [{"name": reference, "options": options}]
     (run / "config.yaml").write_text(yaml.safe_dump(cfg))
     return run
 
@@ -308,6 +317,33 @@ def test_a_run_folder_runs_no_code_without_the_flag(command, vector, tmp_path, c
     assert rc == 2 and "\nerror: " in "\n" + err  # (transformers may log around it)
     assert not marker.exists()
     assert "trust_remote_code: true; ignored" in caplog.text  # the warning says why
+
+
+@pytest.mark.parametrize("command", ["eval", "play", "export", "train --resume"])
+@pytest.mark.parametrize("adapter", ["gymnasium", "pettingzoo"])
+def test_a_run_folder_imports_no_module_its_env_options_name(command, adapter, tmp_path,
+                                                             capsys, monkeypatch):
+    """Issue 32: an adapter option naming ``"module:attr"`` was imported while `eval`,
+    `play`, `export` or `--resume` checked the folder's config, and the working directory
+    is searched, so a module shipped in the folder ran. It is refused, naming the option."""
+    marker = tmp_path / "marker"
+    run = _hostile_run(tmp_path, marker, reference=adapter)
+    monkeypatch.chdir(run)
+    out = [str(tmp_path / "out")] if command == "export" else []
+    rc, _, err = cli(capsys, *command.split(), str(run), *out)
+    assert rc == 2 and not marker.exists()
+    line = one_line_error(err, "")  # "error: " (export) or "config error: "
+    assert "envs.0.options." in line and "'evil'" in line and "--trust-remote-code" in line
+
+
+def test_the_flag_lets_the_folder_env_module_run(tmp_path, capsys, monkeypatch):
+    """The positive control: with --trust-remote-code the adapter imports the module."""
+    pytest.importorskip("gymnasium")
+    marker = tmp_path / "marker"
+    run = _hostile_run(tmp_path, marker, reference="gymnasium")
+    monkeypatch.chdir(run)
+    cli(capsys, "eval", str(run), "--trust-remote-code")
+    assert marker.read_text() == "module ran\n"
 
 
 def test_resume_refuses_a_folder_that_lists_plugins(tmp_path, capsys):

@@ -73,12 +73,12 @@ def export(source: str | Path, out_dir: str | Path, *, dtype: str | None = None,
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"export: dtype={dtype!r}; allowed: {', '.join(DTYPES)}")
     out = Path(out_dir)
-    check_target(source, out, overwrite=overwrite)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a one-line command, not a progress display
     loaded, cfg, ckpt = load_policy(source, device="cpu", trust_remote_code=trust_remote_code,
                                     policy=policy)
+    check_target(source, out, overwrite=overwrite)
     if policy is not None:  # its own model and lora sections
         from sparring.train.config import policy_config
         cfg = policy_config(cfg, policy)

@@ -11,7 +11,10 @@ when named again with ``--plugin`` or with ``--trust-remote-code``
 (`sparring.train.restore.read_run_config`).
 
 `import_object("module:attr")` is the same lookup for one object (an adapter's text
-functions named in a YAML config).
+functions named in a YAML config). Such references are code too: an env that takes them
+declares which modules its options would import (``register_env(imports=...)``), and a run
+folder's config may name only Sparring's own modules there unless the caller trusts it
+(`sparring.train.restore.read_run_config`).
 """
 
 from __future__ import annotations
@@ -111,4 +114,17 @@ def import_object(ref: Any, what: str = "object") -> Any:
     return obj
 
 
-__all__ = ["PluginError", "import_object", "import_plugin", "import_plugins"]
+def reference_module(ref: Any) -> str | None:
+    """The module a ``"module:attr"`` reference would import (None for anything else)."""
+    if not isinstance(ref, str):
+        return None
+    module, sep, _ = ref.partition(":")
+    return module.strip() if sep else None
+
+
+def is_sparring_module(module: str) -> bool:
+    """Whether ``module`` is part of Sparring itself (code the user already runs)."""
+    return module == "sparring" or module.startswith("sparring.")
+
+
+__all__ = ["PluginError", "import_object", "is_sparring_module", "reference_module", "import_plugin", "import_plugins"]

@@ -45,9 +45,13 @@ def read_run_config(path: str | Path, overrides: Sequence[str] = (), *,
     """The config a run folder saved (``path``: its ``config.yaml``) plus ``overrides``, read
     as data: without ``trust_remote_code`` its ``plugins`` are not imported (they stay in
     ``cfg.plugins``; a name only they register is then an unknown name, and the error says
-    how to load them) and ``model.trust_remote_code`` is set to False, with a warning when
-    the folder asked for it. With it, both are honoured."""
+    how to load them), ``model.trust_remote_code`` is set to False, with a warning when
+    the folder asked for it, and an env option that would import a module other than
+    Sparring's own (an adapter's ``"module:attr"`` function) is a ConfigError naming it,
+    raised before anything is imported. With it, all three are honoured."""
     data = read_yaml(path)
+    if not trust_remote_code:
+        _refuse_code_references(data, path)
     saved: list[str] = []
     if not trust_remote_code and isinstance(data, dict) and data.get("plugins"):
         data = dict(data)
@@ -67,6 +71,30 @@ def read_run_config(path: str | Path, overrides: Sequence[str] = (), *,
                     "run code unless you pass --trust-remote-code)", path)
     cfg.model.trust_remote_code = trust_remote_code
     return cfg
+
+
+def _refuse_code_references(data: object, path: str | Path) -> None:
+    """ConfigError for the first env option of a run's saved config that would import a
+    module outside Sparring (`sparring.envs.imported_modules`); a malformed ``envs`` or an
+    unknown env name is left to the config check, which names it."""
+    from sparring.envs import imported_modules
+    from sparring.plugins import is_sparring_module
+
+    envs = data.get("envs") if isinstance(data, dict) else None
+    for i, env in enumerate(envs if isinstance(envs, list) else []):
+        options = env.get("options") if isinstance(env, dict) else None
+        if not isinstance(options, dict) or not isinstance(env.get("name"), str):
+            continue
+        try:
+            modules = imported_modules(env["name"], options)
+        except KeyError:  # an unknown env name: the config check names it
+            continue
+        for key, module in modules.items():
+            if not is_sparring_module(module):
+                raise ConfigError(
+                    f"envs.{i}.options.{key} in {path} imports the module {module!r}: a run "
+                    "folder's config does not run code; pass --trust-remote-code if you "
+                    "trust this folder")
 
 
 def check_policy_name(cfg: Config, policy: str | None) -> None:

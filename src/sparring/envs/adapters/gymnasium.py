@@ -35,7 +35,7 @@ import numpy as np
 from sparring.envs import register_env
 from sparring.envs.base import ParseResult, StepResult
 from sparring.envs.parsing import parse_choice, parse_tagged
-from sparring.plugins import import_object
+from sparring.plugins import import_object, reference_module
 
 EXTRA_HINT = "pip install 'sparring[gymnasium]'"
 
@@ -239,9 +239,16 @@ class GymnasiumEnv:
         return [self._ret]
 
 
+def gymnasium_imports(options: dict[str, Any]) -> dict[str, str]:
+    """The modules these options make the adapter import: its ``"module:attr"`` functions,
+    and an env id in Gymnasium's ``"module:EnvName-v0"`` form (``gym.make`` imports it)."""
+    keys = ("env", "obs_to_text", "text_to_action", "action_to_text")
+    return {k: m for k in keys if (m := reference_module(options.get(k)))}
+
+
 @register_env("gymnasium", family="task",
               source="Gymnasium (Towers et al. 2024) single-agent envs, optional extra",
-              needs=("gymnasium extra",))
+              needs=("gymnasium extra",), imports=gymnasium_imports)
 def make_gymnasium(env: Any = None, obs_to_text: Any = None, text_to_action: Any = None,
                    action_to_text: Any = None, **options: Any) -> GymnasiumEnv:
     """Any single-agent Gymnasium env with your text functions (``"module:attr"`` names work)."""

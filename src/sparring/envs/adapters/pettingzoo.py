@@ -49,7 +49,7 @@ from sparring.envs.adapters.gymnasium import (
 )
 from sparring.envs.base import ParseResult, StepResult
 from sparring.envs.parsing import parse_choice
-from sparring.plugins import import_object
+from sparring.plugins import import_object, reference_module
 
 EXTRA_HINT = "pip install 'sparring[pettingzoo]'"
 
@@ -299,9 +299,20 @@ def connect_four_text(observation: Any) -> str:
 CONNECT_FOUR_COLUMNS = [str(c) for c in range(1, 8)]
 
 
+def pettingzoo_imports(options: dict[str, Any]) -> dict[str, str]:
+    """The modules these options make the adapter import: its ``"module:attr"`` functions,
+    and ``env`` unless it is a registry id (``"classic/tictactoe-v3"``, see `build_env`)."""
+    out = {k: m for k in ("obs_to_text", "text_to_action", "action_to_text")
+           if (m := reference_module(options.get(k)))}
+    env = options.get("env")
+    if isinstance(env, str) and (":" in env or "/" not in env):
+        out["env"] = env.partition(":")[0].strip()
+    return out
+
+
 @register_env("pettingzoo", family="game",
               source="PettingZoo (Terry et al. 2021) AEC/parallel envs, optional extra",
-              needs=("pettingzoo extra",))
+              needs=("pettingzoo extra",), imports=pettingzoo_imports)
 def make_pettingzoo(env: Any = None, obs_to_text: Any = None, text_to_action: Any = None,
                     action_to_text: Any = None, **options: Any) -> PettingZooEnv:
     """Any PettingZoo env with your text functions (``"module:attr"`` names work)."""
