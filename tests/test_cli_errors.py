@@ -211,6 +211,26 @@ def test_a_resume_override_of_the_model_is_refused_before_anything_is_written(ru
     assert rc == 0 and "2 games each" in out
 
 
+def test_resume_with_no_steps_left_says_so_and_writes_nothing(tmp_path, capsys):
+    """Issue 32: `--resume RUN train.steps=3` on a run at step 6 exited 0, trained nothing,
+    said nothing and rewrote config.yaml to steps 3; a finished run's resume was silent."""
+    folder = tmp_path / "run"
+    assert main(["train", *TINY, "train.steps=2", "checkpoint.every=1",
+                 f"train.run_dir={folder}"]) == 0
+    before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    rc, _, err = cli(capsys, "train", "--resume", str(folder), "train.steps=1")
+    assert rc == 2 and one_line_error(err, "config error: ") == (
+        f"config error: train.steps=1, but {folder} has trained 2 steps (its checkpoint "
+        "step_000002): nothing to train; give train.steps above 2 to continue it")
+    rc, _, err = cli(capsys, "train", "--resume", str(folder))
+    assert rc == 2 and one_line_error(err, "config error: ") == (
+        f"config error: {folder} already finished its 2 steps (train.steps=2): give "
+        "train.steps above 2 to continue it")
+    assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
+    rc, _, _ = cli(capsys, "train", "--resume", str(folder), "train.steps=3")
+    assert rc == 0 and len((folder / "metrics.jsonl").read_text().splitlines()) == 3
+
+
 def test_an_unwritable_run_folder_is_one_line(tmp_path, monkeypatch, capsys):
     blocker = tmp_path / "a_file"
     blocker.write_text("")

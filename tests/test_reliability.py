@@ -37,7 +37,7 @@ ROOT = Path(__file__).parents[1]
 pytestmark = pytest.mark.usefixtures("train_doubles")
 
 
-def job(run_dir, *, over=None, crash_in_rollout=None, resume_run=False):
+def job(run_dir, *, over=None, crash_in_rollout=None, resume_run=False, overrides=()):
     """tests/train_resume_job.py's run (eval every 3, checkpoints at 2, 4, ... keep 2);
     ``crash_in_rollout``: the step index whose rollout samples its episodes (moving every
     RNG on) and then raises KeyboardInterrupt, as a Ctrl-C during generation would."""
@@ -55,7 +55,8 @@ def job(run_dir, *, over=None, crash_in_rollout=None, resume_run=False):
         return {"p_good": float(torch.softmax(logits, -1)[th.GOOD_TOKEN])}
 
     if resume_run:
-        return resume(run_dir, model, rollout_fn, eval_fn, {"sampler": sampler})
+        return resume(run_dir, model, rollout_fn, eval_fn, {"sampler": sampler},
+                      overrides=overrides)
     cfg = from_dict({**CONFIG, **(over or {})})
     return train(cfg, model, rollout_fn, eval_fn, {"sampler": sampler}, run_dir=run_dir)
 
@@ -275,7 +276,7 @@ def test_reference_weights_are_checked_against_the_checkpoints(tmp_path):
     assert len(digest["reference_sha256"]) == 64
     _flip_last_byte(ref)
     with pytest.raises(CheckpointError, match="reference.safetensors does not match"):
-        job(run, resume_run=True)
+        job(run, resume_run=True, overrides=["train.steps=3"])  # (2 steps: finished)
 
 
 def test_torn_metrics_lines(tmp_path, caplog):

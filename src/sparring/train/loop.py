@@ -70,9 +70,10 @@ from sparring.train.checkpoint import (
     sha256_file,
     step_dirs,
     tidy_checkpoints,
+    verify_checkpoint,
     write_tensors,
 )
-from sparring.train.config import Config, load_config, save_config, to_dict
+from sparring.train.config import Config, ConfigError, load_config, save_config, to_dict
 from sparring.train.learner import Learner
 from sparring.train.metrics import METRICS_FILE, MetricsLogger, set_aside_metrics, truncate_metrics
 from sparring.train.policies import Models, TrainedPolicy, check_rows, trained_policies
@@ -346,6 +347,26 @@ def _merge(batch: TurnBatch, shares: list[_Share]) -> tuple[Tensor, Tensor]:
     return adv, keep
 
 
+def check_steps_left(run_dir: str | Path, steps: int) -> None:
+    """ConfigError when a run whose newest intact checkpoint is at step N is resumed with
+    ``train.steps`` <= N: there is nothing to train, and the folder is left as it is."""
+    done, ckpt_name = 0, ""
+    for n, path in reversed(step_dirs(run_dir)):  # the one resume takes; it warns of the rest
+        try:
+            verify_checkpoint(path)
+            done, ckpt_name = n, path.name
+            break
+        except CheckpointError:
+            continue
+    if steps == done:
+        raise ConfigError(f"{run_dir} already finished its {done} steps (train.steps={steps}): "
+                          f"give train.steps above {done} to continue it")
+    if steps < done:
+        raise ConfigError(f"train.steps={steps}, but {run_dir} has trained {done} steps "
+                          f"(its checkpoint {ckpt_name}): nothing to train; give "
+                          f"train.steps above {done} to continue it")
+
+
 def resume(run_dir: str | Path, model: Models, rollout_fn: RolloutFn,
            eval_fn: EvalFn | None = None, stateful: Mapping[str, Any] | None = None, *,
            overrides: Sequence[str] = (), pad_id: int = 0) -> Path:
@@ -359,4 +380,5 @@ def resume(run_dir: str | Path, model: Models, rollout_fn: RolloutFn,
         raise FileNotFoundError(f"{run} {why}")
     with RunLock(run):
         cfg = load_config(run / CONFIG_FILE, list(overrides))
+        check_steps_left(run, cfg.train.steps)
         return _train(cfg, model, rollout_fn, eval_fn, stateful, run, pad_id, resume=True)
