@@ -172,3 +172,27 @@ def test_the_periodic_evaluation_reports_the_exact_rates_against_minimax(tmp_pat
     no_minimax = build(load_config(CONFIGS / "default.yaml", [*tiny, "eval.opponents=[random]"]),
                        tmp_path / "r").eval_fn(0, None)
     assert not any("minimax_exact" in k for k in no_minimax)
+
+
+def test_the_periodic_evaluation_scores_the_magnet_against_minimax_too(tmp_path):
+    """With a magnet (the default's kl.reference), the exact rates of the magnet's own
+    greedy play: equal to `policy_vs_minimax` of a policy over the magnet's weights."""
+    from types import SimpleNamespace
+
+    from sparring.policy.hf import HFPolicy
+    from sparring.policy.tiny import build_tiny_model
+
+    tiny = {"hidden_size": 32, "num_layers": 1, "intermediate_size": 64, "num_heads": 2,
+            "num_kv_heads": 2}
+    cfg = load_config(CONFIGS / "default.yaml", [f"model.options.{k}={v}" for k, v in tiny.items()]
+                      + ["eval.games=4"])
+    parts = build(cfg, tmp_path)
+    magnet, _ = build_tiny_model({**tiny, "seed": 7})  # other weights than the policy's
+    out = parts.eval_fn(0, SimpleNamespace(ref_model=magnet, cfg=cfg))
+    arena, options = parts.rollout_fn.arena, dict(cfg.envs[0].options)
+    direct = policy_vs_minimax(arena, HFPolicy(magnet, parts.policy.tokenizer), "tictactoe",
+                               options).rates()
+    assert {k: out[f"tictactoe/minimax_exact_average/{k}"] for k in direct} == direct
+    own = policy_vs_minimax(arena, parts.policy, "tictactoe", options).rates()
+    assert {k: out[f"tictactoe/minimax_exact/{k}"] for k in own} == own != direct
+    assert not any("average" in k for k in parts.eval_fn(0, None))  # no learner, no magnet

@@ -9,7 +9,9 @@ the non-loss rate with Wilson 95% intervals, keys ``<game>/<bot>/<metric>``.
 With ``eval.exact_vs_minimax`` and ``minimax`` among the opponents, also the exact rates
 against it (`sparring.eval.vs_minimax`: over the bot's random tie-breaks, no sampling
 error) and ``blunder_states``, the reachable positions where the policy plays a losing
-move, keys ``<game>/minimax_exact/<metric>``.
+move, keys ``<game>/minimax_exact/<metric>``; with a magnet (below) the same for the
+magnet, ``<game>/minimax_exact_average/<metric>``: whether the average of recent policies
+plays better than the last one.
 
 With ``eval.exploitability``, a game that declares its tree (`sparring.envs.has_game_tree`)
 also gets ``<game>/exploitability`` of the current policy and, when the run regularises
@@ -104,6 +106,10 @@ def make_eval_fn(cfg: Config, arena: Arena, policy: HFPolicy | Mapping[str, HFPo
         for name in games:
             options = env_options(cfg, name)
             out.update(vs_bots(policy, name, options, step))
+            magnet = magnet_policy(cfg, policy, learner)
+            if e.exact_vs_minimax and "minimax" in e.opponents and magnet is not None:
+                res = policy_vs_minimax(arena, magnet, name, options, e.greedy, range(2)).rates()
+                out.update({f"{name}/minimax_exact_average/{k}": v for k, v in res.items()})
             if e.self_play:
                 res = evaluate_together(arena, [policy] * make(name, **options).num_seats,
                                         sampling, name, options, e.games,
@@ -111,7 +117,6 @@ def make_eval_fn(cfg: Config, arena: Arena, policy: HFPolicy | Mapping[str, HFPo
                 out.update({f"{name}/joint/{k}": v for k, v in res.items()})
             if e.exploitability and has_game_tree(name):
                 out[f"{name}/exploitability"] = policy_exploitability(arena, policy, name, options)
-                magnet = magnet_policy(cfg, policy, learner)
                 if magnet is not None:
                     out[f"{name}/exploitability_average"] = policy_exploitability(
                         arena, magnet, name, options)
