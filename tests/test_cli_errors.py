@@ -6,6 +6,7 @@ data, never code. docs/reliability.md lists each promise with the test here that
 import errno
 import io
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -246,18 +247,35 @@ def test_an_unwritable_run_folder_is_one_line(tmp_path, monkeypatch, capsys):
     assert one_line_error(err) == f"error: Permission denied: {tmp_path}/ro"
 
 
-def test_a_full_disk_while_checkpointing_says_the_last_checkpoint_is_intact(tmp_path,
+@pytest.mark.parametrize("raised", ["OSError", "SafetensorError"])
+def test_a_full_disk_while_checkpointing_says_the_last_checkpoint_is_intact(raised, tmp_path,
                                                                             monkeypatch, capsys):
+    """Issue 32: a real full disk fails inside safetensors' writer with a `SafetensorError`
+    ("... No space left on device (os error 28)"), not an `OSError`, and was a traceback;
+    it is the same one line as an `OSError` ENOSPC."""
+    from safetensors import SafetensorError
+
     import sparring.train.checkpoint as ck
 
-    real = ck.write_tensors
+    if raised == "OSError":
+        real = ck.write_tensors
 
-    def full_at_step_2(path, tensors):
-        if "step_000002" in str(path):
-            raise OSError(errno.ENOSPC, "No space left on device", str(path))
-        return real(path, tensors)
+        def full_at_step_2(path, tensors):
+            if "step_000002" in str(path):
+                raise OSError(errno.ENOSPC, "No space left on device", str(path))
+            return real(path, tensors)
 
-    monkeypatch.setattr(ck, "write_tensors", full_at_step_2)
+        monkeypatch.setattr(ck, "write_tensors", full_at_step_2)
+    else:
+        real_save = ck.save_file
+
+        def full_at_step_2(tensors, filename, metadata=None):  # what write_tensors calls
+            if "step_000002" in str(filename):
+                raise SafetensorError("Error while serializing: I/O error: No space left on "
+                                      "device (os error 28)")
+            return real_save(tensors, filename, metadata=metadata)
+
+        monkeypatch.setattr(ck, "save_file", full_at_step_2)
     folder = tmp_path / "run"
     rc, _, err = cli(capsys, "train", *TINY, "train.steps=2", "checkpoint.every=1",
                      f"train.run_dir={folder}")
@@ -288,6 +306,34 @@ def test_ctrl_c_while_training_says_what_was_kept(tmp_path, monkeypatch, capsys)
     assert err.strip().splitlines()[-1] == (
         f"interrupted; the last checkpoint, {folder}/checkpoints/step_000001, is intact: "
         f"continue with `sparring train --resume {folder}`")
+
+
+def test_sigterm_while_training_keeps_a_checkpoint_and_says_so(tmp_path, monkeypatch, capsys):
+    """Issue 32: SIGTERM (what timeout, Docker and Slurm send) ended the run with no message
+    and no crash checkpoint; now it is handled as Ctrl-C is, with exit code 143."""
+    import os
+    import signal
+
+    from sparring.rollout.schedule import Rollouts
+
+    real = Rollouts.__call__
+
+    def terminated_at_step_1(self, step):
+        if step == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(self, step)
+
+    monkeypatch.setattr(Rollouts, "__call__", terminated_at_step_1)
+    folder = tmp_path / "run"
+    rc, _, err = cli(capsys, "train", *TINY, "train.steps=3", "checkpoint.every=0",
+                     f"train.run_dir={folder}")
+    assert rc == 143
+    assert err.strip().splitlines()[-1] == (
+        f"terminated (SIGTERM); the last checkpoint, {folder}/checkpoints/step_000001, is "
+        f"intact: continue with `sparring train --resume {folder}`")
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is put back
+    monkeypatch.setattr(Rollouts, "__call__", real)
+    assert cli(capsys, "train", "--resume", str(folder))[0] == 0
 
 
 # ---------------------------------------------------------------- a run folder is data
@@ -444,3 +490,90 @@ def test_eval_against_minimax_adds_the_exact_row_and_the_blunders(run, capsys):
         w = [p.win for p in won if p.seat == seat]
         assert (f"seat {seat} converts the {len(w)} won positions of its first 3 moves "
                 f"against minimax with mean win probability {sum(w) / len(w):.3f}") in out
+
+
+# ---------------------------------------------------------------- damaged checkpoints (issue 32)
+
+
+@pytest.fixture(scope="module")
+def run2(tmp_path_factory):
+    """A finished two-step tic-tac-toe run with a checkpoint after each step."""
+    folder = tmp_path_factory.mktemp("cli2") / "run"
+    assert main(["train", *TINY, "train.steps=2", "checkpoint.every=1",
+                 f"train.run_dir={folder}"]) == 0
+    return folder
+
+
+def _garble(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x5A  # inside the tensor data: the file still parses
+    path.write_bytes(bytes(data))
+
+
+def _manifest_naming(name: str):
+    def harm(ckpt: Path) -> None:
+        (ckpt / "manifest.json").write_text(
+            json.dumps({"files": {name: {"bytes": 0, "sha256": "0" * 64}}}))
+    return harm
+
+
+def _link_to_dev_zero(ckpt: Path) -> None:
+    (ckpt / "model.safetensors").unlink()
+    (ckpt / "model.safetensors").symlink_to("/dev/zero")
+
+
+UNTRUSTED = {
+    "manifest deleted, weights garbled": (
+        lambda c: ((c / "manifest.json").unlink(), _garble(c / "model.safetensors")),
+        "manifest.json is missing"),
+    "manifest with string values": (
+        lambda c: (c / "manifest.json").write_text('{"files": {"state.json": "ok"}}'),
+        "not a valid manifest"),
+    "manifest entry /dev/zero": (_manifest_naming("/dev/zero"), "'/dev/zero' is not a file name"),
+    "manifest entry ../": (_manifest_naming("../step_000001/model.safetensors"),
+                           "is not a file name inside"),
+    "weights a link to /dev/zero": (_link_to_dev_zero, "links outside"),
+}
+
+
+@pytest.mark.parametrize("damage", list(UNTRUSTED))
+def test_eval_falls_back_from_a_checkpoint_whose_manifest_cannot_be_trusted(
+        damage, run2, tmp_path, capsys, caplog):
+    """Issue 32: with manifest.json deleted and the weights garbled, eval used them; a
+    malformed manifest was a traceback; an entry naming /dev/zero or a ``../`` path hung or
+    read outside the checkpoint. Each makes step 2 damaged: eval warns why and evaluates
+    step 1 (the newest intact checkpoint), reading nothing outside the checkpoints."""
+    from tests.helpers import deadline
+
+    run = tmp_path / "run"
+    shutil.copytree(run2, run)
+    harm, why = UNTRUSTED[damage]
+    harm(run / "checkpoints" / "step_000002")
+    with deadline(120):
+        rc, out, _ = cli(capsys, "eval", str(run), "--games", "2")
+    assert rc == 0 and f"{run}/checkpoints/step_000001 (2 games each" in out
+    skipped = [r.getMessage() for r in caplog.records if "skipping checkpoint" in r.getMessage()]
+    assert skipped and "step_000002" in skipped[0] and why in skipped[0], skipped
+
+
+@pytest.mark.parametrize("damage", ["flipped bits", "truncated"])
+def test_a_damaged_pool_snapshot_stops_the_resume_with_one_line(damage, tmp_path, capsys):
+    """Issue 32: flipped bits in a pool snapshot resumed silently with different numbers,
+    a truncated one was a traceback. Snapshots carry a manifest like checkpoints: the
+    resume stops with one line naming the snapshot file and the problem."""
+    folder = tmp_path / "run"
+    pool = ["envs.0.opponents=[pool]", "rollout.pool_bots=[random]", "rollout.pool_every=1",
+            "checkpoint.every=1"]
+    assert main(["train", *TINY, *pool, "train.steps=3", f"train.run_dir={folder}"]) == 0
+    snapshots = sorted((folder / "pool").glob("step-*/model.safetensors"))
+    assert len(snapshots) == 2  # steps 1 and 2
+    for weights in snapshots:
+        if damage == "flipped bits":
+            _garble(weights)
+        else:
+            weights.write_bytes(weights.read_bytes()[:-100])
+    rc, _, err = cli(capsys, "train", "--resume", str(folder), "train.steps=4")
+    assert rc == 2
+    line = one_line_error(err)
+    assert f"{folder}/pool/step-00000" in line and "model.safetensors" in line
+    assert ("sha256" if damage == "flipped bits" else "bytes, the manifest says") in line

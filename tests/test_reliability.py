@@ -31,16 +31,19 @@ from sparring.train.loop import resume, train
 from sparring.train.metrics import read_metrics, truncate_metrics
 from sparring.train.runlock import LOCK_FILE, RunLock, RunLockedError
 from tests import train_helpers as th
+from tests.helpers import deadline
 from tests.train_resume_job import CONFIG, STEPS
 
 ROOT = Path(__file__).parents[1]
 pytestmark = pytest.mark.usefixtures("train_doubles")
 
 
-def job(run_dir, *, over=None, crash_in_rollout=None, resume_run=False, overrides=()):
+def job(run_dir, *, over=None, crash_in_rollout=None, resume_run=False, overrides=(),
+        eval_fails_at=None):
     """tests/train_resume_job.py's run (eval every 3, checkpoints at 2, 4, ... keep 2);
     ``crash_in_rollout``: the step index whose rollout samples its episodes (moving every
-    RNG on) and then raises KeyboardInterrupt, as a Ctrl-C during generation would."""
+    RNG on) and then raises KeyboardInterrupt, as a Ctrl-C during generation would;
+    ``eval_fails_at``: the step whose evaluation draws from the RNG, then raises."""
     model, sampler = th.tiny_qwen(0), th.Sampler(123)
 
     def rollout_fn(step):
@@ -51,6 +54,9 @@ def job(run_dir, *, over=None, crash_in_rollout=None, resume_run=False, override
 
     @torch.no_grad()
     def eval_fn(step, learner):
+        if step == eval_fails_at:
+            torch.rand(3)  # part-way: the global RNG has moved on
+            raise RuntimeError("the evaluation failed")
         logits = model(input_ids=torch.tensor([[1, 3]])).logits[0, -1]
         return {"p_good": float(torch.softmax(logits, -1)[th.GOOD_TOKEN])}
 
@@ -221,6 +227,14 @@ def _flip_last_byte(path: Path):
     path.write_bytes(bytes(data))
 
 
+def _as_older(ckpt: Path):
+    """``ckpt`` as a checkpoint written before manifests: no manifest, no ``format``."""
+    (ckpt / "manifest.json").unlink()
+    doc = json.loads((ckpt / "state.json").read_text())
+    del doc["format"]
+    (ckpt / "state.json").write_text(json.dumps(doc))
+
+
 DAMAGE = {
     "truncated weights": (lambda c: _truncate(c / "model.safetensors"), "bytes, the manifest"),
     "garbled weights": (lambda c: _flip_last_byte(c / "model.safetensors"), "sha256"),
@@ -230,9 +244,19 @@ DAMAGE = {
     "missing manifest and no step": (
         lambda c: ((c / "manifest.json").unlink(), (c / "state.json").write_text('{"state": {}}')),
         "no integer 'step'"),
-    "missing manifest and torn weights": (
-        lambda c: ((c / "manifest.json").unlink(), _truncate(c / "model.safetensors", 0.001)),
+    "older checkpoint (no manifest) with torn weights": (
+        lambda c: (_as_older(c), _truncate(c / "model.safetensors", 0.001)),
         "not a readable safetensors file"),
+    "manifest deleted, weights garbled": (  # issue 32: this one's state.json says it had one
+        lambda c: ((c / "manifest.json").unlink(), _flip_last_byte(c / "model.safetensors")),
+        "manifest.json is missing"),
+    "manifest with string values": (
+        lambda c: (c / "manifest.json").write_text('{"files": {"model.safetensors": "x"}}'),
+        "not a valid manifest"),
+    "manifest entry /dev/zero": (
+        lambda c: (c / "manifest.json").write_text(
+            '{"files": {"/dev/zero": {"bytes": 0, "sha256": "%s"}}}' % ("0" * 64)),
+        "'/dev/zero' is not a file name inside the folder"),
 }
 
 
@@ -244,7 +268,8 @@ def test_resume_skips_a_damaged_checkpoint_and_stays_exact(full, tmp_path, caplo
     harm, why = DAMAGE[damage]
     harm(dict(step_dirs(run))[8])
     caplog.set_level(logging.WARNING)
-    job(run, resume_run=True)
+    with deadline(300):  # (a manifest naming /dev/zero hung)
+        job(run, resume_run=True)
     assert metrics(run) == metrics(full)
     skipped = [r.getMessage() for r in caplog.records if "skipping checkpoint" in r.getMessage()]
     assert len(skipped) == 1 and "step_000008" in skipped[0]
@@ -395,3 +420,23 @@ def test_a_run_with_a_huge_lr_stops_with_its_weights_untouched(tmp_path):
         train(cfg, model, lambda step: th.bandit_rollout(model, sampler), run_dir=tmp_path)
     assert all(torch.equal(v, initial[k]) for k, v in model.state_dict().items())
     assert step_dirs(tmp_path) == []  # nothing non-finite was checkpointed
+
+
+def test_a_failed_evaluation_keeps_the_trained_step(tmp_path):
+    """Issue 32: an evaluation that raised (e.g. minimax on Connect Four) lost every step
+    since the last checkpoint. The step it evaluated is kept in a crash checkpoint with its
+    row, and the resume evaluates and logs it first: the metrics of an uninterrupted run."""
+    full = tmp_path / "full"
+    job(full)
+    run = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="the evaluation failed"):
+        job(run, eval_fails_at=3)  # step 3: evaluated, not a periodic checkpoint
+    assert [s for s, _ in step_dirs(run)] == [2, 3]
+    assert [r["step"] for r in read_metrics(run)] == [0, 1, 2]  # its row waits in the checkpoint
+    job(run, resume_run=True)
+    assert metrics(run) == metrics(full)
+    last = tmp_path / "last"  # the final step's evaluation: its resume still has work to do
+    with pytest.raises(RuntimeError, match="the evaluation failed"):
+        job(last, eval_fails_at=CONFIG["train"]["steps"])
+    job(last, resume_run=True)
+    assert metrics(last) == metrics(full)

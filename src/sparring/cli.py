@@ -138,6 +138,10 @@ def cmd_train(args: argparse.Namespace) -> int:
             run = train(cfg, parts.model, parts.rollout_fn, parts.eval_fn, parts.stateful,
                         run_dir=run_dir, pad_id=parts.pad_id)
     except KeyboardInterrupt as e:
+        from sparring.train.signals import Terminated
+
+        if isinstance(e, Terminated):
+            raise Interrupted(f"{e}; {_resume_hint(run_dir)}", code=143) from e
         raise Interrupted(f"interrupted; {_resume_hint(run_dir)}") from e
     except OSError as e:
         if e.errno != errno.ENOSPC:
@@ -162,7 +166,11 @@ class CommandError(Exception):
 
 
 class Interrupted(Exception):
-    """Ctrl-C, with a line saying what was kept."""
+    """Ctrl-C (exit code 130) or SIGTERM (143), with a line saying what was kept."""
+
+    def __init__(self, message: str, code: int = 130) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def _resume_hint(run_dir: Path) -> str:
@@ -535,7 +543,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if debug:
             raise
         print(f"\n{e if isinstance(e, Interrupted) else 'interrupted'}", file=sys.stderr)
-        return 130
+        return e.code if isinstance(e, Interrupted) else 130
     except _user_errors() as e:
         if debug:
             raise

@@ -19,11 +19,14 @@
    ``checkpoint.best_metric`` improves (kept apart from ``checkpoint.keep``;
    `sparring.train.best`).
 
-A crash (exception or Ctrl-C) writes a checkpoint of the last finished step before the
+A crash (exception, Ctrl-C or SIGTERM: `sparring.train.signals`) writes a checkpoint of the last finished step before the
 error propagates, when it can be exact: during the rollout (the model, learner and stage
 are still as that step left them; the RNGs and the ``stateful`` objects the rollout moves
 on are snapshotted at each step's start). A crash part-way through the update writes none
-(it would mix two steps); the last periodic checkpoint stands.
+(it would mix two steps); the last periodic checkpoint stands. A crash after the update
+(in the evaluation, the metrics write or a checkpoint write) keeps the trained step: its
+crash checkpoint holds the step's metrics row, and the resume evaluates and logs it first,
+from the state the update left, so even then the metrics match an uninterrupted run.
 
 ``resume(run_dir, model, rollout_fn, ...)`` continues from the newest intact checkpoint
 (skipping, with a warning, any that fail their manifest); with the same seeds on CPU the
@@ -42,6 +45,7 @@ a checkpoint holds every policy's weights and state, ``eval_fn`` gets ``{name: l
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -78,8 +82,10 @@ from sparring.train.learner import Learner
 from sparring.train.metrics import METRICS_FILE, MetricsLogger, set_aside_metrics, truncate_metrics
 from sparring.train.policies import Models, TrainedPolicy, check_rows, trained_policies
 from sparring.train.runlock import RunLock
+from sparring.train.signals import sigterm_as_interrupt
 
 log = logging.getLogger(__name__)
+PENDING_ROW = "unlogged_row"  # crash checkpoint meta: the row of a step whose end failed
 
 RolloutFn = Callable[[int], Sequence[Episode]]
 # (step, learner or {policy name: learner}) -> metrics
@@ -160,7 +166,7 @@ def train(cfg: Config, model: Models, rollout_fn: RolloutFn, eval_fn: EvalFn | N
     """
     run = Path(run_dir) if run_dir is not None else _run_dir(cfg)
     run.mkdir(parents=True, exist_ok=True)
-    with RunLock(run):
+    with sigterm_as_interrupt(), RunLock(run):
         return _train(cfg, model, rollout_fn, eval_fn, stateful, run, pad_id, resume)
 
 
@@ -182,7 +188,7 @@ def _train(cfg: Config, model: Models, rollout_fn: RolloutFn, eval_fn: EvalFn | 
     objects.update({f"user.{k}": v for k, v in (stateful or {}).items()})
     references = {p.name: p.learner.reference_state() for p in policies}
     ref_sha256: dict[str, str] = {}  # checkpoint meta key -> digest of the reference file
-    start = 0
+    start, pending_row = 0, None
     if resume:
         ckpt = latest_intact_checkpoint(run, set_aside=True)  # checks every file's sha256
         if ckpt is None:
@@ -197,7 +203,8 @@ def _train(cfg: Config, model: Models, rollout_fn: RolloutFn, eval_fn: EvalFn | 
                 p.learner.load_reference_state(_load_reference(run, p.reference_file, digest))
                 ref_sha256[key] = digest or sha256_file(run / p.reference_file)  # older ones
         start = int(doc["step"])
-        truncate_metrics(run / METRICS_FILE, start)
+        pending_row = doc["meta"].get(PENDING_ROW)
+        truncate_metrics(run / METRICS_FILE, start - (pending_row is not None))
         save_config(cfg, run / CONFIG_FILE)  # the resumed config, once its checkpoint loaded
     else:
         for p in policies:
@@ -230,7 +237,29 @@ def _train(cfg: Config, model: Models, rollout_fn: RolloutFn, eval_fn: EvalFn | 
                         stateful=stateful, meta={**ref_sha256, **(meta or {})},
                         keep=cfg.checkpoint.keep, protect=best and best.step)
 
+    def finish_step(step: int, metrics: dict[str, Any]) -> None:
+        """The end of a trained step: its evaluation, its row, the best and periodic
+        checkpoints."""
+        every = cfg.eval.every
+        evaluated = eval_fn is not None and (step == total or bool(every and step % every == 0))
+        if evaluated:
+            t3 = time.perf_counter()
+            metrics.update({f"eval/{k}": v for k, v in eval_fn(step, learners).items()})
+            metrics["time/eval"] = time.perf_counter() - t3
+        logger.log(step, metrics)
+        if best is not None:
+            best.check_logged(metrics, evaluated=evaluated)
+        improved = best is not None and best.offer(step, metrics)
+        if step == total or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) \
+                or improved:
+            checkpoint(step)
+        if improved:
+            best.write()
+
+    pending: dict[str, Any] | None = None  # the row of a trained step not yet logged
     try:
+        if pending_row is not None:  # the crash checkpoint of a step whose end failed
+            finish_step(start, dict(pending_row))
         if start == 0 and eval_fn is not None and cfg.eval.at_start:
             at_start = {f"eval/{k}": v for k, v in eval_fn(0, learners).items()}
             if best is not None:
@@ -273,23 +302,11 @@ def _train(cfg: Config, model: Models, rollout_fn: RolloutFn, eval_fn: EvalFn | 
             metrics.update({"time/rollout": t1 - t0, "time/update": t2 - t1,
                             "throughput/episodes_per_s": len(episodes) / max(t1 - t0, 1e-9),
                             "throughput/tokens_per_s": n_tok / max(t1 - t0, 1e-9)})
-            step = i + 1
-            every = cfg.eval.every
-            evaluated = eval_fn is not None and (step == total or (every and step % every == 0))
-            if evaluated:
-                t3 = time.perf_counter()
-                metrics.update({f"eval/{k}": v for k, v in eval_fn(step, learners).items()})
-                metrics["time/eval"] = time.perf_counter() - t3
-            logger.log(step, metrics)
-            done, boundary = step, objects
-            ck = cfg.checkpoint.every
-            if best is not None:
-                best.check_logged(metrics, evaluated=evaluated)
-            improved = best is not None and best.offer(step, metrics)
-            if step == total or (ck and step % ck == 0) or improved:
-                checkpoint(step)
-            if improved:
-                best.write()
+            # the step's training is done: a crash from here on keeps it, with its row
+            done, pending = i + 1, metrics
+            boundary = {k: v if k in own else Snapshot(v) for k, v in objects.items()}
+            finish_step(i + 1, metrics)
+            boundary, pending = objects, None
     except BaseException as e:
         saved = [s for s, _ in step_dirs(run)]
         if done in saved or done == 0:
@@ -300,7 +317,8 @@ def _train(cfg: Config, model: Models, rollout_fn: RolloutFn, eval_fn: EvalFn | 
                         saved[-1] if saved else "0 (none saved: start again)")
         else:
             try:
-                checkpoint(done, boundary, {"crash": f"{type(e).__name__}: {e}"})
+                row = {} if pending is None else {PENDING_ROW: pending}
+                checkpoint(done, boundary, {"crash": f"{type(e).__name__}: {e}", **row})
             except Exception as save_error:  # e.g. the disk is full: report the first error
                 log.warning("could not write a crash checkpoint at step %d: %s", done,
                             save_error)
@@ -349,16 +367,19 @@ def _merge(batch: TurnBatch, shares: list[_Share]) -> tuple[Tensor, Tensor]:
 
 def check_steps_left(run_dir: str | Path, steps: int) -> None:
     """ConfigError when a run whose newest intact checkpoint is at step N is resumed with
-    ``train.steps`` <= N: there is nothing to train, and the folder is left as it is."""
-    done, ckpt_name = 0, ""
+    ``train.steps`` <= N: there is nothing to train (unless step N's row is still to be
+    logged: `PENDING_ROW`), and the folder is left as it is."""
+    done, ckpt_name, pending = 0, "", False
     for n, path in reversed(step_dirs(run_dir)):  # the one resume takes; it warns of the rest
         try:
             verify_checkpoint(path)
-            done, ckpt_name = n, path.name
-            break
         except CheckpointError:
             continue
-    if steps == done:
+        done, ckpt_name = n, path.name
+        meta = json.loads((path / "state.json").read_text(encoding="utf-8")).get("meta", {})
+        pending = PENDING_ROW in meta  # its step's evaluation and row are still to come
+        break
+    if steps == done and not pending:
         raise ConfigError(f"{run_dir} already finished its {done} steps (train.steps={steps}): "
                           f"give train.steps above {done} to continue it")
     if steps < done:
@@ -378,7 +399,7 @@ def resume(run_dir: str | Path, model: Models, rollout_fn: RolloutFn,
                "has no checkpoint to resume from (a run stopped before its first checkpoint "
                "starts again without --resume)")
         raise FileNotFoundError(f"{run} {why}")
-    with RunLock(run):
+    with sigterm_as_interrupt(), RunLock(run):
         cfg = load_config(run / CONFIG_FILE, list(overrides))
         check_steps_left(run, cfg.train.steps)
         return _train(cfg, model, rollout_fn, eval_fn, stateful, run, pad_id, resume=True)
