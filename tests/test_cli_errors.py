@@ -65,6 +65,15 @@ def run(tmp_path_factory):
     (["algorithm.estimator=gae", "algorithm.estimator_options={}", "algorithm.value=off"],
      "algorithm.value: estimator 'gae' needs values"),
     (["trian.steps=1"], "unknown key 'trian'; did you mean 'train'"),
+    # issue 32: a quoted "false" meant true, and any text passed for a bool
+    (["envs.0.options.canonical='false'"],
+     "envs.0.options: tictactoe option 'canonical' takes a bool, got 'false'"),
+    (["envs.0.options.compact=abc"],
+     "envs.0.options: tictactoe option 'compact' takes a bool, got 'abc'"),
+    (["model.name=/nonexistent"], "model.name: '/nonexistent' does not exist; give a "
+     "Hugging Face model folder"),  # issue 32: it was the hub's repo-id message
+    (["algorithm.estimator_options={whiten: 1}"],
+     "estimator 'turn_gae' option 'whiten' takes a bool, got 1"),
 ])
 def test_a_bad_config_is_one_line_and_leaves_no_run_folder(args, key, tmp_path, monkeypatch,
                                                            capsys):
@@ -147,6 +156,27 @@ def test_play_ends_cleanly_on_ctrl_d_and_ctrl_c(run, capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", CtrlC())
     rc, _, err = cli(capsys, "play", str(run))
     assert rc == 130 and err.strip() == "interrupted"
+
+
+def test_play_with_stdin_closed_is_one_line(run, capsys, monkeypatch):
+    """Issue 32: `sparring play RUN <&-` gave a traceback (Python's stdin is None)."""
+    monkeypatch.setattr(sys, "stdin", None)
+    rc, _, err = cli(capsys, "play", str(run))
+    assert rc == 2 and "stdin, which is closed" in one_line_error(err)
+
+
+def test_play_shows_an_environments_escape_sequences_escaped(run, capsys, monkeypatch):
+    """Issue 32: `sparring play` printed the env's text raw, escape sequences included."""
+    from sparring.envs.games.tictactoe import TicTacToe
+    from sparring.play import printable
+
+    assert printable("a\x1b[2Jb\n\tc\x07\udcff é") == "a\\x1b[2Jb\n\tc\\x07\\udcff é"
+    real = TicTacToe.system_prompt
+    monkeypatch.setattr(TicTacToe, "system_prompt",
+                        lambda self, seat: "\x1b]0;pwned\x07" + real(self, seat))
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    rc, out, _ = cli(capsys, "play", str(run))
+    assert rc == 0 and "\x1b" not in out and "\\x1b]0;pwned\\x07" in out
 
 
 def test_play_scores_a_task_instead_of_calling_it_a_draw():
@@ -334,6 +364,41 @@ def test_sigterm_while_training_keeps_a_checkpoint_and_says_so(tmp_path, monkeyp
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is put back
     monkeypatch.setattr(Rollouts, "__call__", real)
     assert cli(capsys, "train", "--resume", str(folder))[0] == 0
+
+
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 10)}]\n" for i in range(8))
+
+
+@pytest.mark.parametrize("damage, says", [
+    (b"", "is empty or damaged"),
+    (b"\xff\xfe\x00garbage\x81", "not UTF-8 text"),
+    (b"model: {name: tiny}\n", "is empty or damaged"),
+    (b"[" * 5000 + b"]" * 5000, "nested too deeply"),
+    (BOMB.encode(), "more than 100,000 values"),
+], ids=["empty", "garbage", "no-envs", "deep", "alias-bomb"])
+@pytest.mark.parametrize("command", ["eval", "train --resume"])
+def test_a_damaged_run_config_is_one_line_naming_the_file(damage, says, command, run,
+                                                           tmp_path, capsys):
+    """Issue 32: an empty config.yaml built the default model and failed with a size
+    mismatch; garbage bytes gave a decode error without the file; `--resume` said "config
+    has no envs"; deep nesting and an alias bomb gave a RecursionError or a hang."""
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    (copy / "config.yaml").write_bytes(damage)
+    rc, _, err = cli(capsys, *command.split(), str(copy))
+    line = one_line_error(err, "config error: ")
+    assert rc == 2 and str(copy / "config.yaml") in line and says in line
+
+
+def test_an_alias_bomb_recipe_is_refused_before_a_run_folder_exists(tmp_path, capsys):
+    recipe = tmp_path / "bomb.yaml"
+    recipe.write_text(BOMB + "envs: [{name: tictactoe}]\n")  # 10^9 values in a few lines
+    rc, _, err = cli(capsys, "train", str(recipe), f"train.run_dir={tmp_path / 'run'}")
+    assert rc == 2 and "more than 100,000 values" in one_line_error(err, "config error: ")
+    assert not (tmp_path / "run").exists()
 
 
 # ---------------------------------------------------------------- a run folder is data

@@ -364,6 +364,9 @@ def cmd_play(args: argparse.Namespace) -> int:
         raise CommandError(f"--env: {e}") from None
     if args.seat < 0:
         raise CommandError(f"--seat: must be >= 0, got {args.seat}")
+    if sys.stdin is None or sys.stdin.closed:
+        raise CommandError("play reads your moves from stdin, which is closed: run it in a "
+                           "terminal or pipe the moves in")
     policies, cfg, _ = load_policies(args.checkpoint, trust_remote_code=args.trust_remote_code)
     if args.policy is not None:
         check_policy_name(cfg, args.policy)

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Callable
 
 from sparring.envs import make
 from sparring.eval.periodic import env_options
 from sparring.rollout.prompts import PromptBuilder, PromptConfig
 from sparring.rollout.schedule import rollout_sampling
+
+
+def printable(text: str) -> str:
+    """``text`` safe for a terminal: control characters other than newline and tab (an
+    environment's escape sequences, which could move the cursor or retitle the window) and
+    lone surrogates are shown escaped, as ``\\x1b``."""
+    return "".join(c if c in "\n\t" or (unicodedata.category(c) not in ("Cc", "Cs"))
+                   else c.encode("unicode_escape", "backslashreplace").decode("ascii")
+                   for c in text)
 
 
 def _readable(env, seat: int) -> str:
@@ -28,9 +38,15 @@ def play(policy, cfg, env_name: str, human_seat: int = 0, greedy: bool = True,
     or a list with each seat's policy, a run with several policies). Returns the game's
     per-seat returns. A game
     ends with win / lose / draw; a single-seat task with the score (and whether the answer
-    was correct, when the task says). ``ask`` raising EOFError (Ctrl-D) ends the game."""
+    was correct, when the task says). ``ask`` raising EOFError (Ctrl-D) ends the game.
+    Everything shown goes through `printable` (no raw escape sequences from the env)."""
     options = env_options(cfg, env_name)
     env = make(env_name, **options)
+    shown = say
+
+    def say(text: str) -> None:  # everything the game prints passes through `printable`
+        shown(printable(text))
+
     if not (isinstance(human_seat, int) and 0 <= human_seat < env.num_seats):
         raise ValueError(f"--seat: {env.name} has seats 0 to {env.num_seats - 1}, "
                          f"got {human_seat!r}")

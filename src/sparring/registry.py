@@ -57,6 +57,51 @@ class Entry:
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise ValueError(f"{kind} {self.name!r} has no option {key!r}{hint}; "
                                  f"allowed: {', '.join(sorted(allowed)) or '(none)'}")
+        wrong = option_type_error(self.fn, options)
+        if wrong:
+            raise ValueError(f"{kind} {self.name!r} {wrong}")
+
+
+_SCALARS = (bool, int, float, str)
+
+
+def option_types(fn: Callable[..., Any]) -> dict[str, type]:
+    """The options of ``fn`` annotated with one plain scalar type (bool, int, float, str,
+    or that type or None), by name; options with other annotations are not listed."""
+    import typing
+
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # an annotation that does not resolve: nothing to check
+        return {}
+    out: dict[str, type] = {}
+    for name, hint in hints.items():
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        plain = hint if hint in _SCALARS else args[0] if len(args) == 1 else None
+        if plain in _SCALARS:
+            out[name] = plain
+    return out
+
+
+def option_type_error(fn: Callable[..., Any], options: dict[str, Any]) -> str | None:
+    """"option 'k' takes a bool, got 'false'" for the first option whose value does not fit
+    its scalar annotation in ``fn`` (`option_types`); None when all fit."""
+    hints = option_types(fn)
+    for key, value in options.items():
+        want = hints.get(key)
+        if want is not None and value is not None and not _is_a(value, want):
+            return f"option {key!r} takes a {want.__name__}, got {value!r}"
+    return None
+
+
+def _is_a(value: Any, want: type) -> bool:
+    """``value`` fits an option of type ``want``: a bool is not an int or a float (YAML's
+    ``"false"`` is a string, not a bool), an int is a float."""
+    if want is bool or isinstance(value, bool):
+        return want is bool and isinstance(value, bool)
+    if want is float:
+        return isinstance(value, (int, float))
+    return isinstance(value, want)
 
 
 class Registry:

@@ -641,6 +641,12 @@ def _model_check(m: ModelConfig, key: str = "model") -> None:
         except (RuntimeError, ValueError):
             raise ConfigError(f"{key}.device: {m.device!r} is not a device (allowed: cpu, "
                               "cuda, cuda:N, mps, auto)") from None
+    if m.name.startswith(("/", "./", "../", "~")) or Path(m.name).expanduser().exists():
+        folder = Path(m.name).expanduser()
+        if not (folder / "config.json").is_file():
+            why = "has no config.json" if folder.is_dir() else "does not exist"
+            raise ConfigError(f"{key}.name: {m.name!r} {why}; give a Hugging Face model "
+                              "folder, a hub id, 'tiny' or 'smollm2'")
     if m.name != "tiny":
         return
     import typing
@@ -699,6 +705,10 @@ def _env_options_check(i: int, env: EnvSpec) -> Any:
                 raise ConfigError(f"{key}: {entry.name} has no option {k!r}"
                                   f"{did_you_mean(str(k), names)} (allowed: "
                                   f"{', '.join(names) or 'none'})")
+    from sparring.registry import option_type_error
+    wrong = option_type_error(entry.fn, dict(env.options))
+    if wrong:
+        raise ConfigError(f"{key}: {entry.name} {wrong}")
     try:
         made = entry.fn(**env.options)
     except ImportError as e:
@@ -878,17 +888,44 @@ def find_recipe(name: str | Path | None) -> Path | None:
     raise FileNotFoundError(f"no config {str(name)!r} (not a file, not configs/{name}.yaml)")
 
 
+MAX_CONFIG_VALUES = 100_000  # far above any real config; a YAML alias bomb is far above it
+
+
 def read_yaml(path: str | Path) -> Any:
-    """The YAML document in ``path``; a syntax error is a `ConfigError` naming the file and
-    the line."""
-    with open(path, encoding="utf-8") as f:
-        try:
-            return yaml.safe_load(f)
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-            raise ConfigError(f"{path}: not valid YAML{where}: {problem}") from None
+    """The YAML document in ``path``. A `ConfigError` naming the file for what cannot be a
+    config: bytes that are not UTF-8, a syntax error (with its line), nesting too deep for
+    the parser, or more than `MAX_CONFIG_VALUES` values once aliases are expanded."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{path}: not valid YAML{where}: {problem}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be a config") from None
+    _check_size(data, path)
+    return data
+
+
+def _check_size(data: Any, path: str | Path) -> None:
+    """ConfigError when ``data`` holds more than `MAX_CONFIG_VALUES` values, counting each
+    use of a YAML alias (a shared object) again, as everything after loading would."""
+    stack, seen = [data], 0
+    while stack:
+        x = stack.pop()
+        seen += 1
+        if seen > MAX_CONFIG_VALUES:
+            raise ConfigError(f"{path}: more than {MAX_CONFIG_VALUES:,} values once its YAML "
+                              "aliases are expanded; not a config")
+        if isinstance(x, dict):
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),

@@ -50,6 +50,9 @@ def read_run_config(path: str | Path, overrides: Sequence[str] = (), *,
     Sparring's own (an adapter's ``"module:attr"`` function) is a ConfigError naming it,
     raised before anything is imported. With it, all three are honoured."""
     data = read_yaml(path)
+    if not (isinstance(data, dict) and isinstance(data.get("model"), dict) and data.get("envs")):
+        raise ConfigError(f"{path} is empty or damaged: a run's config.yaml holds its model and "
+                          "envs sections (as the run wrote it); restore it from a copy")
     if not trust_remote_code:
         _refuse_code_references(data, path)
     saved: list[str] = []
