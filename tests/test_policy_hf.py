@@ -194,6 +194,12 @@ def test_bad_inputs_are_named(tiny):
         pol.generate([[1, 2]], allowed=[["a"], ["b"]])
     with pytest.raises(ValueError, match="at least one legal action"):
         pol.generate([[1, 2]], allowed=[[]])
+    # issue 32: a prompt past the model's positions ran on silently
+    limit = model.config.max_position_embeddings
+    with pytest.raises(ValueError, match=f"a prompt of {limit - 2} tokens plus max_new_tokens=3 "
+                       f"passes the model's {limit} positions: set rollout.max_prompt_tokens"):
+        pol.generate([[1, 2], [1] * (limit - 2)], SamplingParams(max_new_tokens=3))
+    assert len(pol.generate([[1] * (limit - 3)], SamplingParams(max_new_tokens=3))) == 1
 
 
 def test_from_pretrained_folder(tmp_path, tiny):

@@ -72,3 +72,11 @@ def test_default_template_when_tokenizer_has_none():
 def test_bad_config_is_named():
     with pytest.raises(ValueError, match="history"):
         PromptConfig(history="everything")
+
+
+def test_a_lone_surrogate_is_shown_as_a_question_mark():
+    """Issue 32: an observation with a lone surrogate gave a TypeError from the tokenizer."""
+    b = PromptBuilder(TOK, PromptConfig(history="full"))
+    past = [Exchange("seen \udcff", enc("5"), "5")]
+    assert b.build("rules \udcff", past, "now \udcff").ids == \
+        b.build("rules ?", [Exchange("seen ?", enc("5"), "5")], "now ?").ids

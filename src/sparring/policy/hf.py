@@ -111,7 +111,9 @@ class HFPolicy:
         B = len(prompts)
         if B == 0:
             return []
-        check_generate_args(prompts, allowed, seeds)
+        check_generate_args(prompts, allowed, seeds, max_new_tokens=sp.max_new_tokens,
+                            max_positions=getattr(self.model.config, "max_position_embeddings",
+                                                  None))
         self.activate()
         with autocast_for(self.model):
             return self._decode(prompts, sp, allowed, seeds)

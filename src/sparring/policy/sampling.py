@@ -69,12 +69,20 @@ class Generation:
 
 def check_generate_args(prompts: Sequence[Sequence[int]],
                         allowed: Sequence[Sequence[str] | None] | None,
-                        seeds: Sequence[int] | None) -> None:
-    """Raise ValueError for an empty prompt, or ``allowed``/``seeds`` not one per prompt
-    (what every backend's ``generate`` checks first)."""
+                        seeds: Sequence[int] | None, *, max_positions: int | None = None,
+                        max_new_tokens: int = 0) -> None:
+    """Raise ValueError for an empty prompt, a prompt whose tokens plus ``max_new_tokens``
+    pass the model's ``max_positions``, or ``allowed``/``seeds`` not one per prompt (what
+    every backend's ``generate`` checks first)."""
     B = len(prompts)
     if any(len(p) == 0 for p in prompts):
         raise ValueError("generate: every prompt needs at least one token")
+    longest = max(len(p) for p in prompts)
+    if max_positions and longest + max_new_tokens > max_positions:
+        raise ValueError(f"a prompt of {longest} tokens plus max_new_tokens={max_new_tokens} "
+                         f"passes the model's {max_positions} positions: set "
+                         "rollout.max_prompt_tokens (0 means no limit) or shorten the "
+                         "environment's text")
     if allowed is not None and len(allowed) != B:
         raise ValueError(f"generate: {len(allowed)} allowed lists for {B} prompts")
     if seeds is not None and len(seeds) != B:

@@ -22,7 +22,7 @@ always kept). `Rendered.truncated` records it (the arena puts it in
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sparring.memo import BoundedMemo
@@ -78,6 +78,16 @@ class Rendered:
 _CACHE_SIZE = 8192  # entries of each of PromptBuilder's memos
 
 
+def valid_text(text: str) -> str:
+    """``text`` as UTF-8 can hold it: a lone surrogate (``"\\udcff"``, e.g. from bytes
+    decoded with ``surrogateescape``) becomes ``"?"``, which a tokenizer can encode."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+
+
 class PromptBuilder:
     """Renders (system, past exchanges, current user text) to token ids for one tokenizer."""
 
@@ -126,7 +136,10 @@ class PromptBuilder:
     def build(self, system: str, history: list[Exchange], user: str) -> Rendered:
         """The prompt for the current turn, after the history mode and the token limit."""
         cfg = self.cfg
-        system = cfg.system_prompt if cfg.system_prompt is not None else system
+        system = valid_text(cfg.system_prompt if cfg.system_prompt is not None else system)
+        user = valid_text(user)
+        history = [ex if valid_text(ex.user) == ex.user else replace(ex, user=valid_text(ex.user))
+                   for ex in history]
         if cfg.history == "state":
             history = []
         elif cfg.history == "last_k":
