@@ -246,3 +246,10 @@ def test_token_trie_forced_tail():
     assert trie.forced_tail(trie.step(0, 4)) == [0]
     assert trie.forced_tail(trie.step(0, 5)) == [6, 7, 0]
     assert trie.forced_tail(trie.step(trie.step(0, 4), 0)) is None  # at a leaf
+
+
+def test_device_auto_is_the_gpu_when_there_is_one_else_the_cpu(tiny):
+    """`model.device: auto` reached torch.device("auto") and failed."""
+    model, tok = tiny
+    want = "cuda" if torch.cuda.is_available() else "cpu"
+    assert HFPolicy(model, tok, device="auto").device.type == want

@@ -44,6 +44,14 @@ from sparring.policy.sampling import (
 _CACHE_SIZE = 4096  # entries of each of HFPolicy's encoding caches
 
 
+def resolve_device(device: str | torch.device) -> str | torch.device:
+    """``model.device``: ``"auto"`` is CUDA where torch sees a GPU, else the CPU; any other
+    value is returned as it is."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
 class HFPolicy:
     """Wraps ``model`` and ``tokenizer``; ``generate`` is the whole interface."""
 
@@ -52,6 +60,7 @@ class HFPolicy:
                  adapter: str | None = None):
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
+        device = resolve_device(device)
         self.model = model.to(device=device, dtype=dtype) if dtype else model.to(device)
         self.model.eval()
         self.tokenizer = tokenizer

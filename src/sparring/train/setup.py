@@ -26,7 +26,7 @@ import torch
 
 from sparring.eval.periodic import EvalFn, make_eval_fn
 from sparring.policy import precision
-from sparring.policy.hf import HFPolicy
+from sparring.policy.hf import HFPolicy, resolve_device
 from sparring.rollout.schedule import Rollouts
 from sparring.train.config import Config
 
@@ -60,9 +60,7 @@ def load_model(cfg: Config) -> tuple[Any, Any]:
 def model_precision(cfg: Config, model: Any) -> precision.Resolved:
     """What ``model.precision`` resolves to for ``model`` on ``model.device``, and why."""
     n = sum(p.numel() for p in model.parameters())
-    device = cfg.model.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = str(resolve_device(cfg.model.device))
     return precision.resolve(cfg.model.precision, device, n, next(model.parameters()).dtype)
 
 
