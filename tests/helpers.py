@@ -1,6 +1,25 @@
-"""Hand-built episodes shared by tests."""
+"""Hand-built episodes, and a deadline for code that could hang, shared by tests."""
+
+import contextlib
+import signal
 
 from sparring.data import Episode, Turn
+
+
+@contextlib.contextmanager
+def deadline(seconds: int = 20):
+    """Raise TimeoutError in the block after ``seconds`` instead of hanging (a read of
+    /dev/zero or of a fifo never ends). Main thread only (SIGALRM)."""
+    def expire(*_):
+        raise TimeoutError(f"still running after {seconds}s")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
 
 
 def two_seat_episode(group: int = 0, seed: int = 0, returns=(1.0, -1.0)) -> Episode:

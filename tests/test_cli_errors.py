@@ -36,7 +36,7 @@ def one_line_error(err: str, prefix: str = "error: ") -> str:
     """The single error line of ``err`` (warnings and the run's precision line aside),
     checked to be no traceback."""
     lines = [x for x in err.strip().splitlines()
-             if x.strip() and not x.startswith(("warning:", "precision:"))]
+             if x.strip() and not x.startswith(("warning:", "precision:", "[transformers]"))]
     assert len(lines) == 1 and lines[0].startswith(prefix), err
     assert "Traceback" not in err
     return lines[0]

@@ -1,6 +1,7 @@
 """The rollout schedule of a run (sparring.rollout.schedule): episode counts, opponents,
 seat rotation, determinism per step."""
 
+import re
 import shutil
 from pathlib import Path
 
@@ -198,6 +199,56 @@ def test_each_pool_snapshot_is_loaded_once_while_the_pool_holds_it(tmp_path, mon
     assert len(loads) == len(set(loads)) and len(loads) >= 6
     reloads = steps_loaded(1)  # one kept in memory: draws among 3 reload them
     assert set(reloads) == set(loads) and len(reloads) > len(loads)
+
+
+def _flip_last_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x5A  # inside the tensor data: the file still parses
+    path.write_bytes(bytes(data))
+
+
+SNAPSHOT_DAMAGE = {
+    "flipped bits": (lambda s: _flip_last_byte(s / "model.safetensors"),
+                     "model.safetensors does not match its sha256"),
+    "truncated weights": (lambda s: (s / "model.safetensors").write_bytes(b"\0" * 8),
+                          "model.safetensors has 8 bytes, the manifest says"),
+    "config.json deleted": (lambda s: (s / "config.json").unlink(), "config.json is missing"),
+    "manifest deleted": (lambda s: (s / "manifest.json").unlink(),
+                         "manifest.json is missing (snapshot.json says"),
+    "manifest malformed": (lambda s: (s / "manifest.json").write_text('{"files": {"a": "x"}}'),
+                           "manifest.json: not a valid manifest"),
+}
+
+
+@pytest.mark.parametrize("damage", list(SNAPSHOT_DAMAGE))
+def test_a_pool_snapshot_is_checked_against_its_manifest_when_loaded(damage, tmp_path):
+    """Issue 32: flipped bits in a snapshot played on silently (different numbers), a
+    truncated one was a traceback. A snapshot holds a manifest of its files (and
+    snapshot.json, which says so), checked when it is loaded: `CheckpointError` naming
+    the file and the problem."""
+    import json
+
+    from sparring.train.checkpoint import FORMAT, CheckpointError
+
+    roll = build(_pool_cfg(), tmp_path).rollout_fn
+    roll(0), roll(1)
+    snap = tmp_path / "pool" / "step-000001"
+    files = json.loads((snap / "manifest.json").read_text())["files"]
+    assert sorted(files) == sorted(p.name for p in snap.iterdir() if p.name != "manifest.json")
+    assert json.loads((snap / "snapshot.json").read_text()) == {"format": FORMAT, "step": 1}
+    harm, why = SNAPSHOT_DAMAGE[damage]
+    harm(snap)
+    with pytest.raises(CheckpointError, match=f"{snap}/{re.escape(why)}"):
+        roll._load_snapshot("pool/step-000001")
+
+
+def test_a_snapshot_written_before_manifests_loads_with_a_warning(tmp_path, caplog):
+    roll = build(_pool_cfg(), tmp_path).rollout_fn
+    roll(0), roll(1)
+    snap = tmp_path / "pool" / "step-000001"
+    (snap / "manifest.json").unlink(), (snap / "snapshot.json").unlink()
+    assert roll._load_snapshot("pool/step-000001").name == "step-000001"
+    assert f"{snap} has no manifest.json (written by an older sparring)" in caplog.text
 
 
 def test_pool_explore_follows_its_cosine_schedule(tmp_path):

@@ -1,7 +1,9 @@
-"""Checkpoints: lossless state encoding, RNG round trip, atomic writes, keep-last-K."""
+"""Checkpoints: lossless state encoding, RNG round trip, atomic writes, keep-last-K, and
+manifests that are checked, never trusted (issue 32)."""
 
 import json
 import math
+import os
 import random
 
 import numpy as np
@@ -9,13 +11,19 @@ import pytest
 import torch
 
 from sparring.train.checkpoint import (
+    MANIFEST,
+    CheckpointError,
     RNGState,
     latest_checkpoint,
+    latest_intact_checkpoint,
     load_checkpoint,
     load_weights,
     save_checkpoint,
+    sha256_file,
     step_dirs,
+    verify_checkpoint,
 )
+from tests.helpers import deadline
 
 
 class Box:
@@ -169,3 +177,158 @@ def test_a_snapshot_keeps_the_state_it_was_taken_with(tmp_path):
     load_checkpoint(ck, {"box": back})
     assert back.state["ema"] == {"g0": 0.5} and back.state["t"].tolist() == [0.0, 0.0]
     assert back.state["rng"] == (1, [2, 3])
+
+
+# ---------------------------------------------------------------- issue 32: trust no manifest
+
+
+def _two_steps(tmp_path):
+    """Checkpoints 1 and 2 of ``tmp_path`` (weights ``model``, one stateful box)."""
+    for step in (1, 2):
+        save_checkpoint(tmp_path, step, weights={"model": {"w": torch.full((4,), float(step))}},
+                        stateful={"box": Box({"step": step})})
+    return dict(step_dirs(tmp_path))
+
+
+def test_a_checkpoint_with_its_manifest_deleted_is_damaged(tmp_path, caplog):
+    """Issue 32: with manifest.json deleted and the weights garbled, eval used them (the only
+    warning: "written by an older sparring"). state.json says the checkpoint has a manifest
+    (``format``), so a missing one is damage; a checkpoint without that marker (written
+    before manifests) keeps the structure-only check, with its warning."""
+    ck = _two_steps(tmp_path)[2]
+    (ck / MANIFEST).unlink()
+    (ck / "model.safetensors").write_bytes((ck / "model.safetensors").read_bytes()[:-4]
+                                           + b"\xff" * 4)  # garbled, still parses
+    missing = f"{ck / MANIFEST} is missing"
+    for load in (verify_checkpoint, lambda c: load_weights(c, "model"),
+                 lambda c: load_checkpoint(c, {"box": Box()})):
+        with pytest.raises(CheckpointError, match=missing):
+            load(ck)
+    assert latest_intact_checkpoint(tmp_path) == step_dirs(tmp_path)[0][1]  # step 1, warning
+    assert missing in caplog.text
+    doc = json.loads((ck / "state.json").read_text())
+    del doc["format"]  # as a checkpoint written before manifests
+    (ck / "state.json").write_text(json.dumps(doc))
+    caplog.clear()
+    verify_checkpoint(ck)
+    assert "written by an older sparring" in caplog.text
+
+
+def _manifest_of(ck):
+    return json.loads((ck / MANIFEST).read_text())
+
+
+MALFORMED = {
+    "not a mapping": lambda m: [],
+    "files not a mapping": lambda m: {"files": list(m["files"])},
+    "string values": lambda m: {"files": {k: "ok" for k in m["files"]}},
+    "no sha256": lambda m: {"files": {k: {"bytes": v["bytes"]} for k, v in m["files"].items()}},
+    "bytes as text": lambda m: {"files": {k: {**v, "bytes": str(v["bytes"])}
+                                          for k, v in m["files"].items()}},
+    "no state.json": lambda m: {"files": {k: v for k, v in m["files"].items()
+                                          if k != "state.json"}},
+}
+
+
+@pytest.mark.parametrize("garbage", [*MALFORMED, "trailing garbage", "not utf-8"])
+def test_a_malformed_manifest_is_damage_and_the_previous_checkpoint_is_used(tmp_path, garbage,
+                                                                          caplog):
+    """Issue 32: a manifest with string values or no sha256 gave a traceback."""
+    cks = _two_steps(tmp_path)
+    path = cks[2] / MANIFEST
+    if garbage == "trailing garbage":
+        path.write_text(path.read_text() + "\n}garbage")
+    elif garbage == "not utf-8":
+        path.write_bytes(b"\xff\xfe" + path.read_bytes())
+    else:
+        path.write_text(json.dumps(MALFORMED[garbage](_manifest_of(cks[2]))))
+    loads = [verify_checkpoint, lambda c: load_checkpoint(c, {"box": Box()})]
+    if garbage != "no state.json":  # (the weights alone still match it)
+        loads.append(lambda c: load_weights(c, "model"))
+    for load in loads:
+        with pytest.raises(CheckpointError, match=f"{cks[2]}/(manifest|state)"):
+            load(cks[2])
+    assert latest_intact_checkpoint(tmp_path) == cks[1]
+    assert "skipping checkpoint" in caplog.text and str(cks[2]) in caplog.text
+
+
+def _point_outside(ck, how, outside):
+    """Make ``ck``'s manifest (or files) name something outside ``ck``."""
+    m = _manifest_of(ck)
+    if how == "absolute path":
+        m["files"]["/dev/zero"] = {"bytes": 0, "sha256": "0" * 64}
+    elif how == "parent path":
+        m["files"]["../step_000001/model.safetensors"] = m["files"].pop("model.safetensors")
+    elif how == "symlink out":
+        target = outside / "elsewhere.safetensors"
+        target.write_bytes((ck / "model.safetensors").read_bytes())
+        (ck / "model.safetensors").unlink()
+        (ck / "model.safetensors").symlink_to(target)
+    elif how == "symlink to /dev/zero":
+        (ck / "model.safetensors").unlink()
+        (ck / "model.safetensors").symlink_to("/dev/zero")
+        m["files"]["model.safetensors"]["bytes"] = 0
+    elif how == "fifo":
+        (ck / "model.safetensors").unlink()
+        os.mkfifo(ck / "model.safetensors")
+        m["files"]["model.safetensors"]["bytes"] = 0
+    elif how == "weights named outside":
+        doc = json.loads((ck / "state.json").read_text())
+        doc["weights"] = ["../step_000001/model"]
+        (ck / "state.json").write_text(json.dumps(doc))
+        m["files"]["state.json"] = {"bytes": (ck / "state.json").stat().st_size,
+                                    "sha256": sha256_file(ck / "state.json")}
+    (ck / MANIFEST).write_text(json.dumps(m))
+
+
+OUTSIDE = ["absolute path", "parent path", "symlink out", "symlink to /dev/zero", "fifo",
+           "weights named outside"]
+
+
+@pytest.mark.parametrize("how", OUTSIDE)
+def test_a_manifest_entry_outside_the_checkpoint_is_refused_unopened(tmp_path, how, caplog):
+    """Issue 32: an entry naming /dev/zero or a ``../`` path made eval, export and play hang
+    or read outside the checkpoint. Only regular files inside the checkpoint folder are
+    opened; anything else makes the checkpoint damaged, and the previous one is used."""
+    runs = tmp_path / "runs"
+    cks = _two_steps(runs)
+    _point_outside(cks[2], how, tmp_path)
+    with deadline():
+        with pytest.raises(CheckpointError, match=str(cks[2])):
+            verify_checkpoint(cks[2])
+        assert latest_intact_checkpoint(runs) == cks[1]
+        if how != "weights named outside":
+            with pytest.raises(CheckpointError, match=str(cks[2])):
+                load_weights(cks[2], "model")  # what eval, play and export read
+    with pytest.raises(CheckpointError, match="not a file name inside"):
+        load_weights(cks[1], "../step_000002/model")
+
+
+def test_a_safetensors_storage_error_is_the_os_error_behind_it(tmp_path, monkeypatch):
+    """Issue 32: a full disk inside safetensors was a `SafetensorError`, which no caller maps;
+    `write_tensors` raises the `OSError` it stands for (ENOSPC for a full disk)."""
+    import errno
+
+    from safetensors import SafetensorError
+
+    import sparring.train.checkpoint as ck
+
+    def fail(message):
+        def save_file(tensors, filename, metadata=None):
+            raise SafetensorError(message)
+        return save_file
+
+    path = tmp_path / "w.safetensors"
+    for message, code in [("Error while serializing: I/O error: No space left on device "
+                           "(os error 28)", errno.ENOSPC),
+                          ("IoError(Os { code: 30, kind: ReadOnlyFilesystem, message: "
+                           '"Read-only file system" })', errno.EROFS),
+                          ("I/O error: disk quota", errno.EIO),
+                          ("Error while serializing: invalid tensor", None)]:  # no OS error
+        monkeypatch.setattr(ck, "save_file", fail(message))
+        with pytest.raises(OSError if code else SafetensorError) as e:
+            ck.write_tensors(path, {"w": torch.ones(2)})
+        if code:
+            assert e.value.errno == code and e.value.filename == str(path)
+        assert str(e.value.__context__ or e.value) == message
+        assert not path.exists() and list(tmp_path.iterdir()) == []

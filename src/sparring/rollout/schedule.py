@@ -35,6 +35,7 @@ the reset seed too (`sparring.envs.wrappers.SymmetricViews`); see `training_env`
 from __future__ import annotations
 
 import copy
+import json
 import random
 import re
 import shutil
@@ -44,6 +45,8 @@ from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from safetensors import SafetensorError
 
 from sparring.data import Episode
 from sparring.envs import env_entry, make
@@ -57,6 +60,14 @@ from sparring.rollout.opponents import OpponentPool
 from sparring.rollout.players import BotPlayer, ModelPlayer
 from sparring.rollout.prompts import PromptConfig
 from sparring.rollout.seating import learner_seat, rotating
+from sparring.train.atomic import atomic_write_text
+from sparring.train.checkpoint import (
+    FORMAT,
+    step_dirs,
+    storage_error,
+    verify_folder,
+    write_manifest,
+)
 from sparring.train.lora import is_peft, merged_state
 from sparring.train.schedule import lr_at
 
@@ -66,6 +77,7 @@ if TYPE_CHECKING:
 
 SPECIAL_OPPONENTS = ("self", "pool")  # opponent kinds besides the bots of BOTS
 _SNAPSHOT_RE = re.compile(r"^step-(\d+)(?:\.([A-Za-z][\w-]*))?$")  # .NAME: policy NAME's
+SNAPSHOT_FILE = "snapshot.json"  # {"format", "step"}: says the snapshot has a manifest
 
 
 def training_env(name: str, spec: EnvSpec, **options: Any) -> Env:
@@ -158,6 +170,13 @@ class Rollouts:
     replaced) plus those. Temporaries of a snapshot write that was killed (``*.tmp``) are
     removed on the first step, when the run folder is locked by the training loop.
 
+    A snapshot is checked like a checkpoint (`sparring.train.checkpoint.verify_folder`): it
+    holds ``manifest.json`` (size and sha256 of each file, written last) and
+    ``snapshot.json``, which says it has one; loading a snapshot with a file missing,
+    truncated or garbled, or its manifest missing or malformed, is a `CheckpointError`
+    naming the file and the problem. (A snapshot without ``snapshot.json``, written before
+    snapshots had manifests, loads with a warning.)
+
     Several policies: ``pools`` holds a pool per policy (one policy: ``{'': pool}``), each
     snapshot of policy P is ``pool/step-NNNNNN.P`` (its pool entry ``ckpt-N.P``), every
     ``pool_every`` steps each policy takes one; the rules above hold per policy, and
@@ -214,6 +233,7 @@ class Rollouts:
             from sparring.train.config import policy_config
 
             m = policy_config(self.cfg, owner).model
+        verify_folder(self.run_dir / path, SNAPSHOT_FILE)  # CheckpointError if damaged
         p = HFPolicy.from_pretrained(self.run_dir / path, device=m.device, dtype=m.dtype,
                                      seed=self._snapshot_seed(path), name=Path(path).name)
         p.tokenizer = (self.policies[owner] if owner is not None else self.policy).tokenizer
@@ -252,9 +272,13 @@ class Rollouts:
             tmp = folder.with_name(folder.name + ".tmp")  # written whole, then renamed: a
             shutil.rmtree(tmp, ignore_errors=True)        # kill mid-save leaves no half one
             model = policy.model.get_base_model() if is_peft(policy.model) else policy.model
-            # the weights the policy plays with: LoRA adapters merged into their layers
-            model.save_pretrained(tmp, state_dict=merged_state(model))
+            try:  # the weights the policy plays with: LoRA adapters merged into their layers
+                model.save_pretrained(tmp, state_dict=merged_state(model))
+            except SafetensorError as e:  # a full disk: the OSError it stands for
+                raise storage_error(e, tmp / "model.safetensors") or e
             policy.tokenizer.save_pretrained(tmp)
+            atomic_write_text(tmp / SNAPSHOT_FILE, json.dumps({"format": FORMAT, "step": step}))
+            write_manifest(tmp)
             shutil.rmtree(folder, ignore_errors=True)  # a resumed run rewrites its own snapshot
             tmp.rename(folder)
             pool.add_checkpoint(folder.relative_to(self.run_dir).as_posix(), step,
@@ -276,8 +300,6 @@ class Rollouts:
     def _tidy_pool(self) -> None:
         """Delete killed writes (``*.tmp``) and the snapshots no one can sample (see the
         class docstring)."""
-        from sparring.train.checkpoint import step_dirs
-
         root = self.run_dir / "pool"
         if not root.is_dir():
             return
