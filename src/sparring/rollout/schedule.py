@@ -275,7 +275,7 @@ class Rollouts:
             try:  # the weights the policy plays with: LoRA adapters merged into their layers
                 model.save_pretrained(tmp, state_dict=merged_state(model))
             except SafetensorError as e:  # a full disk: the OSError it stands for
-                raise storage_error(e, tmp / "model.safetensors") or e
+                raise (storage_error(e, tmp / "model.safetensors") or e) from e
             policy.tokenizer.save_pretrained(tmp)
             atomic_write_text(tmp / SNAPSHOT_FILE, json.dumps({"format": FORMAT, "step": step}))
             write_manifest(tmp)

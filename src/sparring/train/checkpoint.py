@@ -182,7 +182,7 @@ def write_tensors(path: str | Path, tensors: Mapping[str, Tensor]) -> Path:
     try:
         return atomic_write(path, lambda tmp: save_file(cpu, str(tmp)))
     except SafetensorError as e:
-        raise storage_error(e, path) or e  # (chained to e)
+        raise (storage_error(e, path) or e) from e
 
 
 def write_manifest(folder: str | Path) -> Path:
