@@ -621,6 +621,25 @@ def test_eval_falls_back_from_a_checkpoint_whose_manifest_cannot_be_trusted(
     assert skipped and "step_000002" in skipped[0] and why in skipped[0], skipped
 
 
+@pytest.mark.parametrize("command", ["eval", "export"])
+def test_a_damaged_checkpoint_named_directly_is_one_line(command, run2, tmp_path, capsys):
+    """A checkpoint folder given directly (no fallback) is verified as a whole before it is
+    read: a state.json that is a fifo hung `export`; garbled weights were evaluated."""
+    import os
+
+    from tests.helpers import deadline
+
+    run = tmp_path / "run"
+    shutil.copytree(run2, run)
+    ckpt = run / "checkpoints" / "step_000002"
+    (ckpt / "state.json").unlink()
+    os.mkfifo(ckpt / "state.json")
+    out = [str(tmp_path / "out")] if command == "export" else []
+    with deadline(120):
+        rc, _, err = cli(capsys, command, str(ckpt), *out)
+    assert rc == 2 and "state.json is not a regular file" in one_line_error(err)
+
+
 @pytest.mark.parametrize("damage", ["flipped bits", "truncated"])
 def test_a_damaged_pool_snapshot_stops_the_resume_with_one_line(damage, tmp_path, capsys):
     """Issue 32: flipped bits in a pool snapshot resumed silently with different numbers,

@@ -16,11 +16,12 @@ imported by the command before the folder is read.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
 from sparring.policy.hf import HFPolicy
-from sparring.train.checkpoint import latest_intact_checkpoint, load_weights
+from sparring.train.checkpoint import latest_intact_checkpoint, load_weights, verify_checkpoint
 from sparring.train.config import Config, ConfigError, from_dict, policy_config, read_yaml
 from sparring.train.lora import apply_lora, load_trainable_state
 from sparring.train.setup import load_model
@@ -29,9 +30,11 @@ log = logging.getLogger(__name__)
 
 
 def find_checkpoint(path: str | Path) -> tuple[Path, Path]:
-    """(run folder, checkpoint folder) for a run folder or a checkpoint folder."""
+    """(run folder, checkpoint folder) for a run folder or a checkpoint folder; a checkpoint
+    folder named directly is verified as a whole (`verify_checkpoint`: no fallback)."""
     p = Path(path)
-    if (p / "state.json").exists():
+    if os.path.lexists(p / "state.json"):
+        verify_checkpoint(p)
         return p.parent.parent, p
     ckpt = latest_intact_checkpoint(p)  # a damaged newest one is skipped with a warning
     if ckpt is None:
