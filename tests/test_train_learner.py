@@ -278,6 +278,37 @@ def test_recompute_old_logp_makes_the_first_ratio_one():
     assert fresh["ratio"] == pytest.approx(1.0, abs=1e-6) and fresh["clip_frac"] == 0.0
 
 
+@pytest.mark.parametrize("micro", [0, 3])
+def test_one_optimizer_step_takes_its_old_logprobs_from_the_loss_forward(micro, monkeypatch):
+    """With train.epochs 1 and one minibatch, the recomputed old log-probs are those of the
+    loss's own forward (nothing moved the weights before it): no extra pass over the rows,
+    and the update equals one made with the recomputed log-probs given as the batch's old
+    ones (float tolerance: the two forwards batch the rows differently)."""
+    from dataclasses import replace
+
+    batch, adv = ragged_batch()
+    # AdamW's first step is lr g / (|g| + eps): with eps >> |g| it is linear in the gradient
+    # (else it is lr sign(g), which rounding can flip where g is ~0)
+    cfg = dict(train__epochs=1, train__microbatch_size=micro, optim__eps=10.0, optim__lr=10.0)
+    given = Learner(th.tiny_qwen(11), make_cfg(**cfg))
+    recomputed = given._per_row(batch, "policy")
+    given.update(replace(batch, old_logp=recomputed), adv)
+    learner = Learner(th.tiny_qwen(11), make_cfg(algorithm__recompute_old_logp=True, **cfg))
+    passes = []
+    real = Learner._per_row
+    monkeypatch.setattr(Learner, "_per_row",
+                        lambda self, b, what: passes.append(what) or real(self, b, what))
+    out = learner.update(batch, adv)
+    assert "policy" not in passes
+    assert out["ratio"] == 1.0 and out["approx_kl"] == 0.0 and out["clip_frac"] == 0.0
+    for (name, p), q in zip(learner.model.named_parameters(), given.model.parameters()):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5, msg=name)
+    many = Learner(th.tiny_qwen(11), make_cfg(algorithm__recompute_old_logp=True,
+                                                train__epochs=2))
+    many.update(batch, adv)
+    assert "policy" in passes  # two optimizer steps: the old log-probs are a pass of their own
+
+
 def shared_prompt_batch(seed=0, prompts=3, samples=4, start=0):
     """GRPO-shaped: each prompt (``start`` common tokens, then 1-3 of its own) sampled
     ``samples`` times, actions 1-4 tokens."""

@@ -225,7 +225,8 @@ class AlgorithmConfig:
         "returns", "value regression target: the row's final return, or A + V (GAE returns)")
     value_hidden: int = opt(64, "hidden width of the value MLP", ge=1)
     recompute_old_logp: bool = opt(
-        False, "recompute old log-probs with the current model before the update")
+        False, "recompute old log-probs with the current model before the update (with "
+        "train.epochs 1 and one minibatch, the loss's own forward gives them)")
     archer: ArcherConfig = opt(ArcherConfig(), "ArCHer's utterance critic: twin Q/V heads, "
                                "target copies, replay (used with estimator archer_targets)")
 

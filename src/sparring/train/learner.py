@@ -269,16 +269,19 @@ class Learner:
 
     # ------------------------------------------------------------ the update
 
-    def _micro_loss(self, batch: TurnBatch, rows: Tensor, adv: Tensor, old: Tensor,
+    def _micro_loss(self, batch: TurnBatch, rows: Tensor, adv: Tensor, old: Tensor | None,
                     ref: Tensor | None, mask: Tensor, counts: dict[str, Any],
                     stats: dict[str, float]) -> Tensor:
+        """The loss of ``rows``; ``old`` None: the old log-probs are this forward's own,
+        detached (`update`: recomputed ones before the batch's only optimizer step)."""
         a = self.cfg.algorithm
         ids, att, L = self._micro_slices(batch, rows)
         m = mask[rows, :L]
         logp, ent, values = self._forward(ids, att, with_values=self.critic is not None,
                                           allowed=self._allowed(batch, rows),
                                           amask=batch.action_mask[rows, :L])
-        old_r, adv_r = old[rows, :L], adv[rows, :L]
+        old_r = logp.detach() if old is None else old[rows, :L]
+        adv_r = adv[rows, :L]
         ref_r = None if ref is None else ref[rows, :L]
         row_opts = {k: getattr(batch, f)[rows] for k, f in _ROW_OPTIONS.items()
                     if k in self.objective.needs}
@@ -429,12 +432,17 @@ class Learner:
         cfg, a = self.cfg, self.cfg.algorithm
         use_adapter(self.model, self.adapter)
         mask = batch.action_mask & keep[:, None]
-        old = self._per_row(batch, "policy") if a.recompute_old_logp else batch.old_logp
+        norm = a.aggregation_norm if a.aggregation_norm is not None else float(T)
+        mb = cfg.train.minibatch_size or max(n, 1)  # no rows: no optimizer step
+        # recomputed old log-probs: with one optimizer step over the whole batch they are
+        # the log-probs of the loss's own forward (no weight moves before it), so that
+        # forward supplies them (None) instead of a second pass over every row
+        one_step = cfg.train.epochs == 1 and mb >= n
+        old = (batch.old_logp if not a.recompute_old_logp else None if one_step
+               else self._per_row(batch, "policy"))
         ref = None
         if self.needs_ref:
             ref = batch.ref_logp if batch.ref_logp is not None else self.ref_logprobs(batch)
-        norm = a.aggregation_norm if a.aggregation_norm is not None else float(T)
-        mb = cfg.train.minibatch_size or max(n, 1)  # no rows: no optimizer step
         stats: dict[str, float] = defaultdict(float)
         grad_norms: list[float] = []
         steps = skips = 0
