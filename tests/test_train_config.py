@@ -260,7 +260,7 @@ def test_resume_overrides_that_change_the_model_are_refused():
     check_resume_overrides(saved, from_dict(ENV, ["train.steps=500", "optim.lr=1e-3",
                                                   "model.device=cpu", "eval.games=10"]))
     for args, key in ((["model.options.hidden_size=32"], "model.options.hidden_size"),
-                      (["model.name=/elsewhere"], "model.name"),
+                      (["model.name=smollm2"], "model.name"),
                       (["lora.enabled=true"], "lora.enabled"),
                       (["lora.r=4"], "lora.r"),
                       (["algorithm.value_hidden=8"], "algorithm.value_hidden"),
