@@ -70,6 +70,9 @@ def run(tmp_path_factory):
      "envs.0.options: tictactoe option 'canonical' takes a bool, got 'false'"),
     (["envs.0.options.compact=abc"],
      "envs.0.options: tictactoe option 'compact' takes a bool, got 'abc'"),
+    # issue 32: trained, then failed at the first evaluation (the tree is too large)
+    (["envs.0.name=connect_four", "envs.0.options={}", "eval.opponents=[minimax]"],
+     "eval.opponents: minimax cannot play envs.0 (connect_four): exact minimax gave up"),
     (["model.name=/nonexistent"], "model.name: '/nonexistent' does not exist; give a "
      "Hugging Face model folder"),  # issue 32: it was the hub's repo-id message
     (["algorithm.estimator_options={whiten: 1}"],

@@ -467,6 +467,7 @@ def validate(cfg: Config) -> Config:
     _model_check(cfg.model)
     _run_dir_check(cfg.train.run_dir)
     _opponents_check(cfg)
+    _minimax_check(cfg)
     _distributed_check(cfg.distributed)
     _policies_check(cfg)
     return cfg
@@ -777,6 +778,29 @@ def _opponents_check(cfg: Config) -> None:
                 + (" (and rollout.pool_every is 0: it never takes one)"
                    if not cfg.rollout.pool_every else "")
                 + "; add a bot to rollout.pool_bots")
+
+
+def _minimax_check(cfg: Config) -> None:
+    """Each game played against ``minimax`` (an opponent, a pool bot or an evaluation
+    opponent) can be solved exactly: a game minimax cannot play (three seats, no
+    ``clone``) or whose tree is too large (Connect Four) is refused here, not at the
+    first evaluation hours later."""
+    from sparring.envs import make
+    from sparring.envs.bots.minimax import forget, minimax_value
+    for i, spec in enumerate(cfg.envs):
+        pool = cfg.rollout.pool_bots if "pool" in spec.opponents else []
+        keys = [k for k, names in (("eval.opponents", cfg.eval.opponents),
+                                   (f"envs.{i}.opponents", spec.opponents),
+                                   ("rollout.pool_bots", pool)) if "minimax" in names]
+        env = make(spec.name, **spec.options) if keys else None
+        if env is None or (keys == ["eval.opponents"] and env.num_seats < 2):
+            continue  # (the evaluation plays bots in games only)
+        try:
+            minimax_value(env)
+        except (TypeError, ValueError) as e:
+            forget(env)
+            raise ConfigError(f"{keys[0]}: minimax cannot play envs.{i} ({spec.name}): {e}") \
+                from None
 
 
 def config_warnings(cfg: Config) -> list[str]:

@@ -50,6 +50,11 @@ def minimax_value(env: Any) -> float:
     return v
 
 
+def forget(env: Any) -> None:
+    """Drop the values solved for ``env``'s game (after a game too large to solve)."""
+    _CACHE.pop(getattr(env, "name", None), None)
+
+
 def optimal_children(env: Any) -> list[tuple[str, float, Any]]:
     """(action, reward of seat 0, child) of each optimal action of the seat to move: those
     whose ``r_0 + V(child)`` is the mover's best (max for seat 0, min for seat 1)."""
