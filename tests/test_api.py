@@ -78,3 +78,22 @@ def test_trainer_errors(tmp_path):
         Trainer("kuhn_selfplay", callbacks=[object()])
     with pytest.raises(RuntimeError, match="call fit"):
         _ = Trainer("kuhn_selfplay").policy
+
+
+def test_an_api_run_logs_what_the_cli_run_logs(tmp_path, one_torch_thread):
+    """Issue 31: `Trainer.fit` wrapped the rollouts in a closure, so the loop found no
+    `league_metrics` (nor the Ray workers' `correct`) and an API run logged no `league/*`
+    keys. The same config from Python and from the command line: the same rows."""
+    from sparring.train.metrics import read_metrics
+
+    league = ["envs.0.opponents=[self, pool]", "rollout.pool_bots=[random]",
+              "rollout.pool_every=1", "train.steps=3", "eval.every=3"]
+    cli_run, api_run = tmp_path / "cli", tmp_path / "api"
+    assert main(["train", "kuhn_selfplay", *FAST, *league, f"train.run_dir={cli_run}"]) == 0
+    Trainer("kuhn_selfplay", overrides=[*FAST, *league, f"train.run_dir={api_run}"]).fit()
+
+    def rows(run):
+        return [{k: v for k, v in r.items() if not k.startswith(("time/", "throughput/"))}
+                for r in read_metrics(run)]
+    assert any(k.startswith("league/") for k in rows(cli_run)[-1])
+    assert rows(api_run) == rows(cli_run)

@@ -16,49 +16,34 @@ with ``on_step`` and/or ``on_eval`` methods can be passed as ``callbacks=[...]``
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from sparring.train.config import Config
+from sparring.train.loop import StopTraining
 
 Callback = Callable[[int, dict[str, Any]], Any]
 EVAL_PREFIX = "eval/"
 
 
-class StopTraining(Exception):  # noqa: N818 - a signal, not an error
-    """Raise from a callback to end `Trainer.fit` after the step that just finished."""
-
-
 class _Callbacks:
-    """Reads the rows ``metrics.jsonl`` gained since the last call (from where the last call
-    stopped) and fires the callbacks."""
+    """The loop's ``on_row`` (`sparring.train.loop.train`): fires ``on_eval`` with a row's
+    evaluation and ``on_step`` with a training step's row (``step`` included, as in
+    ``metrics.jsonl``)."""
 
-    def __init__(self, path: Path, on_step: list[Callback], on_eval: list[Callback]):
-        self.path, self.on_step, self.on_eval = path, on_step, on_eval
-        self.offset = 0  # bytes of the file already read
+    def __init__(self, on_step: list[Callback], on_eval: list[Callback]):
+        self.on_step, self.on_eval = on_step, on_eval
 
-    def poll(self) -> None:
-        if not self.path.exists():
-            return
-        with open(self.path, "rb") as f:
-            f.seek(self.offset)
-            data = f.read()
-        data = data[:data.rfind(b"\n") + 1]  # whole lines only
-        self.offset += len(data)
-        for line in data.splitlines():
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            step = int(row.get("step", 0))
-            evals = {k[len(EVAL_PREFIX):]: v for k, v in row.items() if k.startswith(EVAL_PREFIX)}
-            if evals:
-                for cb in self.on_eval:
-                    cb(step, evals)
-            if step > 0:
-                for cb in self.on_step:
-                    cb(step, dict(row))
+    def __call__(self, step: int, metrics: dict[str, Any]) -> None:
+        row = {"step": step, **metrics}
+        evals = {k[len(EVAL_PREFIX):]: v for k, v in metrics.items() if k.startswith(EVAL_PREFIX)}
+        if evals:
+            for cb in self.on_eval:
+                cb(step, evals)
+        if step > 0:
+            for cb in self.on_step:
+                cb(step, dict(row))
 
 
 def _as_list(cb: Callback | Sequence[Callback] | None) -> list[Callback]:
@@ -120,7 +105,7 @@ class Trainer:
     def fit(self) -> list[dict[str, Any]]:
         """Train; returns the metrics rows (also in ``self.metrics``)."""
         from sparring.train.loop import train
-        from sparring.train.metrics import METRICS_FILE, read_metrics
+        from sparring.train.metrics import read_metrics
         from sparring.train.setup import build
 
         if self.parts is not None:
@@ -128,18 +113,9 @@ class Trainer:
                                "`sparring train --resume RUN_DIR` to continue)")
         cfg = self.config
         self.parts = parts = build(cfg, self.run_dir)
-        calls = _Callbacks(self.run_dir / METRICS_FILE, self._on_step, self._on_eval)
-
-        def rollout_fn(i: int) -> Any:
-            calls.poll()  # step i's row is written: its callbacks run before step i + 1
-            return parts.rollout_fn(i)
-
-        try:
-            train(cfg, parts.model, rollout_fn, parts.eval_fn, parts.stateful,
-                  run_dir=self.run_dir, pad_id=parts.pad_id)
-            calls.poll()
-        except StopTraining:
-            pass
+        train(cfg, parts.model, parts.rollout_fn, parts.eval_fn, parts.stateful,
+              run_dir=self.run_dir, pad_id=parts.pad_id,
+              on_row=_Callbacks(self._on_step, self._on_eval))
         self.metrics = read_metrics(self.run_dir)
         return self.metrics
 

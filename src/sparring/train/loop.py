@@ -90,6 +90,11 @@ PENDING_ROW = "unlogged_row"  # crash checkpoint meta: the row of a step whose e
 RolloutFn = Callable[[int], Sequence[Episode]]
 # (step, learner or {policy name: learner}) -> metrics
 EvalFn = Callable[[int, Learner | Mapping[str, Learner]], Mapping[str, Any]]
+OnRow = Callable[[int, dict[str, Any]], Any]  # a logged row (step, metrics): `train`
+
+
+class StopTraining(Exception):  # noqa: N818 - a signal, not an error
+    """Raised by an ``on_row`` callback: end the run after the step whose row it got."""
 CONFIG_FILE = "config.yaml"
 
 
@@ -152,8 +157,12 @@ def _load_reference(run: Path, name: str, sha256: str | None) -> dict[str, Tenso
 
 def train(cfg: Config, model: Models, rollout_fn: RolloutFn, eval_fn: EvalFn | None = None,
           stateful: Mapping[str, Any] | None = None, *, run_dir: str | Path | None = None,
-          pad_id: int = 0, resume: bool = False) -> Path:
+          pad_id: int = 0, resume: bool = False, on_row: OnRow | None = None) -> Path:
     """Train ``model`` on ``rollout_fn``'s episodes; returns the run folder.
+
+    ``on_row(step, metrics)``: called with every row once it is logged and its checkpoints
+    written (step 0: the evaluation before training); raising `StopTraining` in it ends the
+    run there, with a checkpoint of that step (not a crash checkpoint).
 
     ``model``: the model, or with several ``policies`` ``{name: model}`` (with
     ``lora.shared_base``: the one base model; `sparring.train.policies.policy_models`).
@@ -167,11 +176,12 @@ def train(cfg: Config, model: Models, rollout_fn: RolloutFn, eval_fn: EvalFn | N
     run = Path(run_dir) if run_dir is not None else _run_dir(cfg)
     run.mkdir(parents=True, exist_ok=True)
     with sigterm_as_interrupt(), RunLock(run):
-        return _train(cfg, model, rollout_fn, eval_fn, stateful, run, pad_id, resume)
+        return _train(cfg, model, rollout_fn, eval_fn, stateful, run, pad_id, resume, on_row)
 
 
 def _train(cfg: Config, model: Models, rollout_fn: RolloutFn, eval_fn: EvalFn | None,
-           stateful: Mapping[str, Any] | None, run: Path, pad_id: int, resume: bool) -> Path:
+           stateful: Mapping[str, Any] | None, run: Path, pad_id: int, resume: bool,
+           on_row: OnRow | None = None) -> Path:
     """`train`, with the run folder's lock held."""
     tidy_checkpoints(run)
     if not resume:
@@ -237,6 +247,15 @@ def _train(cfg: Config, model: Models, rollout_fn: RolloutFn, eval_fn: EvalFn | 
                         stateful=stateful, meta={**ref_sha256, **(meta or {})},
                         keep=cfg.checkpoint.keep, protect=best and best.step)
 
+    def stopped(step: int, row: dict[str, Any]) -> bool:
+        """``on_row(step, row)``; True when it raised `StopTraining`."""
+        try:
+            if on_row is not None:
+                on_row(step, row)
+        except StopTraining:
+            return True
+        return False
+
     def finish_step(step: int, metrics: dict[str, Any]) -> None:
         """The end of a trained step: its evaluation, its row, the best and periodic
         checkpoints."""
@@ -259,12 +278,16 @@ def _train(cfg: Config, model: Models, rollout_fn: RolloutFn, eval_fn: EvalFn | 
     pending: dict[str, Any] | None = None  # the row of a trained step not yet logged
     try:
         if pending_row is not None:  # the crash checkpoint of a step whose end failed
-            finish_step(start, dict(pending_row))
+            finish_step(start, row := dict(pending_row))
+            if stopped(start, row):
+                return run
         if start == 0 and eval_fn is not None and cfg.eval.at_start:
             at_start = {f"eval/{k}": v for k, v in eval_fn(0, learners).items()}
             if best is not None:
                 best.check_logged(at_start, evaluated=True)
             logger.log(0, at_start)
+            if stopped(0, at_start):
+                return run
         for i in range(start, total):
             # the rollout moves the RNGs and the user's objects on, not the policies' state
             boundary = {k: v if k in own else Snapshot(v) for k, v in objects.items()}
@@ -307,6 +330,10 @@ def _train(cfg: Config, model: Models, rollout_fn: RolloutFn, eval_fn: EvalFn | 
             boundary = {k: v if k in own else Snapshot(v) for k, v in objects.items()}
             finish_step(i + 1, metrics)
             boundary, pending = objects, None
+            if stopped(i + 1, metrics):
+                if i + 1 not in [s for s, _ in step_dirs(run)]:
+                    checkpoint(i + 1)
+                break
     except BaseException as e:
         saved = [s for s, _ in step_dirs(run)]
         if done in saved or done == 0:
@@ -390,7 +417,7 @@ def check_steps_left(run_dir: str | Path, steps: int) -> None:
 
 def resume(run_dir: str | Path, model: Models, rollout_fn: RolloutFn,
            eval_fn: EvalFn | None = None, stateful: Mapping[str, Any] | None = None, *,
-           overrides: Sequence[str] = (), pad_id: int = 0) -> Path:
+           overrides: Sequence[str] = (), pad_id: int = 0, on_row: OnRow | None = None) -> Path:
     """Continue the run in ``run_dir`` from its newest intact checkpoint (its saved config +
     ``overrides``, e.g. ``train.steps=200`` to extend it)."""
     run = Path(run_dir)
@@ -402,4 +429,5 @@ def resume(run_dir: str | Path, model: Models, rollout_fn: RolloutFn,
     with sigterm_as_interrupt(), RunLock(run):
         cfg = load_config(run / CONFIG_FILE, list(overrides))
         check_steps_left(run, cfg.train.steps)
-        return _train(cfg, model, rollout_fn, eval_fn, stateful, run, pad_id, resume=True)
+        return _train(cfg, model, rollout_fn, eval_fn, stateful, run, pad_id, resume=True,
+                      on_row=on_row)
