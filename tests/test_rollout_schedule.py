@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sparring.rollout.schedule import episode_counts
+from sparring.rollout.plan import episode_counts
 from sparring.rollout.seating import learner_seat, rotating
 from sparring.train.config import ConfigError, load_config
 from sparring.train.setup import build

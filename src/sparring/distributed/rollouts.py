@@ -50,7 +50,8 @@ from sparring.distributed.correction import importance_weights
 from sparring.distributed.split import split_groups
 from sparring.distributed.weights import CollectiveSync, ObjectStoreSync, weights_to_send
 from sparring.distributed.worker import RolloutWorker
-from sparring.rollout.schedule import GroupTask, Rollouts, group_tasks
+from sparring.rollout.plan import GroupTask, group_tasks
+from sparring.rollout.schedule import Rollouts
 from sparring.train.config import Config
 
 log = logging.getLogger(__name__)

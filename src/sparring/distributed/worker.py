@@ -1,6 +1,6 @@
 """One rollout worker: what a Ray actor of `sparring.distributed.rollouts.RayRollouts` runs.
 
-A worker builds the run's parts as ``sparring train`` does (`sparring.train.setup.build`
+A worker builds the run's parts as ``sparring train`` does (`sparring.train.parts.build_parts`
 with no workers of its own): the model, its policy backend (HF, or the vLLM engine with
 ``model.backend=vllm``), the environments and the rollout schedule. It never trains; the
 driver sends it
@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from sparring.data import Episode
-from sparring.rollout.schedule import GroupTask
+from sparring.rollout.plan import GroupTask
 from sparring.train.config import Config, DistributedConfig
 
 
@@ -37,7 +37,7 @@ class RolloutWorker:
     def __init__(self, cfg: Config, run_dir: str, rank: int):
         from sparring.plugins import import_plugins
         from sparring.train.lora import apply_lora
-        from sparring.train.setup import build
+        from sparring.train.parts import build_parts
 
         import_plugins(cfg.plugins)  # the envs, estimators ... they register
         model = cfg.model
@@ -48,7 +48,7 @@ class RolloutWorker:
             model = dataclasses.replace(model, device="cuda")
         self.rank = rank
         local = dataclasses.replace(cfg, model=model, distributed=DistributedConfig())
-        self.parts = build(local, Path(run_dir))
+        self.parts = build_parts(local, Path(run_dir))
         self.model = self.parts.model
         if cfg.lora.enabled:  # adapters injected in place, as the driver's: the same keys
             apply_lora(self.model, cfg.lora)

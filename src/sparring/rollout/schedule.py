@@ -41,7 +41,7 @@ import re
 import shutil
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,6 +57,7 @@ from sparring.policy.hf import HFPolicy
 from sparring.policy.sampling import SamplingParams
 from sparring.rollout.arena import Arena
 from sparring.rollout.opponents import OpponentPool
+from sparring.rollout.plan import GroupTask, group_tasks
 from sparring.rollout.players import BotPlayer, ModelPlayer
 from sparring.rollout.prompts import PromptConfig
 from sparring.rollout.seating import learner_seat, rotating
@@ -97,41 +98,6 @@ def check_opponents(spec: EnvSpec) -> None:
         if o not in SPECIAL_OPPONENTS and o not in BOTS:
             raise ValueError(f"envs[{spec.name}].opponents: unknown {o!r}; allowed: "
                              f"{', '.join(SPECIAL_OPPONENTS + tuple(BOTS.names()))}")
-
-
-def episode_counts(cfg: Config) -> list[int]:
-    """Episodes per env spec this step: ``weight``-proportional, multiples of group_size."""
-    total_w = sum(s.weight for s in cfg.envs) or 1.0
-    out = []
-    for s in cfg.envs:
-        n = cfg.rollout.episodes_per_step * s.weight / total_w
-        out.append(max(s.group_size, int(round(n / s.group_size)) * s.group_size))
-    return out
-
-
-@dataclass(frozen=True)
-class GroupTask:
-    """One group of a step: env spec ``spec`` (index in ``cfg.envs``), opponent kind ``kind``
-    (index in its ``opponents``), the group's index ``index`` among that kind's groups, and
-    its id ``group`` in the step (``Episode.group``)."""
-
-    spec: int
-    kind: int
-    index: int
-    group: int
-
-
-def group_tasks(cfg: Config) -> list[GroupTask]:
-    """The groups of every step, in order: per env spec, its opponent kinds in turn, each
-    kind ``n_groups // len(kinds)`` groups (the first ``n_groups % len(kinds)`` one more)."""
-    tasks: list[GroupTask] = []
-    for i, (spec, n) in enumerate(zip(cfg.envs, episode_counts(cfg))):
-        kinds = spec.opponents or ["self"]
-        n_groups = n // spec.group_size
-        for k in range(len(kinds)):
-            g = n_groups // len(kinds) + (1 if k < n_groups % len(kinds) else 0)
-            tasks += [GroupTask(i, k, j, len(tasks) + j) for j in range(g)]
-    return tasks
 
 
 def rollout_sampling(r: RolloutConfig, *, greedy: bool = False) -> SamplingParams:

@@ -808,7 +808,7 @@ def config_warnings(cfg: Config) -> list[str]:
     train``): episode counts rounded to whole groups, opponents left without episodes,
     a group-relative estimator with one episode per group."""
     from sparring.advantages import ESTIMATORS
-    from sparring.rollout.schedule import episode_counts
+    from sparring.rollout.plan import episode_counts
 
     out = []
     counts = episode_counts(cfg)
