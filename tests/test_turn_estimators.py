@@ -348,5 +348,12 @@ def test_archer_targets_min_of_twins():
 def test_unknown_scope_is_named():
     with pytest.raises(ValueError, match="scope"):
         estimate("turn_rtg", batch(), scope="team")
-    assert math.isfinite(sum(per_row(estimate("turn_rtg", batch(), scope="batch_agent"),
-                                     batch())))
+
+
+@pytest.mark.parametrize("scope,key", [("batch_agent", lambda r: r["a"]),
+                                       ("batch", lambda r: 0), ("group", lambda r: r["g"])])
+def test_turn_rtg_scopes_match_the_reference(scope, key):
+    """Each scope's statistics over its own rows (issue 31: this checked only finiteness)."""
+    b, rs = batch(), rows()
+    got = per_row(estimate("turn_rtg", b, scope=scope), b)
+    assert got == pytest.approx(group_norm(rs, own_rtg(rs), key), abs=1e-5)
