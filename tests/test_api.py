@@ -33,7 +33,7 @@ def test_config_load_finds_recipes_like_the_cli(tmp_path, monkeypatch, capsys):
         Config.load("nope")
 
 
-def test_fit_returns_metrics_and_calls_back(tmp_path, one_torch_thread):
+def test_fit_returns_metrics_and_calls_back(tmp_path):
     run = tmp_path / "run"
     cfg = Config.load("kuhn_selfplay", [*FAST, "train.steps=2", "eval.every=2",
                                         f"train.run_dir={run}"])
@@ -56,7 +56,7 @@ def test_fit_returns_metrics_and_calls_back(tmp_path, one_torch_thread):
     assert trainer.run_dir == run and trainer.policy.model is trainer.model
 
 
-def test_stop_training_from_a_callback_leaves_a_resumable_checkpoint(tmp_path, one_torch_thread):
+def test_stop_training_from_a_callback_leaves_a_resumable_checkpoint(tmp_path):
     run = tmp_path / "run"
 
     def stop_after_one(step, metrics):
@@ -80,7 +80,7 @@ def test_trainer_errors(tmp_path):
         _ = Trainer("kuhn_selfplay").policy
 
 
-def test_an_api_run_logs_what_the_cli_run_logs(tmp_path, one_torch_thread):
+def test_an_api_run_logs_what_the_cli_run_logs(tmp_path):
     """Issue 31: `Trainer.fit` wrapped the rollouts in a closure, so the loop found no
     `league_metrics` (nor the Ray workers' `correct`) and an API run logged no `league/*`
     keys. The same config from Python and from the command line: the same rows."""

@@ -18,8 +18,6 @@ from sparring.train.loop import resume, train
 from sparring.train.metrics import read_metrics
 from tests import train_helpers as th
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 def cfg_of(**archer):
     return from_dict({"algorithm": {"estimator": "archer_targets", "objective": "ppo_clip",

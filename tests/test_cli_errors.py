@@ -17,8 +17,6 @@ from sparring.cli import main
 from sparring.train.checkpoint import step_dirs, verify_checkpoint
 from sparring.train.config import ConfigError
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 TINY = ["model.options={hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_heads: 2, "
         "intermediate_size: 64}", "rollout.episodes_per_step=8", "envs.0.group_size=4",
         "train.epochs=1", "eval.games=2", "eval.at_start=false", "logging.progress=false"]

@@ -37,8 +37,6 @@ HAS_RAY = importlib.util.find_spec("ray") is not None
 needs_ray = pytest.mark.skipif(not HAS_RAY, reason="needs the ray extra (pip install "
                                "'sparring[ray]')")
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
 
 def _cfg(extra=(), steps=STEPS):
     return load_config(CONFIGS / "default.yaml", [*SMALL, f"train.steps={steps}", *extra])
@@ -205,12 +203,7 @@ def _train(cfg, run, *, setup=None):
 
 @pytest.fixture(scope="module")
 def single_process(tmp_path_factory):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the workers (one CPU, one thread each)
-    try:
-        yield _train(_cfg(), tmp_path_factory.mktemp("single"))
-    finally:
-        torch.set_num_threads(threads)
+    return _train(_cfg(), tmp_path_factory.mktemp("single"))  # one thread, as the workers
 
 
 @pytest.fixture(scope="module")
@@ -274,12 +267,7 @@ def test_pfsp_with_workers_is_the_single_process_run(local_ray, tmp_path):
     episodes and sends the pool (scores included) with each share, so two workers draw the
     league as one process does: the same metrics and the same scores at the end."""
     pfsp = ["rollout.pool_mode=pfsp", "rollout.pool_score_rate=0.7"]
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        alone = _train(_cfg(pfsp), tmp_path / "alone")
-    finally:
-        torch.set_num_threads(threads)
+    alone = _train(_cfg(pfsp), tmp_path / "alone")  # one thread, as the workers
     rows = _train(_cfg([*pfsp, "distributed.rollout_workers=2"]), tmp_path / "workers")
     _assert_same_metrics(alone, rows)
     scores = [json.loads((run / "checkpoints" / "step_000003" / "state.json").read_text())

@@ -69,8 +69,7 @@ def test_list_shows_aliases(capsys):
     assert "minimax" in out and "cfr" in out
 
 
-def test_config_with_an_alias_validates_trains_and_evaluates(tmp_path, capsys,
-                                                             one_torch_thread):
+def test_config_with_an_alias_validates_trains_and_evaluates(tmp_path, capsys):
     from sparring.play import play
     from sparring.train.loop import train
     from sparring.train.restore import load_policy

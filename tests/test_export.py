@@ -54,7 +54,7 @@ def _check_folder(out, base_model, trained_model, trained_tok):
     return info
 
 
-def test_export_full_weights_through_the_cli(tmp_path, one_torch_thread):
+def test_export_full_weights_through_the_cli(tmp_path):
     run = tmp_path / "run"
     trainer = Trainer("default", overrides=[*FAST, "optim.lr=0.01", f"train.run_dir={run}"])
     trainer.fit()
@@ -67,7 +67,7 @@ def test_export_full_weights_through_the_cli(tmp_path, one_torch_thread):
     assert main(["export", str(run), str(out), "--overwrite"]) == 0
 
 
-def test_export_merges_lora(tmp_path, one_torch_thread):
+def test_export_merges_lora(tmp_path):
     pytest.importorskip("peft", reason="needs the 'lora' extra: pip install 'sparring[lora]'")
     from sparring.train.lora import is_peft
     from sparring.train.restore import load_policy

@@ -42,7 +42,7 @@ def test_tensorboard_events_read_back(tmp_path):
                    "eval/x/win": [(1, 0.5)]}  # values exact in float32
 
 
-def test_tensorboard_from_a_training_run(tmp_path, one_torch_thread):
+def test_tensorboard_from_a_training_run(tmp_path):
     pytest.importorskip("tensorboard", reason="needs the 'tensorboard' extra: "
                         "pip install 'sparring[tensorboard]'")
     from sparring import Trainer

@@ -92,7 +92,7 @@ NAMES = {"envs": ["plugin_say_a"], "estimators": ["plugin_centered"],
 
 
 @pytest.fixture
-def plugin(tmp_path, monkeypatch, one_torch_thread):
+def plugin(tmp_path, monkeypatch):
     """The plugin written outside the package, its folder on sys.path; afterwards its
     registry entries, module and file record are removed again."""
     from sparring import plugins

@@ -22,7 +22,6 @@ from sparring.train.loop import resume, train
 from sparring.train.metrics import read_metrics
 from sparring.train.setup import build
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
 CONFIGS = Path(__file__).parents[1] / "configs"
 TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 2,
         "intermediate_size": 64}

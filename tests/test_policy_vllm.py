@@ -124,8 +124,7 @@ class _StandInEngine:
         return self.hf.generate(prompts, sampling, allowed=allowed, seeds=seeds)
 
 
-def test_vllm_backend_wiring_syncs_the_learner_before_every_rollout(tmp_path, monkeypatch,
-                                                                     one_torch_thread):
+def test_vllm_backend_wiring_syncs_the_learner_before_every_rollout(tmp_path, monkeypatch):
     from sparring.rollout.synced import EngineRollouts
     from sparring.train.config import load_config
     from sparring.train.loop import train

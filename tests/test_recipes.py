@@ -11,7 +11,6 @@ from sparring.train.setup import build
 
 CONFIGS = Path(__file__).parents[1] / "configs"
 RECIPES = sorted(p.stem for p in CONFIGS.glob("*.yaml") if p.stem != "reference")
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
 SMALL = ["model.name=tiny", "model.options={hidden_size: 32, num_layers: 1, num_heads: 2, "
          "num_kv_heads: 2, intermediate_size: 64}", "rollout.episodes_per_step=8",
          "train.steps=2", "train.epochs=1", "eval.games=4", "eval.every=0",

@@ -90,13 +90,8 @@ def same_checkpoint(a: Path, b: Path) -> bool:
 def full(tmp_path_factory):
     """An uninterrupted run with a checkpoint after every step: the oracle."""
     th.register()  # (module fixtures come before the function-scoped train_doubles)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     run = tmp_path_factory.mktemp("full") / "run"
-    try:
-        job(run, over={"checkpoint": {"every": 1, "keep": STEPS}})
-    finally:
-        torch.set_num_threads(threads)
+    job(run, over={"checkpoint": {"every": 1, "keep": STEPS}})
     assert [s for s, _ in step_dirs(run)] == list(range(1, STEPS + 1))
     return run
 

@@ -28,7 +28,6 @@ def folder_mib(path: Path) -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("one_torch_thread")  # two threads on a shared 2-core box crawl
 @pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="needs Linux /proc")
 def test_soak_rss_flat_and_disk_bounded(tmp_path):
     cfg = load_config(find_recipe("kuhn_selfplay"), [

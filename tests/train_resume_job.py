@@ -6,9 +6,9 @@ blocks inside the rollout of step index STEP (after the earlier steps were logge
 checkpointed) until it is killed.
 
 Every run of the job, in the test process or as a victim, trains on THREADS torch threads:
-runs are bit-exact only at the same thread count (docs/reliability.md), and pytest's
-module fixtures (the uninterrupted reference runs) start before function fixtures such
-as ``one_torch_thread``, so the job pins its own count rather than inherit the caller's.
+runs are bit-exact only at the same thread count (docs/reliability.md). The test process
+runs on one thread (tests/conftest.py); a victim subprocess does not read that file, so
+the job pins its own count rather than inherit its caller's.
 """
 
 from __future__ import annotations
