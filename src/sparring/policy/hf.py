@@ -38,6 +38,7 @@ from sparring.policy.sampling import (
     SamplingParams,
     TokenTrie,
     check_generate_args,
+    eos_ids,
     filter_logits,
 )
 
@@ -67,7 +68,7 @@ class HFPolicy:
         self.device = torch.device(device)
         self.name = name
         self.adapter = adapter
-        self.eos_ids = _eos_ids(model, tokenizer)
+        self.eos_ids = eos_ids(tokenizer, getattr(model, "generation_config", None))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self._tries = BoundedMemo(_CACHE_SIZE)  # action list -> TokenTrie
@@ -250,19 +251,6 @@ def _sample_rows(p: Tensor, gens: Sequence[torch.Generator]) -> Tensor:
     tok = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(-1)
     last = (p > 0).long().cumsum(-1).argmax(-1)  # the row's last token with p > 0
     return torch.minimum(tok, last)
-
-
-def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
-    """The tokenizer's EOS first, then any extra EOS ids of the generation config."""
-    ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    gc = getattr(model, "generation_config", None)
-    extra = getattr(gc, "eos_token_id", None) if gc is not None else None
-    for e in [extra] if isinstance(extra, int) else (extra or []):
-        if e not in ids:
-            ids.append(e)
-    if not ids:
-        raise ValueError("the tokenizer has no eos_token; set one before generating")
-    return ids
 
 
 def _hit_stop(tokenizer: Any, toks: list[int], stop: Sequence[str]) -> bool:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -65,6 +66,19 @@ class Generation:
     finish_reason: str
     entropies: list[float] | None = None
     allowed_ids: list[list[int]] | None = None
+
+
+def eos_ids(tokenizer: Any, generation_config: Any = None) -> list[int]:
+    """The ids that end a generation: the tokenizer's EOS first, then any extra EOS ids of
+    the model's generation config (every backend stops on the same ones)."""
+    ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    extra = getattr(generation_config, "eos_token_id", None)
+    for e in [extra] if isinstance(extra, int) else (extra or []):
+        if e not in ids:
+            ids.append(e)
+    if not ids:
+        raise ValueError("the tokenizer has no eos_token; set one before generating")
+    return ids
 
 
 def check_generate_args(prompts: Sequence[Sequence[int]],

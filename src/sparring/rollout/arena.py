@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import inspect
 import random
-import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,6 +62,7 @@ from sparring.envs.lookahead import tactical_actions
 from sparring.policy.sampling import Generation, SamplingParams
 from sparring.rollout.players import BotPlayer, ModelPlayer, Player, as_player
 from sparring.rollout.prompts import Exchange, PromptBuilder, PromptConfig, Rendered
+from sparring.seeding import stable_seed
 
 SeatPlayers = Any  # a player (every seat) or a list of players (one per seat)
 
@@ -131,8 +131,8 @@ class Arena:
                 sp = players_fn(len(slots)) if players_fn is not None else seat_players
                 slots.append(self._start(env, env_options or {}, int(seed), group_offset + j, sp))
                 if sample_seeds is not None:
-                    slots[-1].sample_seed = _mix(sample_seeds[j], m)
-                slots[-1].explore_seed = _mix("explore", sample_seeds[j] if sample_seeds
+                    slots[-1].sample_seed = stable_seed(sample_seeds[j], m)
+                slots[-1].explore_seed = stable_seed("explore", sample_seeds[j] if sample_seeds
                                               is not None else (int(seed), group_offset + j), m)
         self._builders.clear()
         active = [s for s in slots if not s.done]
@@ -157,7 +157,7 @@ class Arena:
                 allowed = [s.req["legal"] for s in group]
                 kw: dict[str, Any] = {}
                 if sample_seeds is not None and _takes_seeds(policy):
-                    kw["seeds"] = [_mix(s.sample_seed, len(s.ep.turns)) for s in group]
+                    kw["seeds"] = [stable_seed(s.sample_seed, len(s.ep.turns)) for s in group]
                 gens = policy.generate([s.req["rendered"].ids for s in group], sp,
                                        allowed=allowed if any(a is not None for a in allowed) else None,
                                        **kw)
@@ -173,7 +173,7 @@ class Arena:
         own_turns = sum(t.agent == seat for t in s.ep.turns)
         if player.explore_turns and own_turns >= player.explore_turns:
             return False
-        rng = random.Random(_mix(s.explore_seed, len(s.ep.turns)))
+        rng = random.Random(stable_seed(s.explore_seed, len(s.ep.turns)))
         if rng.random() >= player.explore:
             return False
         legal = s.env.legal_actions(seat)
@@ -271,11 +271,6 @@ class Arena:
         s.done = True
         s.ep.returns = list(s.totals)
         s.ep.info["env_returns"] = [float(x) for x in s.env.returns()]
-
-
-def _mix(*parts: Any) -> int:
-    """A 31-bit seed from ``parts``, the same in every process."""
-    return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
 
 
 _SEEDS: dict[type, bool] = {}

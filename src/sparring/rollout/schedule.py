@@ -39,7 +39,6 @@ import json
 import random
 import re
 import shutil
-import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from functools import partial
@@ -61,6 +60,7 @@ from sparring.rollout.plan import GroupTask, group_tasks
 from sparring.rollout.players import BotPlayer, ModelPlayer
 from sparring.rollout.prompts import PromptConfig
 from sparring.rollout.seating import learner_seat, rotating
+from sparring.seeding import stable_seed
 from sparring.train.atomic import atomic_write_text
 from sparring.train.checkpoint import (
     FORMAT,
@@ -115,11 +115,6 @@ def make_arena(r: RolloutConfig) -> Arena:
                             max_prompt_tokens=r.max_prompt_tokens, system_prompt=r.system_prompt),
         invalid=InvalidActionPolicy(r.invalid_action, r.invalid_penalty, r.max_retries),
         max_turns=r.max_turns, answer_format=r.answer_format)
-
-
-def stable_seed(*parts: Any) -> int:
-    """A seed from ``parts`` that is the same in every process (unlike ``hash`` of a str)."""
-    return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
 
 
 class Rollouts:
