@@ -42,7 +42,7 @@ class FakeCountTo3:
 
 def test_missing_extra_names_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "textarena", None)  # import textarena -> ImportError
-    with pytest.raises(ImportError, match=r"pip install sparring\[textarena\]"):
+    with pytest.raises(ImportError, match=r"the 'textarena' extra: pip install 'sparring\[textarena\]'"):
         make("textarena", env_id="TicTacToe-v0")
     with pytest.raises(ValueError, match="env_id"):
         TextArenaEnv()

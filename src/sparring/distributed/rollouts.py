@@ -50,23 +50,19 @@ from sparring.distributed.correction import importance_weights
 from sparring.distributed.split import split_groups
 from sparring.distributed.weights import CollectiveSync, ObjectStoreSync, weights_to_send
 from sparring.distributed.worker import RolloutWorker
+from sparring.extras import import_extra, install_hint
 from sparring.rollout.plan import GroupTask, group_tasks
 from sparring.rollout.schedule import Rollouts
 from sparring.train.config import Config
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = "pip install 'sparring[ray]'"
+INSTALL_HINT = install_hint("ray")
 
 
 def require_ray() -> Any:
     """The ``ray`` module, or an ImportError naming the install command."""
-    try:
-        import ray
-    except ImportError as e:
-        raise ImportError(f"distributed.rollout_workers needs Ray, the `ray` extra: "
-                          f"{INSTALL_HINT}") from e
-    return ray
+    return import_extra("ray", "ray", "distributed.rollout_workers")
 
 
 @dataclass

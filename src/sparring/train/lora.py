@@ -12,14 +12,12 @@ from collections.abc import Mapping
 
 from torch import Tensor, nn
 
+from sparring.extras import import_extra
 from sparring.train.config import LoraConfig
 
 
 def _peft_config(cfg: LoraConfig):
-    try:
-        from peft import LoraConfig as PeftLoraConfig
-    except ImportError as e:  # pragma: no cover - peft is a declared extra
-        raise ImportError("lora.enabled=true needs `peft`: pip install 'sparring[lora]'") from e
+    PeftLoraConfig = import_extra("peft", "lora", "lora.enabled=true").LoraConfig  # noqa: N806
     return PeftLoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
                           target_modules=list(cfg.target_modules), bias="none")
 

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sparring.extras import import_extra
 from sparring.train.atomic import atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -139,20 +140,13 @@ class MetricsLogger:
         self.path = self.run_dir / METRICS_FILE
         self.tb = self.wandb = self.bar = None
         if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError as e:
-                raise ImportError("logging.tensorboard=true needs the `tensorboard` package: "
-                                  "pip install 'sparring[tensorboard]'") from e
+            SummaryWriter = import_extra("torch.utils.tensorboard", "tensorboard",  # noqa: N806
+                                         "logging.tensorboard=true").SummaryWriter
             # a resumed run redoes the steps after its checkpoint: drop their old points
             self.tb = SummaryWriter(str(self.run_dir / "tensorboard"),
                                     purge_step=start_step or None)
         if wandb:
-            try:
-                import wandb as wb
-            except ImportError as e:
-                raise ImportError("logging.wandb=true needs the `wandb` package: "
-                                  "pip install 'sparring[wandb]'") from e
+            wb = import_extra("wandb", "wandb", "logging.wandb=true")
             # one W&B run per run folder, so a resumed run continues it
             run_id = hashlib.sha1(str(self.run_dir.resolve()).encode()).hexdigest()[:16]
             self.wandb = wb.init(project=wandb_project, dir=str(self.run_dir), config=config,

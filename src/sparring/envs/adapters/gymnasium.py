@@ -35,18 +35,12 @@ import numpy as np
 from sparring.envs import register_env
 from sparring.envs.base import ParseResult, StepResult
 from sparring.envs.parsing import parse_choice, parse_tagged
+from sparring.extras import import_extra
 from sparring.plugins import import_object, reference_module
-
-EXTRA_HINT = "pip install 'sparring[gymnasium]'"
 
 
 def import_gymnasium() -> Any:
-    try:
-        import gymnasium
-    except ImportError as e:
-        raise ImportError(f"the Gymnasium adapter needs the 'gymnasium' extra: {EXTRA_HINT} "
-                          f"({e})") from e
-    return gymnasium
+    return import_extra("gymnasium", "gymnasium", "the Gymnasium adapter")
 
 
 def action_codec(action_to_text: Any, text_to_action: Any, what: str

@@ -15,15 +15,11 @@ from typing import Any
 from sparring.envs import register_env
 from sparring.envs.base import ParseResult, StepResult
 from sparring.envs.parsing import parse_choice
+from sparring.extras import import_extra
 
 
 def _pyspiel():
-    try:
-        import pyspiel
-    except ImportError as e:
-        raise ImportError("the OpenSpiel adapter needs the 'openspiel' extra: "
-                          "pip install 'sparring[openspiel]' (package open_spiel)") from e
-    return pyspiel
+    return import_extra("pyspiel", "openspiel", "the OpenSpiel adapter")
 
 
 class OpenSpielEnv:

@@ -49,18 +49,12 @@ from sparring.envs.adapters.gymnasium import (
 )
 from sparring.envs.base import ParseResult, StepResult
 from sparring.envs.parsing import parse_choice
+from sparring.extras import import_extra
 from sparring.plugins import import_object, reference_module
-
-EXTRA_HINT = "pip install 'sparring[pettingzoo]'"
 
 
 def import_pettingzoo() -> Any:
-    try:
-        import pettingzoo
-    except ImportError as e:
-        raise ImportError(f"the PettingZoo adapter needs the 'pettingzoo' extra: {EXTRA_HINT} "
-                          f"({e})") from e
-    return pettingzoo
+    return import_extra("pettingzoo", "pettingzoo", "the PettingZoo adapter")
 
 
 def build_env(pz: Any, env: Any, env_kwargs: dict[str, Any] | None, parallel: bool) -> Any:

@@ -29,18 +29,13 @@ from typing import Any
 from sparring.envs import register_env
 from sparring.envs.base import ParseResult, StepResult
 from sparring.envs.parsing import parse_tagged
+from sparring.extras import import_extra
 
-EXTRA_HINT = "pip install sparring[textarena]"
 GAME_ID = -1
 
 
 def import_textarena() -> Any:
-    try:
-        import textarena
-    except ImportError as e:
-        raise ImportError(f"the TextArena adapter needs the 'textarena' extra: {EXTRA_HINT} "
-                          f"({e})") from e
-    return textarena
+    return import_extra("textarena", "textarena", "the TextArena adapter")
 
 
 def _kind(obs_type: Any) -> str:
