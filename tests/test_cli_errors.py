@@ -124,7 +124,7 @@ def test_eval_games_must_be_a_positive_count(games, run, capsys):
 
 @pytest.mark.parametrize("args, message", [
     (["--env", "nosuch"], "error: --env: unknown environment 'nosuch'"),
-    (["--vs", "nosuch"], "error: --vs: unknown 'nosuch'; allowed: "),
+    (["--vs", "nosuch"], "error: --vs.0: unknown opponent 'nosuch' (allowed: "),
 ])
 def test_eval_bad_arguments_are_one_line(args, message, run, capsys):
     rc, _, err = cli(capsys, "eval", str(run), *args)

@@ -261,7 +261,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from sparring.envs import env_entry, has_game_tree
-    from sparring.envs.bots import BOTS, make_bot
+    from sparring.envs.bots import BOTS, check_opponents, make_bot
     from sparring.eval.games import (
         evaluate_vs_bot,
         policy_conversion_vs_minimax,
@@ -274,10 +274,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from sparring.train.restore import check_policy_name, load_policies
 
     console = Console(width=200 if not sys.stdout.isatty() else None)  # no wrapping in pipes
-    unknown = [b for b in args.vs if b not in BOTS]
-    if unknown or not args.vs:
-        raise CommandError(f"--vs: unknown {', '.join(map(repr, unknown)) or 'empty list'}; "
-                           f"allowed: {', '.join(BOTS.names())}")
+    if not args.vs:
+        raise CommandError(f"--vs: name at least one bot ({', '.join(BOTS.names())})")
+    check_opponents("--vs", args.vs)
     try:
         envs = [env_entry(e).name for e in args.env or []]
     except UnknownNameError as e:

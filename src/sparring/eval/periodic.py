@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from sparring.envs import env_entry, has_game_tree, make
-from sparring.envs.bots import BOTS, make_bot
+from sparring.envs.bots import check_opponents, make_bot
 from sparring.eval.games import (
     evaluate_together,
     evaluate_vs_bot,
@@ -79,10 +79,7 @@ def make_eval_fn(cfg: Config, arena: Arena, policy: HFPolicy | Mapping[str, HFPo
     """``eval_fn(step, learner=None)``: the metrics above; ``learner`` (the training loop's
     `Learner`, or ``{name: Learner}``) supplies the magnet."""
     e = cfg.eval
-    unknown = [o for o in e.opponents if o not in BOTS]
-    if unknown:
-        raise ValueError(f"eval.opponents: unknown {', '.join(map(repr, unknown))}; "
-                         f"allowed: {', '.join(BOTS.names())}")
+    check_opponents("eval.opponents", e.opponents)
     sampling = rollout_sampling(cfg.rollout, greedy=e.greedy)
     games = list(dict.fromkeys(env_entry(s.name).name for s in cfg.envs
                                if make(s.name, **s.options).num_seats >= 2))

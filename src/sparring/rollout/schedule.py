@@ -49,7 +49,7 @@ from safetensors import SafetensorError
 
 from sparring.data import Episode
 from sparring.envs import env_entry, make
-from sparring.envs.bots import BOTS, make_bot
+from sparring.envs.bots import BOTS, check_opponents, make_bot
 from sparring.envs.invalid import InvalidActionPolicy
 from sparring.envs.wrappers import RandomOpening, SymmetricViews
 from sparring.policy.hf import HFPolicy
@@ -90,14 +90,6 @@ def training_env(name: str, spec: EnvSpec, **options: Any) -> Env:
     if spec.opening_moves:
         env = RandomOpening(env, spec.opening_moves)
     return env
-
-
-def check_opponents(spec: EnvSpec) -> None:
-    """Raise ValueError naming an opponent of ``spec`` that is neither special nor a bot."""
-    for o in spec.opponents or ["self"]:
-        if o not in SPECIAL_OPPONENTS and o not in BOTS:
-            raise ValueError(f"envs[{spec.name}].opponents: unknown {o!r}; allowed: "
-                             f"{', '.join(SPECIAL_OPPONENTS + tuple(BOTS.names()))}")
 
 
 def rollout_sampling(r: RolloutConfig, *, greedy: bool = False) -> SamplingParams:
@@ -169,16 +161,13 @@ class Rollouts:
                                       score_rate=r.pool_score_rate)
                       for n in (self.policies or [""])}
         self.pool = next(iter(self.pools.values()))
-        unknown = [name for name in r.pool_bots if name not in BOTS]
-        if unknown:
-            raise ValueError(f"rollout.pool_bots: unknown {', '.join(map(repr, unknown))}; "
-                             f"allowed: {', '.join(BOTS.names())}")
+        check_opponents("rollout.pool_bots", r.pool_bots)
         self.pool_bots = {name: make_bot(name, cfg.train.seed) for name in r.pool_bots}
         for name, bot in self.pool_bots.items():
             for pool in self.pools.values():
                 pool.add_bot(BotPlayer(bot, name=name))
         for spec in cfg.envs:
-            check_opponents(spec)
+            check_opponents(f"envs[{spec.name}].opponents", spec.opponents, SPECIAL_OPPONENTS)
         self.bots = {name: make_bot(name, cfg.train.seed) for s in cfg.envs
                      for name in s.opponents if name in BOTS}
         self.env_names = [env_entry(s.name).name for s in cfg.envs]  # canonical, per spec

@@ -756,15 +756,14 @@ def _lookahead_check(i: int, game: Any) -> None:
 def _opponents_check(cfg: Config) -> None:
     """Bot names of ``envs.*.opponents``, ``rollout.pool_bots``, ``eval.opponents``; a
     'pool' opponent needs a pool that is not empty at step 0."""
-    from sparring.envs.bots import BOTS
+    from sparring.envs.bots import check_opponents
     special = ("self", "pool")
 
     def names(key: str, given: list[str], allowed: tuple[str, ...] = ()) -> None:
-        for j, name in enumerate(given):
-            if name not in allowed and name not in BOTS:
-                known = [*allowed, *BOTS.names()]
-                raise ConfigError(f"{key}.{j}: unknown opponent {name!r}"
-                                  f"{did_you_mean(name, known)} (allowed: {', '.join(known)})")
+        try:
+            check_opponents(key, given, allowed)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
 
     names("rollout.pool_bots", cfg.rollout.pool_bots)
     names("eval.opponents", cfg.eval.opponents)

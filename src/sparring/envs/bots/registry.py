@@ -8,6 +8,9 @@ Configs (``envs[].opponents``, ``rollout.pool_bots``, ``eval.opponents``) and
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Sequence
+
 from sparring.envs.bots.cfr import CFRBot
 from sparring.envs.bots.mcts import MCTSBot
 from sparring.envs.bots.minimax import MinimaxBot
@@ -55,3 +58,16 @@ def cfr_bot(seed: int) -> Bot:
 def make_bot(name: str, seed: int) -> Bot:
     """The bot registered as ``name``, seeded with ``seed``."""
     return BOTS.get(name).fn(seed)
+
+
+def check_opponents(key: str, names: Sequence[str], special: Sequence[str] = ()) -> None:
+    """ValueError "KEY.J: unknown opponent 'x'; did you mean 'y'? (allowed: ...)" for the
+    first of ``names`` that is neither a bot nor one of ``special`` (``self``, ``pool``
+    where those are allowed): the one check of a config's, a league's and ``--vs``'s names."""
+    for j, name in enumerate(names):
+        if name not in special and name not in BOTS:
+            known = [*special, *BOTS.names()]
+            close = difflib.get_close_matches(str(name), known, n=1, cutoff=0.5)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"{key}.{j}: unknown opponent {name!r}{hint} (allowed: "
+                             f"{', '.join(known)})")
