@@ -49,7 +49,9 @@ from sparring.rollout.schedule import rollout_sampling
 if TYPE_CHECKING:
     from sparring.train.config import Config
 
-EvalFn = Callable[[int, Any], dict[str, Any]]
+# eval_fn(step, learner) -> metrics: ``learner`` is the training loop's `Learner` (or
+# ``{name: Learner}`` with several policies; None outside training), which supplies the magnet
+EvalFn = Callable[[int, Any], Mapping[str, Any]]
 
 
 def env_options(cfg: Config, name: str) -> dict[str, Any]:

@@ -58,6 +58,7 @@ from torch import Tensor
 
 from sparring.advantages.stage import AdvantageStage
 from sparring.data import Episode, TurnBatch, collate
+from sparring.eval.periodic import EvalFn
 from sparring.segments import segment_first
 from sparring.train.best import BestCheckpoint
 from sparring.train.checkpoint import (
@@ -78,7 +79,6 @@ from sparring.train.checkpoint import (
     write_tensors,
 )
 from sparring.train.config import Config, ConfigError, load_config, save_config, to_dict
-from sparring.train.learner import Learner
 from sparring.train.metrics import METRICS_FILE, MetricsLogger, set_aside_metrics, truncate_metrics
 from sparring.train.policies import Models, TrainedPolicy, check_rows, trained_policies
 from sparring.train.runlock import RunLock
@@ -89,7 +89,6 @@ PENDING_ROW = "unlogged_row"  # crash checkpoint meta: the row of a step whose e
 
 RolloutFn = Callable[[int], Sequence[Episode]]
 # (step, learner or {policy name: learner}) -> metrics
-EvalFn = Callable[[int, Learner | Mapping[str, Learner]], Mapping[str, Any]]
 OnRow = Callable[[int, dict[str, Any]], Any]  # a logged row (step, metrics): `train`
 
 
