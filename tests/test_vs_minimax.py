@@ -196,3 +196,8 @@ def test_the_periodic_evaluation_scores_the_magnet_against_minimax_too(tmp_path)
     own = policy_vs_minimax(arena, parts.policy, "tictactoe", options).rates()
     assert {k: out[f"tictactoe/minimax_exact/{k}"] for k in own} == own != direct
     assert not any("average" in k for k in parts.eval_fn(0, None))  # no learner, no magnet
+    off = build(load_config(CONFIGS / "default.yaml", [f"model.options.{k}={v}" for k, v in
+                                                       tiny.items()] + ["eval.average=false"]),
+                tmp_path / "off")
+    assert not any("average" in k for k in off.eval_fn(0, SimpleNamespace(ref_model=magnet,
+                                                                          cfg=cfg)))

@@ -9,13 +9,14 @@ the non-loss rate with Wilson 95% intervals, keys ``<game>/<bot>/<metric>``.
 With ``eval.exact_vs_minimax`` and ``minimax`` among the opponents, also the exact rates
 against it (`sparring.eval.vs_minimax`: over the bot's random tie-breaks, no sampling
 error) and ``blunder_states``, the reachable positions where the policy plays a losing
-move, keys ``<game>/minimax_exact/<metric>``; with a magnet (below) the same for the
-magnet, ``<game>/minimax_exact_average/<metric>``: whether the average of recent policies
-plays better than the last one.
+move, keys ``<game>/minimax_exact/<metric>``; with a magnet (below) and ``eval.average``
+the same for the magnet, ``<game>/minimax_exact_average/<metric>``: whether the average of
+recent policies plays better than the last one.
 
 With ``eval.exploitability``, a game that declares its tree (`sparring.envs.has_game_tree`)
 also gets ``<game>/exploitability`` of the current policy and, when the run regularises
-towards a magnet (``algorithm.kl.reference=magnet``), ``<game>/exploitability_average`` of
+towards a magnet (``algorithm.kl.reference=magnet``) and ``eval.average`` is on (the
+default), ``<game>/exploitability_average`` of
 the magnet: the learner's EMA of the policy's weights, i.e. an average of recent policies.
 With ``eval.self_play`` the policy also plays every seat of each game itself, ``eval.games``
 games, keys ``<game>/joint/<metric>`` as below.
@@ -105,7 +106,7 @@ def make_eval_fn(cfg: Config, arena: Arena, policy: HFPolicy | Mapping[str, HFPo
         for name in games:
             options = env_options(cfg, name)
             out.update(vs_bots(policy, name, options, step))
-            magnet = magnet_policy(cfg, policy, learner)
+            magnet = magnet_policy(cfg, policy, learner) if e.average else None
             if e.exact_vs_minimax and "minimax" in e.opponents and magnet is not None:
                 res = policy_vs_minimax(arena, magnet, name, options, e.greedy, range(2)).rates()
                 out.update({f"{name}/minimax_exact_average/{k}": v for k, v in res.items()})
@@ -138,7 +139,7 @@ def make_eval_fn(cfg: Config, arena: Arena, policy: HFPolicy | Mapping[str, HFPo
                                                                       options)
                 magnets = {n: magnet_policy(cfg, policies[n], (learners or {}).get(n))
                            for n in dict.fromkeys(seats)}
-                if all(m is not None for m in magnets.values()):
+                if e.average and all(m is not None for m in magnets.values()):
                     out[f"{name}/exploitability_average"] = policy_exploitability(
                         arena, [magnets[n] for n in seats], name, options)
         return out

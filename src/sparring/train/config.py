@@ -311,6 +311,9 @@ class EvalConfig:
         True, "with minimax among the opponents: also the exact rates against it over its "
         "random tie-breaks, and the positions where the policy plays a losing move (keys "
         "<game>/minimax_exact/...; the greedy policy, else its distribution at temperature 1)")
+    average: bool = opt(True, "with a magnet KL reference, also the exact figures of the "
+                        "magnet (the average policy): <game>/exploitability_average and "
+                        "<game>/minimax_exact_average/...")
     self_play: bool = opt(False, "also let the policy play every seat of each game itself "
                           "(keys <game>/joint/...: mean score per seat, e.g. the success "
                           "rate of a cooperative game); always on with several `policies`")
