@@ -191,7 +191,6 @@ def _resume_config(args: argparse.Namespace, overrides: list[str]):
     only with ``--trust-remote-code``; plugins named with ``--plugin`` are already loaded)."""
     from sparring.train.checkpoint import step_dirs
     from sparring.train.config import check_resume_overrides
-    from sparring.train.loop import check_steps_left
     from sparring.train.restore import read_run_config
 
     run = Path(args.resume)
@@ -206,7 +205,6 @@ def _resume_config(args: argparse.Namespace, overrides: list[str]):
     saved = read_run_config(run / "config.yaml", trust_remote_code=trust)
     cfg = read_run_config(run / "config.yaml", overrides, trust_remote_code=trust)
     check_resume_overrides(saved, cfg)
-    check_steps_left(run, cfg.train.steps)  # before the folder's config is rewritten
     given = {_plugin_key(p) for p in args.plugin or []}
     unloaded = [p for p in saved.plugins if _plugin_key(p) not in given]
     if unloaded and not trust:

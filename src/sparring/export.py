@@ -37,15 +37,12 @@ def merged_model(model: Any) -> Any:
     return model.merge_and_unload() if is_peft(model) else model
 
 
-def check_target(source: str | Path, out_dir: str | Path, *, overwrite: bool) -> None:
+def check_target(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool) -> None:
     """Refuse an ``out_dir`` an export could destroy data with (``FileExistsError`` or
-    ``ValueError`` naming the rule): one that is the run folder of ``source``, contains it,
+    ``ValueError`` naming the rule): one that is the run folder ``run_dir``, contains it,
     or lies inside it (a checkpoint exported into its own run, ``RUN/checkpoints``); and,
     when it exists, anything but a folder an earlier export wrote, with ``overwrite``."""
-    from sparring.train.restore import find_checkpoint
-
-    run, _ = find_checkpoint(source)
-    run, out = run.resolve(), Path(out_dir).resolve()
+    run, out = Path(run_dir).resolve(), Path(out_dir).resolve()
     if out == run or run.is_relative_to(out) or out.is_relative_to(run):
         where = ("is the run folder" if out == run else "contains the run folder"
                  if run.is_relative_to(out) else "lies inside the run folder")
@@ -78,7 +75,7 @@ def export(source: str | Path, out_dir: str | Path, *, dtype: str | None = None,
     hf_logging.disable_progress_bar()  # a one-line command, not a progress display
     loaded, cfg, ckpt = load_policy(source, device="cpu", trust_remote_code=trust_remote_code,
                                     policy=policy)
-    check_target(source, out, overwrite=overwrite)
+    check_target(ckpt.parent.parent, out, overwrite=overwrite)  # the checkpoint's run
     if policy is not None:  # its own model and lora sections
         from sparring.train.config import policy_config
         cfg = policy_config(cfg, policy)

@@ -80,7 +80,8 @@ _CACHE_SIZE = 8192  # entries of each of PromptBuilder's memos
 
 def valid_text(text: str) -> str:
     """``text`` as UTF-8 can hold it: a lone surrogate (``"\\udcff"``, e.g. from bytes
-    decoded with ``surrogateescape``) becomes ``"?"``, which a tokenizer can encode."""
+    decoded with ``surrogateescape``) becomes ``"?"``, which a tokenizer can encode; valid
+    text is returned as the same object."""
     try:
         text.encode("utf-8")
         return text
@@ -138,7 +139,7 @@ class PromptBuilder:
         cfg = self.cfg
         system = valid_text(cfg.system_prompt if cfg.system_prompt is not None else system)
         user = valid_text(user)
-        history = [ex if valid_text(ex.user) == ex.user else replace(ex, user=valid_text(ex.user))
+        history = [ex if (u := valid_text(ex.user)) is ex.user else replace(ex, user=u)
                    for ex in history]
         if cfg.history == "state":
             history = []

@@ -416,11 +416,12 @@ def verify_checkpoint(ckpt: str | Path) -> None:
                     from None
 
 
-def latest_intact_checkpoint(run_dir: str | Path, *, set_aside: bool = False) -> Path | None:
+def latest_intact_checkpoint(run_dir: str | Path, *, set_aside: bool = False,
+                             warn: bool = True) -> Path | None:
     """The newest checkpoint of ``run_dir`` that passes `verify_checkpoint`, warning about
-    each newer one skipped and why (``set_aside``: renamed ``corrupt-step_N`` too, so a new
-    save of that step does not delete it). None when the run has no checkpoint at all; a
-    `CheckpointError` when it has some and none is intact."""
+    each newer one skipped and why (unless ``warn`` is off; ``set_aside``: renamed
+    ``corrupt-step_N`` too, so a new save of that step does not delete it). None when the
+    run has no checkpoint at all; a `CheckpointError` when it has some and none is intact."""
     skipped = []
     for _, ckpt in reversed(step_dirs(run_dir)):
         try:
@@ -433,7 +434,8 @@ def latest_intact_checkpoint(run_dir: str | Path, *, set_aside: bool = False) ->
                 ckpt.rename(aside)
                 note = f" (moved to {aside.name})"
             skipped.append(f"{ckpt.name}: {e}")
-            log.warning("skipping checkpoint %s%s: %s", ckpt, note, e)
+            if warn:
+                log.warning("skipping checkpoint %s%s: %s", ckpt, note, e)
     if skipped:
         raise CheckpointError(f"{run_dir} has no intact checkpoint ({'; '.join(skipped)})")
     return None

@@ -19,8 +19,8 @@
    ``checkpoint.best_metric`` improves (kept apart from ``checkpoint.keep``;
    `sparring.train.best`).
 
-A crash (exception, Ctrl-C or SIGTERM: `sparring.train.signals`) writes a checkpoint of the last finished step before the
-error propagates, when it can be exact: during the rollout (the model, learner and stage
+A crash (exception, Ctrl-C or SIGTERM: `sparring.train.signals`) writes a checkpoint of the
+last finished step before the error propagates, when it can be exact: during the rollout (the model, learner and stage
 are still as that step left them; the RNGs and the ``stateful`` objects the rollout moves
 on are snapshotted at each step's start). A crash part-way through the update writes none
 (it would mix two steps); the last periodic checkpoint stands. A crash after the update
@@ -75,7 +75,6 @@ from sparring.train.checkpoint import (
     sha256_file,
     step_dirs,
     tidy_checkpoints,
-    verify_checkpoint,
     write_tensors,
 )
 from sparring.train.config import Config, ConfigError, load_config, save_config, to_dict
@@ -94,6 +93,8 @@ OnRow = Callable[[int, dict[str, Any]], Any]  # a logged row (step, metrics): `t
 
 class StopTraining(Exception):  # noqa: N818 - a signal, not an error
     """Raised by an ``on_row`` callback: end the run after the step whose row it got."""
+
+
 CONFIG_FILE = "config.yaml"
 
 
@@ -395,16 +396,15 @@ def check_steps_left(run_dir: str | Path, steps: int) -> None:
     """ConfigError when a run whose newest intact checkpoint is at step N is resumed with
     ``train.steps`` <= N: there is nothing to train (unless step N's row is still to be
     logged: `PENDING_ROW`), and the folder is left as it is."""
-    done, ckpt_name, pending = 0, "", False
-    for n, path in reversed(step_dirs(run_dir)):  # the one resume takes; it warns of the rest
-        try:
-            verify_checkpoint(path)
-        except CheckpointError:
-            continue
-        done, ckpt_name = n, path.name
-        meta = json.loads((path / "state.json").read_text(encoding="utf-8")).get("meta", {})
-        pending = PENDING_ROW in meta  # its step's evaluation and row are still to come
-        break
+    try:  # the checkpoint resume takes (it warns of those it skips)
+        ckpt = latest_intact_checkpoint(run_dir, warn=False)
+    except CheckpointError:
+        return  # no intact checkpoint: the resume says so
+    if ckpt is None:
+        return
+    doc = json.loads((ckpt / "state.json").read_text(encoding="utf-8"))
+    done, ckpt_name = int(doc["step"]), ckpt.name
+    pending = PENDING_ROW in doc["meta"]  # its step's evaluation and row are still to come
     if steps == done and not pending:
         raise ConfigError(f"{run_dir} already finished its {done} steps (train.steps={steps}): "
                           f"give train.steps above {done} to continue it")

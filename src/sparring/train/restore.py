@@ -123,15 +123,15 @@ def load_policy(path: str | Path, device: str | None = None, *, trust_remote_cod
     The model's own code runs only with ``trust_remote_code`` (see the module docstring)."""
     cfg = read_run_config(_config_file(path), trust_remote_code=trust_remote_code)
     check_policy_name(cfg, policy)
-    run, ckpt = find_checkpoint(path)
+    run, ckpt = find_checkpoint(path)  # verified whole: its files are read once more below
     pcfg = cfg if policy is None else policy_config(cfg, policy)
     suffix = "" if policy is None else f".{policy}"
     model, tok = load_model(pcfg)
     if pcfg.lora.enabled:
         model = apply_lora(model, pcfg.lora)
-        load_trainable_state(model, load_weights(ckpt, f"adapter{suffix}"))
+        load_trainable_state(model, load_weights(ckpt, f"adapter{suffix}", verify=False))
     else:
-        load_trainable_state(model, load_weights(ckpt, f"model{suffix}"))
+        load_trainable_state(model, load_weights(ckpt, f"model{suffix}", verify=False))
     loaded = HFPolicy(model, tok, device=device or pcfg.model.device, seed=cfg.train.seed,
                       name=f"{run.name}{'/' + policy if policy else ''}@{ckpt.name}")
     return loaded, cfg, ckpt
