@@ -47,7 +47,8 @@ class ConnectFour(TwoPlayerBoardGame):
 
     def system_prompt(self, seat: int) -> str:
         self._check_seat(seat)
-        return (f"Connect Four, 7 columns x 6 rows. You are {MARKS[seat]}; X moves first. "
+        # the same rules for both seats (the observation names the seat): one shared prefix
+        return ("Connect Four, 7 columns x 6 rows. X moves first. "
                 "Drop a piece into a column (1-7); get four in a row in any direction. "
                 "Reply with one column, e.g. <answer>4</answer>.")
 

@@ -58,8 +58,10 @@ class TicTacToe(TwoPlayerBoardGame):
         return [CELLS[i] for i in range(9) if b[i] == "."]
 
     def system_prompt(self, seat: int) -> str:
+        """The rules, the same text for both seats (the observation names the seat), so a
+        batch's prompts share it and it runs once (`sparring.policy.prefix`)."""
         self._check_seat(seat)
-        return (f"Tic-tac-toe. You are {MARKS[seat]}; X moves first. Cells are numbered\n"
+        return ("Tic-tac-toe. X moves first. Cells are numbered\n"
                 "123\n456\n789\nGet three in a row. Reply with one cell, e.g. <answer>5</answer>.")
 
     def symmetries(self) -> int:
