@@ -178,3 +178,32 @@ def test_eval_games_below_one_is_an_error():
 
     with pytest.raises(ValueError, match="games: must be >= 1, got 0"):
         evaluate_vs_bot(Arena(), Garbage(), SamplingParams(), "tictactoe", {}, None, 0)
+
+
+def test_with_an_answer_prefix_the_exact_evaluation_scores_what_follows_it(tmp_path):
+    """rollout.answer_prefix '<answer>' ends every prompt, so the exact evaluations score
+    each move as the model writes it after the prefix ("bet</answer>"): the softmax over
+    the moves' first characters after the prompt plus '<answer>' (one plain forward, by
+    hand). A prefix that does not start the format is refused by name."""
+    from sparring.eval.games import _probabilities_at
+    from sparring.rollout.prompts import PromptBuilder, PromptConfig
+
+    parts = build(_cfg(["rollout.answer_prefix=<answer>",
+                        "rollout.answer_format=<answer>{}</answer>"], "kuhn_selfplay"), tmp_path)
+    policy, arena = parts.policy, parts.rollout_fn.arena
+    tok = policy.tokenizer
+    env = make("kuhn_poker")
+    env.reset(0)
+    got = _probabilities_at(policy, arena, [(env, 0)])[0]
+    plain = PromptBuilder(tok, PromptConfig(history="state", max_prompt_tokens=0,
+                                            system_prompt=arena.prompt.system_prompt))
+    ids = plain.build(env.system_prompt(0), [], env.observation(0)).ids
+    ids += tok.encode("<answer>", add_special_tokens=False)
+    with torch.no_grad():
+        z = policy.model(input_ids=torch.tensor([ids])).logits[0, -1].float()
+    legal = env.legal_actions(0)
+    want = torch.softmax(z[[tok.encode(a, add_special_tokens=False)[0] for a in legal]], 0)
+    for a, w in zip(legal, want.tolist()):
+        assert got[a] == pytest.approx(w, rel=1e-4)
+    with pytest.raises(ConfigError, match="rollout.answer_prefix: '<a>' must start"):
+        _cfg(["rollout.answer_prefix=<a>", "rollout.answer_format=<answer>{}</answer>"])

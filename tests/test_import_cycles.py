@@ -2,8 +2,12 @@
 
 A walk over every ``import`` statement of ``src/sparring`` (function-level imports too,
 since a cycle through one is only postponed; not those under ``if TYPE_CHECKING:``, which
-never run): module A -> module B when A imports B or a name from B. Tarjan's algorithm
-finds the strongly connected components; any with two or more modules is a cycle."""
+never run): module A -> module B when A imports B or a name from B, and A -> each package
+above B that is not above A too (importing ``sparring.train.checkpoint`` first runs
+``sparring/train/__init__.py``). A package's lazy re-exports (imports inside its
+module-level ``__getattr__``, PEP 562) run only when the name is first used, after every
+module involved has loaded, so they are not edges. Tarjan's algorithm finds the strongly
+connected components; any with two or more modules is a cycle."""
 
 import ast
 from pathlib import Path
@@ -11,14 +15,25 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
-def _type_checking_only(tree: ast.AST) -> set[int]:
-    """ids of the import nodes inside ``if TYPE_CHECKING:`` blocks."""
+def _not_run_at_import(tree: ast.Module, package_init: bool) -> set[int]:
+    """ids of the import nodes inside ``if TYPE_CHECKING:`` blocks, and in a package's
+    ``__init__`` inside its module-level ``__getattr__`` (lazy re-exports)."""
     out = set()
     for node in ast.walk(tree):
         test = node.test if isinstance(node, ast.If) else None
         if test is not None and "TYPE_CHECKING" in ast.unparse(test):
             out |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    if package_init:
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and node.name == "__getattr__":
+                out |= {id(n) for n in ast.walk(node)}
     return out
+
+
+def _packages_above(name: str) -> list[str]:
+    """``a.b.c`` -> ``[a, a.b]``."""
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
 
 
 def import_graph(root: Path = SRC / "sparring") -> dict[str, set[str]]:
@@ -35,8 +50,9 @@ def import_graph(root: Path = SRC / "sparring") -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for m, f in modules.items():
         tree = ast.parse(f.read_text(encoding="utf-8"))
-        skip = _type_checking_only(tree)
+        skip = _not_run_at_import(tree, f.name == "__init__.py")
         package = m if f.name == "__init__.py" else m.rpartition(".")[0]
+        mine = {*_packages_above(m), m}  # packages already loading when m runs
         for node in ast.walk(tree):
             if id(node) in skip:
                 continue
@@ -52,8 +68,11 @@ def import_graph(root: Path = SRC / "sparring") -> dict[str, set[str]]:
                 continue
             for name in names:
                 target = known(name) if name.startswith("sparring") else None
-                if target is not None and target != m:
-                    graph[m].add(target)
+                if target is None:
+                    continue
+                for t in [*_packages_above(target), target]:
+                    if t in modules and t not in mine:
+                        graph[m].add(t)
     return graph
 
 

@@ -387,3 +387,30 @@ def test_stop_strings_from_the_config_end_turns_and_the_learner_scores_exactly_t
         sorted(t.action_ids for t in turns)
     lp, _ = token_logprobs(model, b.input_ids, b.attention_mask, temperature=1.5)
     torch.testing.assert_close(lp[b.action_mask], b.old_logp[b.action_mask], atol=1e-5, rtol=0)
+
+
+def test_an_answer_prefix_is_given_and_the_env_parses_the_whole_answer():
+    """With `answer_prefix` the prompt ends with it, the model's tokens are only what it
+    wrote after it, and the env parses prefix + written (a scripted policy writes "2]" or
+    "1]" after the prefix "[" and the env only accepts "[n]")."""
+
+    class Bracketed(Race):
+        def parse(self, seat, text):
+            if not (text.startswith("[") and text.endswith("]")):
+                return ParseResult(False, None, "malformed", "write [n]")
+            return parse_choice(text[1:-1], self.legal_actions(seat), all_actions=["1", "2", "3"])
+
+    tok = build_tiny_model({"seed": 2})[1]
+    stub = Stub(tok, lambda call, row, allowed: "1]")
+    arena = Arena(SamplingParams(max_new_tokens=4), PromptConfig("state", answer_prefix="["),
+                  InvalidActionPolicy("forfeit"), answer_format="[{}]")
+    (ep,) = arena.play(lambda: Bracketed(2, target=3), seeds=[0], seat_players=stub)
+    assert "forfeit" not in ep.info and len(ep.turns) == 3  # 0 -> 1 -> 2 -> 3
+    assert [t.action_text for t in ep.turns] == ["[1]"] * 3
+    prefix_ids = tok.encode("[", add_special_tokens=False)
+    for t in ep.turns:
+        assert t.prompt_ids[-len(prefix_ids):] == prefix_ids
+        assert t.action_ids == tok.encode("1]", add_special_tokens=False) + [tok.eos_token_id]
+    assert arena.written("2") == "2]"
+    with pytest.raises(ValueError, match="answer_prefix='<b>' must start answer_format"):
+        Arena(prompt=PromptConfig(answer_prefix="<b>"), answer_format="<a>{}</a>")

@@ -80,3 +80,18 @@ def test_a_lone_surrogate_is_shown_as_a_question_mark():
     past = [Exchange("seen \udcff", enc("5"), "5")]
     assert b.build("rules \udcff", past, "now \udcff").ids == \
         b.build("rules ?", [Exchange("seen ?", enc("5"), "5")], "now ?").ids
+
+
+def test_answer_prefix_ends_the_prompt_and_stays_in_the_full_history():
+    """`answer_prefix` is written after the generation prompt, and a past answer keeps it
+    before its sampled tokens, so in full mode turn k+1's prompt still extends turn k's
+    prompt plus its action exactly."""
+    b = PromptBuilder(TOK, PromptConfig(history="full", answer_prefix="<a>"))
+    act0 = enc("1</a>") + [E]
+    r0 = b.build("sys", [], "o0")
+    r1 = b.build("sys", [Exchange("o0", act0)], "o1")
+    assert r0.ids == [S] + enc("sys") + [E, U] + enc("o0") + [E, A] + enc("<a>")
+    assert r0.text.endswith("<a>")
+    assert r1.ids[:len(r0.ids) + len(act0)] == r0.ids + act0
+    assert r1.ids[len(r0.ids) + len(act0):] == [U] + enc("o1") + [E, A] + enc("<a>")
+    assert b.cfg.answer("1</a>") == "<a>1</a>"

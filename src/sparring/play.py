@@ -58,7 +58,7 @@ def play(policy, cfg, env_name: str, human_seat: int = 0, greedy: bool = True,
         raise ValueError(f"play: {len(seat_policy)} policies for the {env.num_seats} seats of "
                          f"{env.name}")
     prompts = PromptConfig(history="state", max_prompt_tokens=r.max_prompt_tokens,
-                           system_prompt=r.system_prompt)
+                           system_prompt=r.system_prompt, answer_prefix=r.answer_prefix)
     sampling = rollout_sampling(r, greedy=greedy)
     say(env.system_prompt(human_seat))
     while (seat := env.current_seat()) is not None:
@@ -77,7 +77,7 @@ def play(policy, cfg, env_name: str, human_seat: int = 0, greedy: bool = True,
                 env.system_prompt(seat), [], env.observation(seat)).ids
             legal = env.legal_actions(seat)
             gen = model.generate([prompt], sampling, allowed=None if legal is None else [legal])[0]
-            res = env.parse(seat, gen.text)
+            res = env.parse(seat, prompts.answer(gen.text))
             action = res.action if res.ok else (legal or [""])[0]
             say(f"model plays: {action}")
         info = env.step(action).info or {}

@@ -190,14 +190,17 @@ def _probabilities_at(policy: HFPolicy, arena: Arena, positions: Sequence[tuple[
                       ) -> list[dict[str, float]]:
     """`action_probabilities` of ``policy`` at each (env, seat), the prompt being the seat's
     current observation only (and the arena's system prompt), 256 positions a batch."""
+    prefix = arena.prompt.answer_prefix  # ends the prompt; the model writes the rest
     builder = PromptBuilder(policy.tokenizer, PromptConfig(
-        history="state", max_prompt_tokens=0, system_prompt=arena.prompt.system_prompt))
+        history="state", max_prompt_tokens=0, system_prompt=arena.prompt.system_prompt,
+        answer_prefix=prefix))
     prompts = [builder.build(e.system_prompt(seat), [], e.observation(seat)).ids
                for e, seat in positions]
     legal = [e.legal_actions(seat) for e, seat in positions]
+    written = arena.answer_format[len(prefix):]  # Arena checked that the format starts so
     return [pr for s in range(0, len(prompts), 256)
             for pr in action_probabilities(policy, prompts[s:s + 256], legal[s:s + 256],
-                                           arena.answer_format)]
+                                           written)]
 
 
 def policy_exploitability(arena: Arena, policy: HFPolicy | Sequence[HFPolicy], env: str,

@@ -100,12 +100,23 @@ class Arena:
         if answer_format.count("{}") != 1:
             raise ValueError(f"answer_format={answer_format!r}: needs exactly one {{}}, "
                              "where the move goes")
+        self.prompt = prompt or PromptConfig()
+        prefix = self.prompt.answer_prefix
+        if not answer_format.split("{}")[0].startswith(prefix):
+            raise ValueError(f"answer_prefix={prefix!r} must start answer_format="
+                             f"{answer_format!r} (the text before the move), since every "
+                             "answer starts with it")
         self.answer_format = answer_format
         self.sampling = sampling or SamplingParams()
-        self.prompt = prompt or PromptConfig()
         self.invalid = invalid or InvalidActionPolicy()
         self.max_turns = max_turns
         self._builders: dict[int, PromptBuilder] = {}
+
+    def written(self, action: str) -> str:
+        """What the model writes for ``action`` after the prompt: its `answer_format`
+        without the `PromptConfig.answer_prefix` the prompt already ends with (what the
+        exact evaluations score)."""
+        return self.answer_format.format(action)[len(self.prompt.answer_prefix):]
 
     def _builder(self, p: ModelPlayer) -> PromptBuilder:
         key = id(p)
@@ -161,8 +172,9 @@ class Arena:
                 gens = policy.generate([s.req["rendered"].ids for s in group], sp,
                                        allowed=allowed if any(a is not None for a in allowed) else None,
                                        **kw)
+                answer = self._builder(group[0].players[group[0].req["seat"]]).cfg.answer
                 for s, gen in zip(group, gens):
-                    self._apply(s, s.req["seat"], gen.text, gen, s.req["rendered"])
+                    self._apply(s, s.req["seat"], answer(gen.text), gen, s.req["rendered"])
             active = [s for s in active if not s.done]
         return [s.ep for s in slots]
 

@@ -41,12 +41,20 @@ _SPLIT = re.compile(r"@@SPARRING_ACTION_(\d+)@@")
 @dataclass(frozen=True)
 class PromptConfig:
     """history: full | last_k | state; last_k: exchanges kept in last_k mode;
-    max_prompt_tokens: hard limit (0 = none); system_prompt: overrides the env's."""
+    max_prompt_tokens: hard limit (0 = none); system_prompt: overrides the env's;
+    answer_prefix: the text every answer starts with, put after the generation prompt (a
+    prefill, e.g. "<answer>"): the model writes what follows it, and the answer is the
+    prefix plus what it wrote (`answer`). Past answers keep their prefix in "full" mode."""
 
     history: str = "full"
     last_k: int = 2
     max_prompt_tokens: int = 2048
     system_prompt: str | None = None
+    answer_prefix: str = ""
+
+    def answer(self, written: str) -> str:
+        """The whole answer a seat gave: the prefix and what the model wrote after it."""
+        return self.answer_prefix + written
 
     def __post_init__(self) -> None:
         if self.history not in HISTORY_MODES:
@@ -117,11 +125,12 @@ class PromptBuilder:
 
     def _render(self, system: str, history: list[Exchange], user: str) -> Rendered:
         msgs = [{"role": "system", "content": system}]
+        prefix = valid_text(self.cfg.answer_prefix)
         for i, ex in enumerate(history):
             msgs += [{"role": "user", "content": ex.user},
-                     {"role": "assistant", "content": _SENTINEL.format(i)}]
+                     {"role": "assistant", "content": prefix + _SENTINEL.format(i)}]
         msgs.append({"role": "user", "content": user})
-        parts = _SPLIT.split(self._chat(msgs, gen=True))
+        parts = _SPLIT.split(self._chat(msgs, gen=True) + prefix)
         ids = self._encode(parts[0])
         text = parts[0]
         for j in range(1, len(parts), 2):

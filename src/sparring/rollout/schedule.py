@@ -104,7 +104,8 @@ def make_arena(r: RolloutConfig) -> Arena:
     return Arena(
         sampling=rollout_sampling(r),
         prompt=PromptConfig(history=r.history, last_k=r.last_k,
-                            max_prompt_tokens=r.max_prompt_tokens, system_prompt=r.system_prompt),
+                            max_prompt_tokens=r.max_prompt_tokens, system_prompt=r.system_prompt,
+                            answer_prefix=r.answer_prefix),
         invalid=InvalidActionPolicy(r.invalid_action, r.invalid_penalty, r.max_retries),
         max_turns=r.max_turns, answer_format=r.answer_format)
 

@@ -99,6 +99,12 @@ class RolloutConfig:
         "bare move (constrained decoding), e.g. '<answer>{}</answer>' with free decoding. "
         "The exact evaluations (exploitability, exact rates against minimax) score each "
         "legal move written this way, so they measure what the model plays")
+    answer_prefix: str = opt(
+        "", "text every answer starts with, put at the end of the prompt after the chat "
+        "template's generation prompt (a prefill): the model writes only what follows, e.g. "
+        "'<answer>' with answer_format '<answer>{}</answer>' and stop '</answer>', so the "
+        "opening tag is given and the move and the closing tag are the model's. It must "
+        "start answer_format; the env parses the prefix plus what the model wrote")
     stop: list[str] = opt(
         [], "stop strings: free decoding ends a turn at the first one it generates (e.g. "
         "'</answer>'), as at EOS, instead of running to max_new_tokens; the stop string's "
@@ -467,6 +473,10 @@ def validate(cfg: Config) -> Config:
     if cfg.rollout.answer_format.count("{}") != 1:
         raise ConfigError(f"rollout.answer_format: {cfg.rollout.answer_format!r} needs exactly "
                           "one {}, where the move goes (e.g. '<answer>{}</answer>')")
+    if not cfg.rollout.answer_format.split("{}")[0].startswith(cfg.rollout.answer_prefix):
+        raise ConfigError(f"rollout.answer_prefix: {cfg.rollout.answer_prefix!r} must start "
+                          f"rollout.answer_format ({cfg.rollout.answer_format!r}, the text "
+                          "before the move), since every answer starts with it")
     _model_check(cfg.model)
     _run_dir_check(cfg.train.run_dir)
     _opponents_check(cfg)
