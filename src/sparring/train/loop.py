@@ -182,7 +182,9 @@ def train(cfg: Config, model: Models, rollout_fn: RolloutFn, eval_fn: EvalFn | N
 def _train(cfg: Config, model: Models, rollout_fn: RolloutFn, eval_fn: EvalFn | None,
            stateful: Mapping[str, Any] | None, run: Path, pad_id: int, resume: bool,
            on_row: OnRow | None = None) -> Path:
-    """`train`, with the run folder's lock held."""
+    """`train`, with the run folder's lock held: the run's state (fresh or restored from
+    its newest intact checkpoint), then its steps (`_Run.step`), each finished by its
+    evaluation, metrics row and checkpoints (`_Run.finish`)."""
     tidy_checkpoints(run)
     if not resume:
         if latest_checkpoint(run) is not None:
@@ -190,169 +192,233 @@ def _train(cfg: Config, model: Models, rollout_fn: RolloutFn, eval_fn: EvalFn | 
         set_aside_metrics(run)
         save_config(cfg, run / CONFIG_FILE)
         seed_everything(cfg.train.seed)
-    policies = trained_policies(cfg, model)
-    own = {p.key(k) for p in policies for k in ("learner", "stage")}  # the policies' objects
-    objects: dict[str, Any] = {p.key(k): getattr(p, k) for p in policies
-                               for k in ("learner", "stage")}
-    objects["rng"] = RNGState()
-    objects.update({f"user.{k}": v for k, v in (stateful or {}).items()})
-    references = {p.name: p.learner.reference_state() for p in policies}
-    ref_sha256: dict[str, str] = {}  # checkpoint meta key -> digest of the reference file
-    start, pending_row = 0, None
+    r = _Run(cfg, run, trained_policies(cfg, model), rollout_fn, eval_fn, stateful, pad_id,
+             on_row)
     if resume:
-        ckpt = latest_intact_checkpoint(run, set_aside=True)  # checks every file's sha256
-        if ckpt is None:
-            raise FileNotFoundError(f"{run} has no checkpoint to resume from")
-        weights = {p.name: load_weights(ckpt, p.weights_name, verify=False) for p in policies}
-        doc = load_checkpoint(ckpt, objects, verify=False)
-        for p in policies:
-            p.load_weights(weights[p.name])
-            if references[p.name] is not None:
-                key = p.key("reference_sha256")
-                digest = doc["meta"].get(key)
-                p.learner.load_reference_state(_load_reference(run, p.reference_file, digest))
-                ref_sha256[key] = digest or sha256_file(run / p.reference_file)  # older ones
-        start = int(doc["step"])
-        pending_row = doc["meta"].get(PENDING_ROW)
-        truncate_metrics(run / METRICS_FILE, start - (pending_row is not None))
-        save_config(cfg, run / CONFIG_FILE)  # the resumed config, once its checkpoint loaded
+        pending_row = r.restore()
     else:
-        for p in policies:
-            if references[p.name] is not None:
-                ref_sha256[p.key("reference_sha256")] = sha256_file(
-                    write_tensors(run / p.reference_file, references[p.name]))
-    total, lg = cfg.train.steps, cfg.logging
-    logger = MetricsLogger(run, total_steps=total, start_step=start, progress=lg.progress,
-                           keys=lg.keys, tensorboard=lg.tensorboard, wandb=lg.wandb,
-                           wandb_project=lg.wandb_project, config=to_dict(cfg))
-    layout = batch_layout(cfg, [p.stage for p in policies])
-    correct = getattr(rollout_fn, "correct", None)
-    league = getattr(rollout_fn, "league_metrics", None)
-    # what eval_fn gets: the learner, or {name: learner} with several policies
-    learners: Any = ({p.name: p.learner for p in policies} if cfg.policies
-                     else policies[0].learner)
-    done = start
-    # what a crash checkpoint saves: the objects as step `done` left them, or None while
-    # the models, learners and stages are part-way through the next step
-    boundary: Mapping[str, Any] | None = objects
+        r.write_references()
+        pending_row = None
+    r.open_log()
+    try:
+        if pending_row is not None:  # the crash checkpoint of a step whose end failed
+            r.finish(r.done, row := dict(pending_row))
+            if r.stopped(r.done, row):
+                return run
+        at_start = r.done == 0 and eval_fn is not None and cfg.eval.at_start
+        if at_start and r.stopped(0, r.evaluate_at_start()):
+            return run
+        for i in range(r.done, cfg.train.steps):
+            metrics = r.step(i)
+            # the step's training is done: a crash from here on keeps it, with its row
+            r.done, r.pending, r.boundary = i + 1, metrics, r.snapshot()
+            r.finish(i + 1, metrics)
+            r.pending, r.boundary = None, r.objects
+            if r.stopped(i + 1, metrics):
+                if i + 1 not in [s for s, _ in step_dirs(run)]:
+                    r.checkpoint(i + 1)
+                break
+    except BaseException as e:
+        r.crash_checkpoint(e)
+        raise
+    finally:
+        r.logger.close()
+    return run
 
-    best = None
-    if cfg.checkpoint.best_metric:
-        best = BestCheckpoint(run, cfg.checkpoint.best_metric, cfg.checkpoint.best_mode)
-        best.resume(start)
 
-    def checkpoint(step: int, stateful: Mapping[str, Any] = objects,
-                   meta: dict[str, Any] | None = None) -> None:
-        save_checkpoint(run, step, weights={p.weights_name: p.weights() for p in policies},
-                        stateful=stateful, meta={**ref_sha256, **(meta or {})},
-                        keep=cfg.checkpoint.keep, protect=best and best.step)
+class _Run:
+    """One run's state between steps: its policies (each a learner and an advantage stage),
+    the objects its checkpoints hold, its metrics log and best checkpoint, and what a crash
+    checkpoint would save now (``boundary``: the objects as step ``done`` left them, or None
+    while the policies are part-way through the next step)."""
 
-    def stopped(step: int, row: dict[str, Any]) -> bool:
+    def __init__(self, cfg: Config, run: Path, policies: list[TrainedPolicy],
+                 rollout_fn: RolloutFn, eval_fn: EvalFn | None,
+                 stateful: Mapping[str, Any] | None, pad_id: int, on_row: OnRow | None):
+        self.cfg, self.run, self.policies = cfg, run, policies
+        self.rollout_fn, self.eval_fn, self.pad_id, self.on_row = rollout_fn, eval_fn, pad_id, on_row
+        # the rollout source's optional hooks: off-policy correction and league metrics
+        self.correct = getattr(rollout_fn, "correct", None)
+        self.league = getattr(rollout_fn, "league_metrics", None)
+        self.own = {p.key(k) for p in policies for k in ("learner", "stage")}
+        self.objects: dict[str, Any] = {p.key(k): getattr(p, k) for p in policies
+                                        for k in ("learner", "stage")}
+        self.objects["rng"] = RNGState()
+        self.objects.update({f"user.{k}": v for k, v in (stateful or {}).items()})
+        self.layout = batch_layout(cfg, [p.stage for p in policies])
+        # what eval_fn gets: the learner, or {name: learner} with several policies
+        self.learners: Any = ({p.name: p.learner for p in policies} if cfg.policies
+                              else policies[0].learner)
+        self.ref_sha256: dict[str, str] = {}  # checkpoint meta key -> reference file digest
+        self.done = 0  # steps trained
+        self.boundary: Mapping[str, Any] | None = self.objects
+        self.pending: dict[str, Any] | None = None  # the row of a trained step not yet logged
+        self.best = (BestCheckpoint(run, cfg.checkpoint.best_metric, cfg.checkpoint.best_mode)
+                     if cfg.checkpoint.best_metric else None)
+
+    # ------------------------------------------------------------ the step
+
+    def step(self, i: int) -> dict[str, Any]:
+        """Training step ``i`` (0-based), steps 1-4 of the module docstring: its metrics."""
+        # 1. rollouts: they move the RNGs and the user's objects on, not the policies
+        self.boundary = self.snapshot()
+        t0 = time.perf_counter()
+        episodes = list(self.rollout_fn(i))
+        t1 = time.perf_counter()
+        batch = collate(episodes, layout=self.layout, pad_id=self.pad_id).to(
+            self.policies[0].learner.device)
+        check_rows(batch, self.policies)
+        self.boundary = None  # from here on the policies change: no exact crash checkpoint
+        # 2-3. each policy's rows: what its stage needs (values, critic update, reference
+        # log-probs), then its advantages and keep flags
+        shares = [_share(p, batch) for p in self.policies]
+        off_policy: dict[str, float] = {}
+        if self.correct is not None:  # e.g. async rollout workers: stale samples reweighted
+            sh = shares[0]  # (one policy: several are refused with rollout workers)
+            sh.batch, sh.adv, off_policy = self.correct(i, episodes, sh.batch, sh.adv,
+                                                        sh.policy.learner)
+        metrics = self.batch_metrics(episodes, batch, shares)
+        metrics.update(off_policy)
+        if self.league is not None:  # the opponent pool's scores (sparring.rollout.schedule)
+            metrics.update(self.league())
+        # 4. the update: each policy on its own rows
+        for sh in shares:
+            learner = sh.policy.learner
+            metrics.update(sh.policy.metrics(learner.update(sh.batch, sh.adv, sh.keep)))
+        t2 = time.perf_counter()
+        n_tok = sum(len(t.action_ids) for ep in episodes for t in ep.turns)
+        metrics.update({"time/rollout": t1 - t0, "time/update": t2 - t1,
+                        "throughput/episodes_per_s": len(episodes) / max(t1 - t0, 1e-9),
+                        "throughput/tokens_per_s": n_tok / max(t1 - t0, 1e-9)})
+        return metrics
+
+    def batch_metrics(self, episodes: Sequence[Episode], batch: TurnBatch,
+                      shares: list[_Share]) -> dict[str, Any]:
+        """`rollout_metrics` over all rows, each policy's advantages and critic metrics."""
+        if self.cfg.policies:  # over all rows, and each policy's advantages on its own
+            metrics = rollout_metrics(episodes, batch, *_merge(batch, shares))
+            for sh in shares:
+                metrics.update(sh.policy.metrics(advantage_metrics(sh.batch, sh.adv, sh.keep)))
+        else:
+            sh = shares[0]
+            metrics = rollout_metrics(episodes, sh.batch, sh.adv, sh.keep)
+        for sh in shares:
+            metrics.update(sh.policy.metrics(sh.critic_metrics))
+        return metrics
+
+    def finish(self, step: int, metrics: dict[str, Any]) -> None:
+        """The end of a trained step: its evaluation, its row, the best and periodic
+        checkpoints."""
+        cfg, best = self.cfg, self.best
+        every = cfg.eval.every
+        last = step == cfg.train.steps
+        evaluated = self.eval_fn is not None and (last or bool(every and step % every == 0))
+        if evaluated:
+            t3 = time.perf_counter()
+            metrics.update({f"eval/{k}": v for k, v in self.eval_fn(step, self.learners).items()})
+            metrics["time/eval"] = time.perf_counter() - t3
+        self.logger.log(step, metrics)
+        if best is not None:
+            best.check_logged(metrics, evaluated=evaluated)
+        improved = best is not None and best.offer(step, metrics)
+        if last or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or improved:
+            self.checkpoint(step)
+        if improved:
+            best.write()
+
+    def evaluate_at_start(self) -> dict[str, Any]:
+        """Step 0's row: the evaluation before training, logged."""
+        row = {f"eval/{k}": v for k, v in self.eval_fn(0, self.learners).items()}
+        if self.best is not None:
+            self.best.check_logged(row, evaluated=True)
+        self.logger.log(0, row)
+        return row
+
+    def stopped(self, step: int, row: dict[str, Any]) -> bool:
         """``on_row(step, row)``; True when it raised `StopTraining`."""
         try:
-            if on_row is not None:
-                on_row(step, row)
+            if self.on_row is not None:
+                self.on_row(step, row)
         except StopTraining:
             return True
         return False
 
-    def finish_step(step: int, metrics: dict[str, Any]) -> None:
-        """The end of a trained step: its evaluation, its row, the best and periodic
-        checkpoints."""
-        every = cfg.eval.every
-        evaluated = eval_fn is not None and (step == total or bool(every and step % every == 0))
-        if evaluated:
-            t3 = time.perf_counter()
-            metrics.update({f"eval/{k}": v for k, v in eval_fn(step, learners).items()})
-            metrics["time/eval"] = time.perf_counter() - t3
-        logger.log(step, metrics)
-        if best is not None:
-            best.check_logged(metrics, evaluated=evaluated)
-        improved = best is not None and best.offer(step, metrics)
-        if step == total or (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) \
-                or improved:
-            checkpoint(step)
-        if improved:
-            best.write()
+    # ------------------------------------------------------------ state on disk
 
-    pending: dict[str, Any] | None = None  # the row of a trained step not yet logged
-    try:
-        if pending_row is not None:  # the crash checkpoint of a step whose end failed
-            finish_step(start, row := dict(pending_row))
-            if stopped(start, row):
-                return run
-        if start == 0 and eval_fn is not None and cfg.eval.at_start:
-            at_start = {f"eval/{k}": v for k, v in eval_fn(0, learners).items()}
-            if best is not None:
-                best.check_logged(at_start, evaluated=True)
-            logger.log(0, at_start)
-            if stopped(0, at_start):
-                return run
-        for i in range(start, total):
-            # the rollout moves the RNGs and the user's objects on, not the policies' state
-            boundary = {k: v if k in own else Snapshot(v) for k, v in objects.items()}
-            t0 = time.perf_counter()
-            episodes = list(rollout_fn(i))
-            t1 = time.perf_counter()
-            batch = collate(episodes, layout=layout, pad_id=pad_id).to(
-                policies[0].learner.device)
-            check_rows(batch, policies)
-            boundary = None
-            shares = [_share(p, batch) for p in policies]
-            off_policy: dict[str, float] = {}
-            if correct is not None:  # e.g. async rollout workers: stale samples reweighted
-                sh = shares[0]  # (one policy: several are refused with rollout workers)
-                sh.batch, sh.adv, off_policy = correct(i, episodes, sh.batch, sh.adv,
-                                                       sh.policy.learner)
-            if cfg.policies:  # over all rows, and each policy's advantages on its own
-                metrics = rollout_metrics(episodes, batch, *_merge(batch, shares))
-                for sh in shares:
-                    metrics.update(sh.policy.metrics(
-                        advantage_metrics(sh.batch, sh.adv, sh.keep)))
-            else:
-                metrics = rollout_metrics(episodes, shares[0].batch, shares[0].adv,
-                                          shares[0].keep)
-            for sh in shares:
-                metrics.update(sh.policy.metrics(sh.critic_metrics))
-            metrics.update(off_policy)
-            if league is not None:  # the opponent pool's scores (sparring.rollout.schedule)
-                metrics.update(league())
-            for sh in shares:
-                metrics.update(sh.policy.metrics(sh.policy.learner.update(sh.batch, sh.adv,
-                                                                          sh.keep)))
-            t2 = time.perf_counter()
-            n_tok = sum(len(t.action_ids) for ep in episodes for t in ep.turns)
-            metrics.update({"time/rollout": t1 - t0, "time/update": t2 - t1,
-                            "throughput/episodes_per_s": len(episodes) / max(t1 - t0, 1e-9),
-                            "throughput/tokens_per_s": n_tok / max(t1 - t0, 1e-9)})
-            # the step's training is done: a crash from here on keeps it, with its row
-            done, pending = i + 1, metrics
-            boundary = {k: v if k in own else Snapshot(v) for k, v in objects.items()}
-            finish_step(i + 1, metrics)
-            boundary, pending = objects, None
-            if stopped(i + 1, metrics):
-                if i + 1 not in [s for s, _ in step_dirs(run)]:
-                    checkpoint(i + 1)
-                break
-    except BaseException as e:
-        saved = [s for s, _ in step_dirs(run)]
+    def snapshot(self) -> dict[str, Any]:
+        """The checkpoint objects as they are now: the policies' own (which only the update
+        changes) by reference, the others copied (`Snapshot`)."""
+        return {k: v if k in self.own else Snapshot(v) for k, v in self.objects.items()}
+
+    def write_references(self) -> None:
+        """A fresh run: each policy's KL reference weights into the run folder, with their
+        digests for the checkpoints' meta."""
+        for p in self.policies:
+            ref = p.learner.reference_state()
+            if ref is not None:
+                self.ref_sha256[p.key("reference_sha256")] = sha256_file(
+                    write_tensors(self.run / p.reference_file, ref))
+
+    def restore(self) -> dict[str, Any] | None:
+        """A resumed run: weights, learner, stage, RNG and user state from the newest intact
+        checkpoint, the reference weights checked against its digests, the metrics log cut
+        back to it. Returns the row its crash checkpoint still holds, if any."""
+        run, policies = self.run, self.policies
+        ckpt = latest_intact_checkpoint(run, set_aside=True)  # checks every file's sha256
+        if ckpt is None:
+            raise FileNotFoundError(f"{run} has no checkpoint to resume from")
+        has_ref = {p.name: p.learner.reference_state() is not None for p in policies}
+        weights = {p.name: load_weights(ckpt, p.weights_name, verify=False) for p in policies}
+        doc = load_checkpoint(ckpt, self.objects, verify=False)
+        for p in policies:
+            p.load_weights(weights[p.name])
+            if has_ref[p.name]:
+                key = p.key("reference_sha256")
+                digest = doc["meta"].get(key)
+                p.learner.load_reference_state(_load_reference(run, p.reference_file, digest))
+                self.ref_sha256[key] = digest or sha256_file(run / p.reference_file)  # older
+        self.done = int(doc["step"])
+        pending_row = doc["meta"].get(PENDING_ROW)
+        truncate_metrics(run / METRICS_FILE, self.done - (pending_row is not None))
+        save_config(self.cfg, run / CONFIG_FILE)  # the resumed config, once its checkpoint loaded
+        return pending_row
+
+    def open_log(self) -> None:
+        """The metrics log (from the step the run starts at) and the best checkpoint's
+        record."""
+        cfg, lg = self.cfg, self.cfg.logging
+        self.logger = MetricsLogger(self.run, total_steps=cfg.train.steps, start_step=self.done,
+                                    progress=lg.progress, keys=lg.keys,
+                                    tensorboard=lg.tensorboard, wandb=lg.wandb,
+                                    wandb_project=lg.wandb_project, config=to_dict(cfg))
+        if self.best is not None:
+            self.best.resume(self.done)
+
+    def checkpoint(self, step: int, stateful: Mapping[str, Any] | None = None,
+                   meta: dict[str, Any] | None = None) -> None:
+        save_checkpoint(self.run, step,
+                        weights={p.weights_name: p.weights() for p in self.policies},
+                        stateful=self.objects if stateful is None else stateful,
+                        meta={**self.ref_sha256, **(meta or {})}, keep=self.cfg.checkpoint.keep,
+                        protect=self.best and self.best.step)
+
+    def crash_checkpoint(self, e: BaseException) -> None:
+        """After an exception: a checkpoint of the last finished step, when it can be
+        exact (module docstring), else a warning that says where a resume starts."""
+        saved = [s for s, _ in step_dirs(self.run)]
+        done = self.done
         if done in saved or done == 0:
-            pass  # nothing to add (a run stopped in its first step simply starts again)
-        elif boundary is None:
+            return  # nothing to add (a run stopped in its first step simply starts again)
+        if self.boundary is None:
             log.warning("%s part-way through step %d: no crash checkpoint (it would mix two "
                         "steps); --resume continues from step %s", type(e).__name__, done + 1,
                         saved[-1] if saved else "0 (none saved: start again)")
-        else:
-            try:
-                row = {} if pending is None else {PENDING_ROW: pending}
-                checkpoint(done, boundary, {"crash": f"{type(e).__name__}: {e}", **row})
-            except Exception as save_error:  # e.g. the disk is full: report the first error
-                log.warning("could not write a crash checkpoint at step %d: %s", done,
-                            save_error)
-        raise
-    finally:
-        logger.close()
-    return run
+            return
+        try:
+            row = {} if self.pending is None else {PENDING_ROW: self.pending}
+            self.checkpoint(done, self.boundary, {"crash": f"{type(e).__name__}: {e}", **row})
+        except Exception as save_error:  # e.g. the disk is full: report the first error
+            log.warning("could not write a crash checkpoint at step %d: %s", done, save_error)
 
 
 @dataclass
