@@ -291,7 +291,7 @@ def test_one_optimizer_step_takes_its_old_logprobs_from_the_loss_forward(micro, 
     # (else it is lr sign(g), which rounding can flip where g is ~0)
     cfg = dict(train__epochs=1, train__microbatch_size=micro, optim__eps=10.0, optim__lr=10.0)
     given = Learner(th.tiny_qwen(11), make_cfg(**cfg))
-    recomputed = given._per_row(batch, "policy")
+    recomputed = given.policy_logprobs(batch)
     given.update(replace(batch, old_logp=recomputed), adv)
     learner = Learner(th.tiny_qwen(11), make_cfg(algorithm__recompute_old_logp=True, **cfg))
     passes = []

@@ -238,7 +238,7 @@ class RayRollouts:
         if d.correction == "off" or not batch.n_rows:
             return batch, adv, metrics
         # the learner's policy before this update (the proximal policy of decoupled PPO)
-        logp_old = learner._per_row(batch, "policy")
+        logp_old = learner.policy_logprobs(batch)
         weights, stats = importance_weights(logp_old, batch.old_logp, batch.action_mask,
                                             level=d.correction, clip=d.correction_clip)
         metrics.update({f"distributed/is_{k}": v for k, v in stats.items()})

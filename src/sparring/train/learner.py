@@ -235,6 +235,11 @@ class Learner:
             raise ValueError("this learner has no critic (algorithm.value is off)")
         return self._per_row(batch, "values")
 
+    def policy_logprobs(self, batch: TurnBatch) -> Tensor:
+        """The current policy's log-probs of the action tokens ``[n, T]``, no gradient (the
+        proximal policy of an off-policy correction: `sparring.distributed.RayRollouts`)."""
+        return self._per_row(batch, "policy")
+
     def ref_logprobs(self, batch: TurnBatch) -> Tensor:
         if not self.needs_ref:
             raise ValueError("this run has no reference model (algorithm.kl.coef is 0)")
@@ -439,7 +444,7 @@ class Learner:
         # forward supplies them (None) instead of a second pass over every row
         one_step = cfg.train.epochs == 1 and mb >= n
         old = (batch.old_logp if not a.recompute_old_logp else None if one_step
-               else self._per_row(batch, "policy"))
+               else self.policy_logprobs(batch))
         ref = None
         if self.needs_ref:
             ref = batch.ref_logp if batch.ref_logp is not None else self.ref_logprobs(batch)
