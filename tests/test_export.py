@@ -117,3 +117,47 @@ def test_export_never_writes_over_its_run_or_a_foreign_folder(tmp_path):
     assert main(["export", str(run), str(out)]) == 0
     assert main(["export", str(run), str(out), "--overwrite"]) == 0  # an export: replaced
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "notes", "run"]  # no temporaries
+
+
+def test_the_average_policy_is_the_magnet_the_run_evaluated(tmp_path):
+    """`--average` (load_policy, export, eval, play) loads the magnet the run's own
+    evaluation scored: its exploitability from the checkpoint equals the
+    `exploitability_average` the run logged from the learner's in-memory magnet (and the
+    plain load equals the logged `exploitability`), the export writes those weights, and a
+    run without a magnet is refused by name."""
+    pytest.importorskip("peft", reason="needs the 'lora' extra: pip install 'sparring[lora]'")
+    from sparring.eval.games import policy_exploitability
+    from sparring.rollout.schedule import make_arena
+    from sparring.train.restore import load_policy
+
+    run = tmp_path / "run"
+    cfg = Config.load("example_lora_magnet", [
+        "train.steps=2", "rollout.episodes_per_step=32", "eval.at_start=false",
+        "eval.opponents=[]", "logging.progress=false", "checkpoint.every=0", "eval.every=2",
+        "optim.lr=0.05", "optim.warmup_steps=0", "algorithm.kl.magnet_rate=0.5",
+        "train.minibatch_size=0", "train.microbatch_size=0", f"train.run_dir={run}"])
+    Trainer(cfg).fit()
+    last = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][-1]
+    arena = make_arena(cfg.rollout)
+    current, _, _ = load_policy(run)
+    average, _, _ = load_policy(run, average=True)
+    got = policy_exploitability(arena, average, "kuhn_poker", {})
+    assert got == pytest.approx(last["eval/kuhn_poker/exploitability_average"], abs=1e-5)
+    assert policy_exploitability(arena, current, "kuhn_poker", {}) == pytest.approx(
+        last["eval/kuhn_poker/exploitability"], abs=1e-5)
+    assert abs(got - last["eval/kuhn_poker/exploitability"]) > 1e-4  # two different policies
+    out = tmp_path / "hf"
+    assert main(["export", str(run), str(out), "--average"]) == 0
+    assert json.loads((out / "sparring_export.json").read_text())["average"] is True
+    from transformers import AutoModelForCausalLM
+
+    exported = AutoModelForCausalLM.from_pretrained(out)
+    for system, user, action in PROMPTS:
+        torch.testing.assert_close(_logprobs(exported, average.tokenizer, system, user, action),
+                                   _logprobs(average.model, average.tokenizer, system, user,
+                                             action), atol=1e-5, rtol=0)
+    plain = tmp_path / "plain"
+    Trainer("default", overrides=[*FAST, f"train.run_dir={plain}", "algorithm.kl.coef=0"]).fit()
+    with pytest.raises(ValueError, match="--average: this run has no average policy"):
+        load_policy(plain, average=True)
+    assert main(["export", str(plain), str(tmp_path / "x"), "--average"]) == 2

@@ -239,7 +239,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     try:
         out = export(args.run_dir, args.out_dir, dtype=args.dtype, overwrite=args.overwrite,
-                     trust_remote_code=args.trust_remote_code, policy=args.policy)
+                     trust_remote_code=args.trust_remote_code, policy=args.policy,
+                     average=args.average)
     except (FileNotFoundError, FileExistsError, ValueError, ImportError) as e:
         Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {e}")
         return 2
@@ -279,8 +280,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         envs = [env_entry(e).name for e in args.env or []]
     except UnknownNameError as e:
         raise CommandError(f"--env: {e}") from None
-    policies, cfg, ckpt = load_policies(args.checkpoint,
-                                        trust_remote_code=args.trust_remote_code)
+    policies, cfg, ckpt = load_policies(args.checkpoint, trust_remote_code=args.trust_remote_code,
+                                        average=args.average)
     if args.policy is not None:
         check_policy_name(cfg, args.policy)
     several = bool(cfg.policies)
@@ -364,7 +365,8 @@ def cmd_play(args: argparse.Namespace) -> int:
     if sys.stdin is None or sys.stdin.closed:
         raise CommandError("play reads your moves from stdin, which is closed: run it in a "
                            "terminal or pipe the moves in")
-    policies, cfg, _ = load_policies(args.checkpoint, trust_remote_code=args.trust_remote_code)
+    policies, cfg, _ = load_policies(args.checkpoint, trust_remote_code=args.trust_remote_code,
+                                     average=args.average)
     if args.policy is not None:
         check_policy_name(cfg, args.policy)
     env = env or cfg.envs[0].name
@@ -481,6 +483,10 @@ def build_parser() -> argparse.ArgumentParser:
     pp.add_argument("--policy", metavar="NAME",
                     help="a run with several policies: this one plays every model seat "
                     "(default: each seat its own policy)")
+    for sp in (xp, ep, pp):
+        sp.add_argument("--average", action="store_true",
+                        help="the run's average policy instead of its last one: the magnet "
+                        "(algorithm.kl.reference=magnet), an average of its recent weights")
     rp.add_argument("--out", default=None, help="output folder (default: RUN_DIR/report)")
     p.add_argument("--debug", action="store_true",
                    help="show the full traceback of an error instead of one line")

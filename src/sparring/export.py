@@ -59,12 +59,13 @@ def check_target(run_dir: str | Path, out_dir: str | Path, *, overwrite: bool) -
 
 def export(source: str | Path, out_dir: str | Path, *, dtype: str | None = None,
            overwrite: bool = False, trust_remote_code: bool = False,
-           policy: str | None = None) -> Path:
+           policy: str | None = None, average: bool = False) -> Path:
     """Write the policy at ``source`` (a run folder or a checkpoint folder) to ``out_dir``
     as a Hugging Face folder; ``dtype``: the weights' dtype (default: the run's
     ``model.dtype``); ``trust_remote_code``: as for `load_policy` (off: a run folder's
     config cannot make a model's own code run); ``policy``: which one of a run with
-    several policies. Returns ``out_dir``."""
+    several policies; ``average``: the run's magnet, an average of its recent policies
+    (`sparring.train.restore.load_magnet`). Returns ``out_dir``."""
     from sparring.train.restore import load_policy
 
     if dtype is not None and dtype not in DTYPES:
@@ -74,7 +75,7 @@ def export(source: str | Path, out_dir: str | Path, *, dtype: str | None = None,
 
     hf_logging.disable_progress_bar()  # a one-line command, not a progress display
     loaded, cfg, ckpt = load_policy(source, device="cpu", trust_remote_code=trust_remote_code,
-                                    policy=policy)
+                                    policy=policy, average=average)
     check_target(ckpt.parent.parent, out, overwrite=overwrite)  # the checkpoint's run
     if policy is not None:  # its own model and lora sections
         from sparring.train.config import policy_config
@@ -90,7 +91,8 @@ def export(source: str | Path, out_dir: str | Path, *, dtype: str | None = None,
         step = json.loads((ckpt / "state.json").read_text(encoding="utf-8")).get("step")
         info = {"source": str(Path(source).resolve()), "checkpoint": str(ckpt.resolve()),
                 "step": step, "base_model": cfg.model.name, "lora_merged": cfg.lora.enabled,
-                "dtype": dtype or cfg.model.dtype, **({"policy": policy} if policy else {})}
+                "dtype": dtype or cfg.model.dtype, **({"policy": policy} if policy else {}),
+                **({"average": True} if average else {})}
         (tmp / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
         if out.exists():
             shutil.rmtree(out)

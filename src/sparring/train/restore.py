@@ -20,8 +20,16 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+import torch
+
 from sparring.policy.hf import HFPolicy
-from sparring.train.checkpoint import latest_intact_checkpoint, load_weights, verify_checkpoint
+from sparring.train.checkpoint import (
+    CheckpointError,
+    latest_intact_checkpoint,
+    load_weights,
+    read_tensors,
+    verify_checkpoint,
+)
 from sparring.train.config import Config, ConfigError, from_dict, policy_config, read_yaml
 from sparring.train.lora import apply_lora, load_trainable_state
 from sparring.train.setup import load_model
@@ -117,14 +125,20 @@ def check_policy_name(cfg: Config, policy: str | None) -> None:
 
 
 def load_policy(path: str | Path, device: str | None = None, *, trust_remote_code: bool = False,
-                policy: str | None = None) -> tuple[HFPolicy, Config, Path]:
+                policy: str | None = None, average: bool = False) -> tuple[HFPolicy, Config, Path]:
     """The policy saved at ``path`` (a run folder or checkpoint), its config and checkpoint;
-    ``policy``: which one of a run with several (required there, see `check_policy_name`).
-    The model's own code runs only with ``trust_remote_code`` (see the module docstring)."""
+    ``policy``: which one of a run with several (required there, see `check_policy_name`);
+    ``average``: the run's magnet instead (`load_magnet`). The model's own code runs only
+    with ``trust_remote_code`` (see the module docstring)."""
     cfg = read_run_config(_config_file(path), trust_remote_code=trust_remote_code)
     check_policy_name(cfg, policy)
     run, ckpt = find_checkpoint(path)  # verified whole: its files are read once more below
     pcfg = cfg if policy is None else policy_config(cfg, policy)
+    if average and not (pcfg.algorithm.kl.reference == "magnet" and pcfg.algorithm.kl.coef):
+        raise ValueError("--average: this run has no average policy to load (it is the "
+                         "magnet of algorithm.kl.reference=magnet with a coef above 0; "
+                         f"this run has reference={pcfg.algorithm.kl.reference!r}, "
+                         f"coef={pcfg.algorithm.kl.coef})")
     suffix = "" if policy is None else f".{policy}"
     model, tok = load_model(pcfg)
     if pcfg.lora.enabled:
@@ -132,19 +146,46 @@ def load_policy(path: str | Path, device: str | None = None, *, trust_remote_cod
         load_trainable_state(model, load_weights(ckpt, f"adapter{suffix}", verify=False))
     else:
         load_trainable_state(model, load_weights(ckpt, f"model{suffix}", verify=False))
+    if average:
+        load_magnet(model, ckpt, policy)
     loaded = HFPolicy(model, tok, device=device or pcfg.model.device, seed=cfg.train.seed,
-                      name=f"{run.name}{'/' + policy if policy else ''}@{ckpt.name}")
+                      name=f"{run.name}{'/' + policy if policy else ''}@{ckpt.name}"
+                      f"{'/average' if average else ''}")
     return loaded, cfg, ckpt
 
 
+def load_magnet(model: torch.nn.Module, ckpt: Path, policy: str | None = None) -> None:
+    """Put the magnet's weights into ``model`` in place of the policy's: the EMA of the
+    trained weights that ``algorithm.kl.reference=magnet`` pulls towards (R-NaD / MMD), an
+    average of recent policies, which the learner's state in ``ckpt`` holds (its trained
+    parameters only: the adapter with LoRA). In self-play it is often steadier than the
+    last policy (docs/benchmarks.md: Kuhn poker)."""
+    prefix = f"learner.{policy}.magnet." if policy else "learner.magnet."
+    state = read_tensors(ckpt / "state.safetensors")
+    magnet = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+    if not magnet:
+        raise CheckpointError(f"{ckpt} holds no magnet weights (a checkpoint from before the "
+                              "run had a magnet?)")
+    params = dict(model.named_parameters())
+    unknown = [k for k in magnet if k not in params]
+    if unknown:
+        raise CheckpointError(f"{ckpt}: the magnet's weights do not match the model "
+                              f"({len(unknown)} unknown, e.g. {unknown[0]})")
+    with torch.no_grad():
+        for k, v in magnet.items():
+            params[k].copy_(v)
+
+
 def load_policies(path: str | Path, device: str | None = None, *,
-                  trust_remote_code: bool = False
+                  trust_remote_code: bool = False, average: bool = False
                   ) -> tuple[dict[str, HFPolicy], Config, Path]:
     """Every policy of a run with several (``{name: policy}``, all from one checkpoint),
-    its config and that checkpoint; ``{'': policy}`` for a run with one."""
+    its config and that checkpoint; ``{'': policy}`` for a run with one; ``average``: each
+    one's magnet (`load_magnet`)."""
     cfg = read_run_config(_config_file(path), trust_remote_code=trust_remote_code)
     _, ckpt = find_checkpoint(path)
-    out = {n or "": load_policy(ckpt, device, trust_remote_code=trust_remote_code, policy=n)[0]
+    out = {n or "": load_policy(ckpt, device, trust_remote_code=trust_remote_code, policy=n,
+                                average=average)[0]
            for n in list(cfg.policies) or [None]}
     return out, cfg, ckpt
 
