@@ -253,3 +253,37 @@ def test_device_auto_is_the_gpu_when_there_is_one_else_the_cpu(tiny):
     model, tok = tiny
     want = "cuda" if torch.cuda.is_available() else "cpu"
     assert HFPolicy(model, tok, device="auto").device.type == want
+
+
+def test_prompts_that_share_a_seat_prompt_run_it_once_and_generate_as_alone(tiny):
+    """Two prompts share the system prompt and a seat's own rules after it, the third only
+    the system prompt: the prefill runs the common start (1 row), then X's rules once for
+    the two prompts that share them, then the rests; greedy generation equals a plain
+    argmax loop over the full sequence."""
+    model, tok = tiny
+    pol = HFPolicy(model, tok)
+    seat = {"X": "Seat X: you move first, so take the centre.\n",
+            "O": "Seat O: answer a corner with the centre.\n"}
+    prompts = [tok.encode(SYSTEM + seat[s] + obs, add_special_tokens=False)
+               for s, obs in (("X", "x.."), ("X", "x.o.."), ("O", "o"))]
+    shapes = []
+    hook = model.register_forward_pre_hook(
+        lambda _m, _a, kw: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True)
+    try:
+        gens = pol.generate(prompts, SamplingParams(greedy=True, max_new_tokens=5))
+    finally:
+        hook.remove()
+    common = len(tok.encode(SYSTEM + "Seat ", add_special_tokens=False))  # all three
+    x_rules = len(tok.encode(SYSTEM + seat["X"] + "x.", add_special_tokens=False)) - common
+    assert shapes[0] == (1, common)
+    assert shapes[1] == (2, x_rules)  # a row per seat; O's has only its first token to share
+    for p, g in zip(prompts, gens):
+        seq, ref = list(p), []
+        with torch.no_grad():
+            for _ in range(5):
+                nxt = int(model(torch.tensor([seq])).logits[0, -1].argmax())
+                ref.append(nxt)
+                seq.append(nxt)
+                if nxt == tok.eos_token_id:
+                    break
+        assert g.token_ids == ref

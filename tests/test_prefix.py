@@ -27,12 +27,18 @@ def test_first_action_positions():
     assert got.tolist() == [2, 3, 1]  # no action tokens: whole length; never below 1
 
 
-def _batch(seed: int, longest: int = 6, shared: int = 0):
+def _batch(seed: int, longest: int = 6, shared: int = 0, cluster: int = 0):
     """12 right-padded rows: 3 distinct prompts (lengths 3, 5, 2 after ``shared`` common
-    tokens) x 4, continuations of 1 to ``longest`` tokens, one row with no action token."""
+    tokens; prompts 0 and 1 also share ``cluster`` tokens after those, which prompt 2 does
+    not start with: a seat's own system prompt) x 4, continuations of 1 to ``longest``
+    tokens, one row with no action token."""
     g = torch.Generator().manual_seed(seed)
     start = torch.randint(3, 60, (shared,), generator=g)
-    prompts = [torch.cat([start, torch.randint(3, 60, (k,), generator=g)]) for k in (3, 5, 2)]
+    seat = torch.cat([torch.tensor([61]), torch.randint(3, 60, (cluster - 1,), generator=g)]) \
+        if cluster else torch.zeros(0, dtype=torch.long)
+    other = torch.tensor([62]) if cluster else torch.zeros(0, dtype=torch.long)
+    prompts = [torch.cat([start, s, torch.randint(3, 60, (k,), generator=g)])
+               for s, k in ((seat, 3), (seat, 5), (other, 2))]
     rows, plens = [], []
     for i in range(12):
         p = prompts[i % 3]
@@ -51,16 +57,27 @@ def _batch(seed: int, longest: int = 6, shared: int = 0):
     return ids, att, amask
 
 
-@pytest.mark.parametrize("temperature,longest,shared", [(1.0, 6, 0), (0.7, 6, 0), (1.0, 1, 0),
-                                                        (1.0, 6, 12)])  # 12: a common start
-def test_shared_prefix_equals_full_forward(temperature, longest, shared):
+@pytest.mark.parametrize("temperature,longest,shared,cluster,passes", [
+    (1.0, 6, 0, 0, 1), (0.7, 6, 0, 0, 1), (1.0, 1, 0, 0, 1),
+    (1.0, 6, 12, 0, 2),  # 12: a common start, run once
+    (1.0, 6, 12, 10, 3)])  # and 10 more shared by two of the prompts: a pass of their own
+def test_shared_prefix_equals_full_forward(temperature, longest, shared, cluster, passes):
     torch.manual_seed(0)
     model, _ = build_tiny_model(SMALL)
     model.float()
-    ids, att, amask = _batch(1, longest, shared)
+    ids, att, amask = _batch(1, longest, shared, cluster)
     plen = first_action_positions(amask, att.sum(1))
     pre = find_prefixes(ids, plen)
     assert pre.count == 4  # 3 prompts, and row 7's whole row is its own prefix
+    seen = []  # the prompt passes' shapes, then the continuation's (if any)
+    hook = model.register_forward_pre_hook(lambda m, a, kw: seen.append(kw["input_ids"].shape),
+                                           with_kwargs=True)
+    with torch.no_grad():
+        token_logprobs(model, ids, att, prefixes=pre)
+    hook.remove()
+    assert len(seen) == passes + (longest > 1)  # one-token continuations: nothing to feed
+    if passes == 3:  # the cluster's 10 tokens ran once, for the two prompts that share them
+        assert seen[0] == (1, shared) and seen[1] == (2, cluster)
     # constrained decoding at two action positions of two rows
     allowed = [None] * 12
     p0 = int(plen[0])

@@ -2,9 +2,10 @@
 
 GRPO-style groups are G samples of one prompt, and self-play episodes of one group start
 from the same observation, so a batch often holds each prompt many times; and distinct
-prompts often start alike (a system prompt, a chat-template header). Here the start all
-distinct prefixes share runs once (`run_prompts`, used by the sampler's prefill too), then
-each distinct prefix's remainder once (left-padded, with its KV cache), the cache and the
+prompts often start alike (a system prompt, a chat-template header, a seat's or a role's
+own rules). Here the start all distinct prefixes share runs once (`run_prompts`, used by the
+sampler's prefill too), then what each cluster of them shares after it, then each distinct
+prefix's remainder once (left-padded, with its KV cache), the cache and the
 prefix's last logits are indexed out to the rows that share it, and only the rest of each
 row (its "continuation") runs per row. Indexing is differentiable, so the gradient through the
 shared prefix is the sum of the rows' gradients: the same loss and gradient as running
@@ -116,12 +117,18 @@ def run_prompts(model: torch.nn.Module, prompts: Sequence[Sequence[int]], pad_id
     """Run ``k`` distinct prompts: (KV cache, next-token logits ``[k, V]``, attention mask
     ``[k, L]``, next position ``[k]``), each row as if its prompt had run alone.
 
-    The prompts' longest common prefix (a system prompt, a template header) runs once when
-    it has at least `SHARED_PREFIX_MIN` tokens; its cache is copied to every prompt, whose
-    remainder then runs left-padded after it (the padding is masked and positions go on
-    from the prefix). Autograd flows as the caller's context allows (indexing a cache is
-    differentiable: the shared prefix gets the sum of its rows' gradients). ``common``: the
-    prompts' common prefix length when the caller has it.
+    Shared starts run once, in up to three passes over a growing cache:
+    1. the prompts' longest common prefix (a template header, rules every seat reads), when
+       it has at least `SHARED_PREFIX_MIN` tokens;
+    2. within each cluster of prompts that go on with the same token after it (a seat's or
+       a role's own system prompt), the cluster's common continuation, when two or more
+       prompts share `SHARED_PREFIX_MIN` more tokens (other clusters' rows are padding here);
+    3. the rest of every prompt.
+    Each pass is left-padded after the cache so far (the padding is masked, positions go on
+    from each row's length), and its cache rows are copied to the rows of the next. Autograd
+    flows as the caller's context allows (indexing a cache is differentiable: a shared part
+    gets the sum of its rows' gradients). ``common``: the prompts' common prefix length when
+    the caller has it.
     """
     k = len(prompts)
     if common is None:
@@ -129,22 +136,68 @@ def run_prompts(model: torch.nn.Module, prompts: Sequence[Sequence[int]], pad_id
     P0 = min(common, min(len(q) for q in prompts) - 1) if k > 1 else 0
     if P0 < SHARED_PREFIX_MIN:
         P0 = 0
-    cache = None
+    run = _Extension(model, pad_id, device)
+    members = [0] * k  # each prompt's cluster (pass 2)
+    starts = [P0]  # where each cluster's rest begins
     if P0:
-        out = model(input_ids=torch.as_tensor([list(prompts[0][:P0])], device=device),
-                    use_cache=True, logits_to_keep=1)
-        cache = select_rows(out.past_key_values, torch.zeros(k, dtype=torch.long, device=device))
-    L = max(len(q) for q in prompts) - P0
-    ids = torch.full((k, L), pad_id, dtype=torch.long)
-    rest = torch.zeros((k, L), dtype=torch.long)
-    for i, q in enumerate(prompts):
-        ids[i, L - len(q) + P0:] = torch.as_tensor(list(q[P0:]), dtype=torch.long)
-        rest[i, L - len(q) + P0:] = 1
-    ids, rest = ids.to(device), rest.to(device)
-    mask = torch.cat([torch.ones((k, P0), dtype=torch.long, device=device), rest], 1)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=P0 + (rest.cumsum(-1) - 1)
-                .clamp(min=0), past_key_values=cache, use_cache=True, logits_to_keep=1)
-    return out.past_key_values, out.logits[:, -1], mask, P0 + rest.sum(-1)
+        run.extend(None, [prompts[0][:P0]])
+        firsts, members = distinct([q[P0] for q in prompts])
+        starts = [P0 + _shared_continuation([prompts[i][P0:] for i, m in enumerate(members)
+                                             if m == c]) for c in range(len(firsts))]
+        if any(st > P0 for st in starts):  # pass 2 (no empty-row risk: it follows pass 1)
+            run.extend([0] * len(firsts), [prompts[i][P0:st] for i, st in zip(firsts, starts)])
+        else:
+            members, starts = [0] * k, [P0]
+    logits = run.extend(members if run.cache is not None else None,
+                        [q[starts[m]:] for q, m in zip(prompts, members)])
+    return run.cache, logits, run.mask, run.next_pos
+
+
+def _shared_continuation(rests: Sequence[Sequence[int]]) -> int:
+    """How many leading tokens a cluster's prompts (past the common prefix) share, worth a
+    pass of their own: 0 for a single prompt or fewer than `SHARED_PREFIX_MIN` tokens; at
+    most the shortest rest minus one (every prompt keeps a token for the last pass)."""
+    if len(rests) < 2:
+        return 0
+    n = min(common_prefix_len(rests), min(len(q) for q in rests) - 1)
+    return n if n >= SHARED_PREFIX_MIN else 0
+
+
+class _Extension:
+    """`run_prompts`' growing state: a KV cache over some rows, its attention mask and each
+    row's next position; `extend` appends one left-padded pass of segments."""
+
+    def __init__(self, model: torch.nn.Module, pad_id: int, device: torch.device | str):
+        self.model, self.pad_id, self.device = model, pad_id, device
+        self.cache: Any = None
+        self.mask: Tensor | None = None
+        self.next_pos: Tensor | None = None
+
+    def extend(self, parent: Sequence[int] | None, segments: Sequence[Sequence[int]]) -> Tensor:
+        """Rows ``segments[j]``, each after the cache row ``parent[j]`` (None: no cache yet);
+        returns the next-token logits after each ``[n, V]``."""
+        dev, n = self.device, len(segments)
+        if self.cache is not None:
+            sel = torch.as_tensor(list(parent), dtype=torch.long, device=dev)
+            self.cache = select_rows(self.cache, sel)
+            before, start = self.mask[sel], self.next_pos[sel]
+        else:
+            before = torch.zeros((n, 0), dtype=torch.long, device=dev)
+            start = torch.zeros(n, dtype=torch.long, device=dev)
+        L = max(max((len(q) for q in segments), default=0), 1)
+        ids = torch.full((n, L), self.pad_id, dtype=torch.long)
+        real = torch.zeros((n, L), dtype=torch.long)
+        for i, q in enumerate(segments):
+            if len(q):
+                ids[i, L - len(q):] = torch.as_tensor(list(q), dtype=torch.long)
+                real[i, L - len(q):] = 1
+        ids, real = ids.to(dev), real.to(dev)
+        self.mask = torch.cat([before, real], 1)
+        out = self.model(input_ids=ids, attention_mask=self.mask,
+                         position_ids=start[:, None] + (real.cumsum(-1) - 1).clamp(min=0),
+                         past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        self.cache, self.next_pos = out.past_key_values, start + real.sum(-1)
+        return out.logits[:, -1]
 
 
 def shared_prefix_logits(model: torch.nn.Module, ids: Tensor, att: Tensor, pre: Prefixes,
