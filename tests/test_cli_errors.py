@@ -662,3 +662,18 @@ def test_a_damaged_pool_snapshot_stops_the_resume_with_one_line(damage, tmp_path
     line = one_line_error(err)
     assert f"{folder}/pool/step-00000" in line and "model.safetensors" in line
     assert ("sha256" if damage == "flipped bits" else "bytes, the manifest says") in line
+
+
+def test_a_resume_trains_with_the_config_the_command_read(tmp_path, capsys):
+    """`train --resume` reads the run's config once, with its checks, and the loop trains
+    with that config: a plugin named with --plugin on the resume is part of the run (its
+    saved config lists it), where the loop used to read config.yaml again without it."""
+    folder = tmp_path / "run"
+    assert cli(capsys, "train", *TINY, "train.steps=1", f"train.run_dir={folder}")[0] == 0
+    plugin = tmp_path / "noop_plugin.py"
+    plugin.write_text("VALUE = 1\n")
+    rc, _, err = cli(capsys, "train", "--resume", str(folder), "--plugin", str(plugin),
+                     "train.steps=2")
+    assert rc == 0, err
+    saved = yaml.safe_load((folder / "config.yaml").read_text())
+    assert saved["train"]["steps"] == 2 and saved["plugins"] == [str(plugin)]

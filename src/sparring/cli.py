@@ -133,7 +133,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         if args.resume:
             run = resume(args.resume, parts.model, parts.rollout_fn, parts.eval_fn,
-                         parts.stateful, overrides=overrides, pad_id=parts.pad_id)
+                         parts.stateful, pad_id=parts.pad_id, cfg=cfg)
         else:
             run = train(cfg, parts.model, parts.rollout_fn, parts.eval_fn, parts.stateful,
                         run_dir=run_dir, pad_id=parts.pad_id)

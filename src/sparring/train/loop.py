@@ -482,9 +482,11 @@ def check_steps_left(run_dir: str | Path, steps: int) -> None:
 
 def resume(run_dir: str | Path, model: Models, rollout_fn: RolloutFn,
            eval_fn: EvalFn | None = None, stateful: Mapping[str, Any] | None = None, *,
-           overrides: Sequence[str] = (), pad_id: int = 0, on_row: OnRow | None = None) -> Path:
+           overrides: Sequence[str] = (), pad_id: int = 0, on_row: OnRow | None = None,
+           cfg: Config | None = None) -> Path:
     """Continue the run in ``run_dir`` from its newest intact checkpoint (its saved config +
-    ``overrides``, e.g. ``train.steps=200`` to extend it)."""
+    ``overrides``, e.g. ``train.steps=200`` to extend it; ``cfg``: that config when the
+    caller has already read it, as ``sparring train --resume`` has, checks included)."""
     run = Path(run_dir)
     if not step_dirs(run):
         why = ("does not exist" if not run.is_dir() else
@@ -492,7 +494,8 @@ def resume(run_dir: str | Path, model: Models, rollout_fn: RolloutFn,
                "starts again without --resume)")
         raise FileNotFoundError(f"{run} {why}")
     with sigterm_as_interrupt(), RunLock(run):
-        cfg = load_config(run / CONFIG_FILE, list(overrides))
+        if cfg is None:
+            cfg = load_config(run / CONFIG_FILE, list(overrides))
         check_steps_left(run, cfg.train.steps)
         return _train(cfg, model, rollout_fn, eval_fn, stateful, run, pad_id, resume=True,
                       on_row=on_row)
