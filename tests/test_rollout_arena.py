@@ -414,3 +414,26 @@ def test_an_answer_prefix_is_given_and_the_env_parses_the_whole_answer():
     assert arena.written("2") == "2]"
     with pytest.raises(ValueError, match="answer_prefix='<b>' must start answer_format"):
         Arena(prompt=PromptConfig(answer_prefix="<b>"), answer_format="<a>{}</a>")
+
+
+def test_strict_format_counts_only_an_answer_that_is_exactly_the_format():
+    """strict_format: "<a>1</a>" plays 1; "<a>2 1</a>" (the env would read the last move, 1)
+    and "I say <a>1</a>" are invalid and forfeit; without it the env's lenient parser plays
+    them. The forfeiting seat's turn is marked unparsable with the format in its error."""
+    tok = build_tiny_model({"seed": 2})[1]
+
+    def play(answer, strict):
+        stub = Stub(tok, lambda call, row, allowed: answer)
+        arena = Arena(SamplingParams(max_new_tokens=8), PromptConfig("state"),
+                      InvalidActionPolicy("forfeit"), answer_format="<a>{}</a>",
+                      strict_format=strict)
+        return arena.play(lambda: Race(2, target=3), seeds=[0], seat_players=stub)[0]
+
+    ok = play("<a>1</a>", True)
+    assert "forfeit" not in ok.info and len(ok.turns) == 3  # 0 -> 1 -> 2 -> 3
+    for answer in ("<a>2 1</a>", "I say <a>1</a>"):
+        bad = play(answer, True)
+        assert bad.info["forfeit"] == 0 and bad.turns[0].invalid == "unparsable"
+        assert len(bad.turns) == 1 and bad.returns[0] == -1.0
+        lenient = play(answer, False)
+        assert "forfeit" not in lenient.info

@@ -4,6 +4,8 @@
   inside an answer tag (``<answer>...</answer>``), else takes the *last* legal action
   mentioned in the text as a whole word.
 * `parse_tagged`: free-text answers inside an answer tag (or the whole stripped text).
+* `strict_answer`: whether a text is exactly an answer format with one move in it (the
+  arena's ``strict_format``: a move buried in prose does not count).
 """
 
 from __future__ import annotations
@@ -69,3 +71,19 @@ def parse_tagged(text: object, require_tag: bool = False) -> ParseResult:
     if not span:
         return ParseResult("unparsable", error="empty answer")
     return ParseResult("legal", action=span)
+
+
+def strict_answer(text: object, answer_format: str) -> str | None:
+    """The move of ``text`` when the whole text is ``answer_format`` with one move in it
+    (``"<answer>{}</answer>"``: ``"<answer>bet</answer>"``; whitespace around the text and
+    around the move aside, letter case kept), else None: prose around it, a missing or
+    repeated tag, a line break, an empty move. Whether the move is one action, and legal,
+    is the env's to say (`Arena` checks that it reads the move as written)."""
+    before, after = answer_format.split("{}")
+    t = clean(text).strip()
+    if not (t.startswith(before) and t.endswith(after) and len(t) >= len(before) + len(after)):
+        return None
+    move = t[len(before):len(t) - len(after)].strip()
+    if not move or any(c in move for c in "\n<>"):
+        return None
+    return move

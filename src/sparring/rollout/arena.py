@@ -56,9 +56,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sparring.data import Episode, Turn
-from sparring.envs.base import Env
+from sparring.envs.base import Env, ParseResult
 from sparring.envs.invalid import InvalidActionPolicy, retry_feedback
 from sparring.envs.lookahead import tactical_actions
+from sparring.envs.parsing import strict_answer
 from sparring.policy.sampling import Generation, SamplingParams
 from sparring.rollout.players import BotPlayer, ModelPlayer, Player, as_player
 from sparring.rollout.prompts import Exchange, PromptBuilder, PromptConfig, Rendered
@@ -91,10 +92,14 @@ class Arena:
 
     def __init__(self, sampling: SamplingParams | None = None, prompt: PromptConfig | None = None,
                  invalid: InvalidActionPolicy | None = None, max_turns: int = 100,
-                 answer_format: str = "{}"):
+                 answer_format: str = "{}", strict_format: bool = False):
         """``answer_format``: how a model writes a move in its answer ("{}": the bare move,
         as constrained decoding samples it; "<answer>{}</answer>" for a free-decoding
-        recipe); the exact evaluations (`sparring.eval.games`) score each legal move in it."""
+        recipe); the exact evaluations (`sparring.eval.games`) score each legal move in it.
+        ``strict_format``: a model's answer counts only when it is exactly that format
+        around one move the env reads as written (`sparring.envs.parsing.strict_answer`);
+        anything else is an invalid answer ("unparsable"), so a move named somewhere in
+        prose plays nothing."""
         if max_turns < 1:
             raise ValueError(f"max_turns={max_turns}; must be >= 1")
         if answer_format.count("{}") != 1:
@@ -107,6 +112,7 @@ class Arena:
                              f"{answer_format!r} (the text before the move), since every "
                              "answer starts with it")
         self.answer_format = answer_format
+        self.strict_format = strict_format
         self.sampling = sampling or SamplingParams()
         self.invalid = invalid or InvalidActionPolicy()
         self.max_turns = max_turns
@@ -252,6 +258,8 @@ class Arena:
         if gen is not None:
             s.hist[seat].append(Exchange(s.req["user"], list(gen.token_ids), gen.text))
         parsed = env.parse(seat, text)
+        if self.strict_format and gen is not None:
+            parsed = self._strict(parsed, text)
         if parsed.ok:
             res = env.step(parsed.action)
             self._credit(s, res.rewards, seat, turn)
@@ -278,6 +286,15 @@ class Arena:
         elif len(ep.turns) >= self.max_turns:
             ep.truncated = True
             self._finish(s)
+
+    def _strict(self, parsed: ParseResult, text: str) -> ParseResult:
+        """``parsed`` when ``text`` is exactly the answer format around the move the env
+        read from it (letter case aside), else an "unparsable" result saying the format."""
+        move = strict_answer(text, self.answer_format)
+        if move is not None and (not parsed.ok or move.lower() == str(parsed.action).lower()):
+            return parsed  # well-formed: legal, or the env's own verdict on the move
+        return ParseResult("unparsable", error="answer with exactly one move, written "
+                           f"{self.answer_format.format('MOVE')}")
 
     def _finish(self, s: _Slot) -> None:
         s.done = True

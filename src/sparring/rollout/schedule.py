@@ -107,7 +107,7 @@ def make_arena(r: RolloutConfig) -> Arena:
                             max_prompt_tokens=r.max_prompt_tokens, system_prompt=r.system_prompt,
                             answer_prefix=r.answer_prefix),
         invalid=InvalidActionPolicy(r.invalid_action, r.invalid_penalty, r.max_retries),
-        max_turns=r.max_turns, answer_format=r.answer_format)
+        max_turns=r.max_turns, answer_format=r.answer_format, strict_format=r.strict_format)
 
 
 class Rollouts:

@@ -105,6 +105,11 @@ class RolloutConfig:
         "'<answer>' with answer_format '<answer>{}</answer>' and stop '</answer>', so the "
         "opening tag is given and the move and the closing tag are the model's. It must "
         "start answer_format; the env parses the prefix plus what the model wrote")
+    strict_format: bool = opt(
+        False, "free decoding: an answer counts only when it is exactly answer_format around "
+        "one move (whitespace aside), the move the env reads; anything else, e.g. a move "
+        "named in prose or a missing tag, is an invalid answer (invalid_action decides what "
+        "follows). Off: the env's own parser finds a move anywhere in the text")
     stop: list[str] = opt(
         [], "stop strings: free decoding ends a turn at the first one it generates (e.g. "
         "'</answer>'), as at EOS, instead of running to max_new_tokens; the stop string's "
