@@ -207,3 +207,24 @@ def test_with_an_answer_prefix_the_exact_evaluation_scores_what_follows_it(tmp_p
         assert got[a] == pytest.approx(w, rel=1e-4)
     with pytest.raises(ConfigError, match="rollout.answer_prefix: '<a>' must start"):
         _cfg(["rollout.answer_prefix=<a>", "rollout.answer_format=<answer>{}</answer>"])
+
+
+def test_action_probabilities_sum_to_one_when_rounding_drifts(tmp_path, monkeypatch):
+    """A move's probability is a product over its tokens; under bf16 autocast the products
+    of a position summed to 1 + 1.1e-6 and the exploitability walk refused them (a
+    SmolLM2 free-decoding run crashed at its first evaluation). Rows are renormalised."""
+    import sparring.eval.games as games
+
+    policy = build(_cfg(), tmp_path).policy
+    real = games.token_logprobs
+
+    def drifting(*args, **kwargs):
+        lp, ent = real(*args, **kwargs)
+        return lp + 1e-6, ent  # every token a little more likely than it is
+
+    monkeypatch.setattr(games, "token_logprobs", drifting)
+    prompt = policy.tokenizer.encode("K -", add_special_tokens=False)
+    got = action_probabilities(policy, [prompt], [["pass", "bet"]], "<answer>{}</answer>")[0]
+    assert sum(got.values()) == pytest.approx(1.0, abs=1e-12)
+    value = exploitability("kuhn_poker", lambda info, acts: got)
+    assert 0.0 <= value <= 2.0

@@ -182,8 +182,10 @@ def action_probabilities(policy: HFPolicy, prompts: list[list[int]],
                                allowed=allowed)
     out: list[dict[str, float]] = [{} for _ in prompts]
     for j, (i, a, start, n) in enumerate(index):
-        out[i][a] = float(lp[j, start:start + n].sum().exp())
-    return out
+        out[i][a] = float(lp[j, start:start + n].float().sum().exp())
+    # each row sums to 1 up to rounding (a product of several tokens' restricted
+    # probabilities under bf16 autocast drifts by ~1e-6); the tree walks want it exact
+    return [{a: p / sum(row.values()) for a, p in row.items()} for row in out]
 
 
 def _probabilities_at(policy: HFPolicy, arena: Arena, positions: Sequence[tuple[Any, int]]
