@@ -26,6 +26,20 @@ def _prompts(tok, shared: str = ""):
 SYSTEM = "You play tic-tac-toe. Answer with a digit.\n"  # > SHARED_PREFIX_MIN tokens
 
 
+def _greedy_reference(model, tok, prompt, n):
+    """Up to ``n`` argmax tokens after ``prompt``, re-running the whole sequence each time
+    (no cache, no batching): what batched greedy generation must reproduce."""
+    seq, out = list(prompt), []
+    with torch.no_grad():
+        for _ in range(n):
+            nxt = int(model(torch.tensor([seq])).logits[0, -1].argmax())
+            out.append(nxt)
+            seq.append(nxt)
+            if nxt == tok.eos_token_id:
+                break
+    return out
+
+
 def _right_padded(seqs):
     T = max(len(s) for s in seqs)
     ids = torch.zeros(len(seqs), T, dtype=torch.long)
@@ -76,16 +90,7 @@ def test_greedy_batched_equals_uncached_reference(tiny, shared):
     n_sys = len(tok.encode(SYSTEM, add_special_tokens=False))
     assert shapes[0] == ((1, n_sys) if shared else (3, max(len(p) for p in prompts)))
     for p, g in zip(prompts, gens):
-        seq = list(p)
-        ref = []
-        with torch.no_grad():
-            for _ in range(6):
-                nxt = int(model(torch.tensor([seq])).logits[0, -1].argmax())
-                ref.append(nxt)
-                seq.append(nxt)
-                if nxt == tok.eos_token_id:
-                    break
-        assert g.token_ids == ref
+        assert g.token_ids == _greedy_reference(model, tok, p, 6)
 
 
 def test_seeded_reproducibility(tiny):
@@ -278,12 +283,4 @@ def test_prompts_that_share_a_seat_prompt_run_it_once_and_generate_as_alone(tiny
     assert shapes[0] == (1, common)
     assert shapes[1] == (2, x_rules)  # a row per seat; O's has only its first token to share
     for p, g in zip(prompts, gens):
-        seq, ref = list(p), []
-        with torch.no_grad():
-            for _ in range(5):
-                nxt = int(model(torch.tensor([seq])).logits[0, -1].argmax())
-                ref.append(nxt)
-                seq.append(nxt)
-                if nxt == tok.eos_token_id:
-                    break
-        assert g.token_ids == ref
+        assert g.token_ids == _greedy_reference(model, tok, p, 5)
