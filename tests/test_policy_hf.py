@@ -26,6 +26,18 @@ def _prompts(tok, shared: str = ""):
 SYSTEM = "You play tic-tac-toe. Answer with a digit.\n"  # > SHARED_PREFIX_MIN tokens
 
 
+def _greedy_with_shapes(pol, prompts, n):
+    """``pol``'s greedy generations of up to ``n`` tokens, and the input shape of every
+    forward it ran (to see which prompt parts ran once)."""
+    shapes = []
+    hook = pol.model.register_forward_pre_hook(
+        lambda _m, _a, kw: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True)
+    try:
+        return pol.generate(prompts, SamplingParams(greedy=True, max_new_tokens=n)), shapes
+    finally:
+        hook.remove()
+
+
 def _greedy_reference(model, tok, prompt, n):
     """Up to ``n`` argmax tokens after ``prompt``, re-running the whole sequence each time
     (no cache, no batching): what batched greedy generation must reproduce."""
@@ -79,13 +91,7 @@ def test_greedy_batched_equals_uncached_reference(tiny, shared):
     model, tok = tiny
     pol = HFPolicy(model, tok)
     prompts = _prompts(tok, shared) + _prompts(tok, shared)[::-1]  # each twice: one prefill
-    shapes = []
-    hook = model.register_forward_pre_hook(
-        lambda _m, _a, kw: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True)
-    try:
-        gens = pol.generate(prompts, SamplingParams(greedy=True, max_new_tokens=6))
-    finally:
-        hook.remove()
+    gens, shapes = _greedy_with_shapes(pol, prompts, 6)
     # the common prefix alone (1 row), then the 3 distinct remainders, then decode steps
     n_sys = len(tok.encode(SYSTEM, add_special_tokens=False))
     assert shapes[0] == ((1, n_sys) if shared else (3, max(len(p) for p in prompts)))
@@ -271,13 +277,7 @@ def test_prompts_that_share_a_seat_prompt_run_it_once_and_generate_as_alone(tiny
             "O": "Seat O: answer a corner with the centre.\n"}
     prompts = [tok.encode(SYSTEM + seat[s] + obs, add_special_tokens=False)
                for s, obs in (("X", "x.."), ("X", "x.o.."), ("O", "o"))]
-    shapes = []
-    hook = model.register_forward_pre_hook(
-        lambda _m, _a, kw: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True)
-    try:
-        gens = pol.generate(prompts, SamplingParams(greedy=True, max_new_tokens=5))
-    finally:
-        hook.remove()
+    gens, shapes = _greedy_with_shapes(pol, prompts, 5)
     common = len(tok.encode(SYSTEM + "Seat ", add_special_tokens=False))  # all three
     x_rules = len(tok.encode(SYSTEM + seat["X"] + "x.", add_special_tokens=False)) - common
     assert shapes[0] == (1, common)
