@@ -1,0 +1,43 @@
+"""bench/gpu.py (issue 30) runs whole on a CPU: the smoke test the lent GPU relies on."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "gpu.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("bench_gpu", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_gpu_script_runs_on_a_cpu_and_writes_its_tables(tmp_path):
+    gpu = _load()
+    result = gpu.main(["--device", "cpu", "--quick", "--out", str(tmp_path),
+                       "--cpu-steps-per-s", "default=2.0"])
+    assert json.loads((tmp_path / "gpu.json").read_text()) == json.loads(json.dumps(result))
+    assert "| default | 3 |" in (tmp_path / "gpu.md").read_text()
+    (row,) = result["throughput"]
+    s = gpu.QUICK_SHAPE  # by hand: attention, MLP and two norms per layer, final norm, tied head
+    kv = s["hidden_size"] // s["num_attention_heads"] * s["num_key_value_heads"]
+    layer = 2 * s["hidden_size"] ** 2 + 2 * s["hidden_size"] * kv \
+        + 3 * s["hidden_size"] * s["intermediate_size"] + 2 * s["hidden_size"]
+    want = s["num_hidden_layers"] * layer + s["hidden_size"] + s["vocab_size"] * s["hidden_size"]
+    assert row["params_non_embedding"] == want
+    assert row["sampling_tokens_per_s"] > 0 and row["learner_tokens_per_s"] > 0
+    assert row["learner_mfu"] is None  # no peak known for a CPU
+    default, kuhn = result["recipes"]
+    assert default["steps"] == kuhn["steps"] == 3 and default["steps_per_s"] > 0
+    assert default["speedup_vs_cpu"] == pytest.approx(default["steps_per_s"] / 2.0)
+    assert "speedup_vs_cpu" not in kuhn
+
+
+def test_a_bad_cpu_figure_is_named(tmp_path):
+    with pytest.raises(SystemExit, match="--cpu-steps-per-s: 'leduc=1'"):
+        _load().main(["--device", "cpu", "--quick", "--out", str(tmp_path),
+                      "--cpu-steps-per-s", "leduc=1"])
