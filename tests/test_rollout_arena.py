@@ -411,7 +411,7 @@ def test_an_answer_prefix_is_given_and_the_env_parses_the_whole_answer():
     for t in ep.turns:
         assert t.prompt_ids[-len(prefix_ids):] == prefix_ids
         assert t.action_ids == tok.encode("1]", add_special_tokens=False) + [tok.eos_token_id]
-    assert arena.written("2") == "2]"
+    assert arena.written_format.format("2") == "2]"
     with pytest.raises(ValueError, match="answer_prefix='<b>' must start answer_format"):
         Arena(prompt=PromptConfig(answer_prefix="<b>"), answer_format="<a>{}</a>")
 

@@ -185,24 +185,23 @@ def action_probabilities(policy: HFPolicy, prompts: list[list[int]],
         out[i][a] = float(lp[j, start:start + n].float().sum().exp())
     # each row sums to 1 up to rounding (a product of several tokens' restricted
     # probabilities under bf16 autocast drifts by ~1e-6); the tree walks want it exact
-    return [{a: p / sum(row.values()) for a, p in row.items()} for row in out]
+    totals = [sum(row.values()) for row in out]
+    return [{a: p / z for a, p in row.items()} for row, z in zip(out, totals)]
 
 
 def _probabilities_at(policy: HFPolicy, arena: Arena, positions: Sequence[tuple[Any, int]]
                       ) -> list[dict[str, float]]:
     """`action_probabilities` of ``policy`` at each (env, seat), the prompt being the seat's
     current observation only (and the arena's system prompt), 256 positions a batch."""
-    prefix = arena.prompt.answer_prefix  # ends the prompt; the model writes the rest
     builder = PromptBuilder(policy.tokenizer, PromptConfig(
         history="state", max_prompt_tokens=0, system_prompt=arena.prompt.system_prompt,
-        answer_prefix=prefix))
+        answer_prefix=arena.prompt.answer_prefix))  # it ends the prompt
     prompts = [builder.build(e.system_prompt(seat), [], e.observation(seat)).ids
                for e, seat in positions]
     legal = [e.legal_actions(seat) for e, seat in positions]
-    written = arena.answer_format[len(prefix):]  # Arena checked that the format starts so
     return [pr for s in range(0, len(prompts), 256)
             for pr in action_probabilities(policy, prompts[s:s + 256], legal[s:s + 256],
-                                           written)]
+                                           arena.written_format)]
 
 
 def policy_exploitability(arena: Arena, policy: HFPolicy | Sequence[HFPolicy], env: str,

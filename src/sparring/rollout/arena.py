@@ -118,11 +118,12 @@ class Arena:
         self.max_turns = max_turns
         self._builders: dict[int, PromptBuilder] = {}
 
-    def written(self, action: str) -> str:
-        """What the model writes for ``action`` after the prompt: its `answer_format`
-        without the `PromptConfig.answer_prefix` the prompt already ends with (what the
-        exact evaluations score)."""
-        return self.answer_format.format(action)[len(self.prompt.answer_prefix):]
+    @property
+    def written_format(self) -> str:
+        """How the model writes a move after the prompt: `answer_format` without the
+        `PromptConfig.answer_prefix` the prompt already ends with (what the exact
+        evaluations score; the constructor checked that the format starts so)."""
+        return self.answer_format[len(self.prompt.answer_prefix):]
 
     def _builder(self, p: ModelPlayer) -> PromptBuilder:
         key = id(p)

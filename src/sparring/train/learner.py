@@ -52,7 +52,7 @@ from sparring.policy.prefix import (
     first_action_positions,
 )
 from sparring.train.config import Config
-from sparring.train.lora import is_adapter_weight, is_peft, use_adapter
+from sparring.train.lora import is_adapter_weight, is_peft, load_parameters, use_adapter
 from sparring.train.schedule import LRSchedule, lr_at
 
 log = logging.getLogger(__name__)
@@ -539,10 +539,7 @@ class Learner:
         if "magnet" in st:
             if self.ref_model is None:
                 raise KeyError("checkpoint has magnet weights but this run has no magnet")
-            params = dict(self.ref_model.named_parameters())
-            with torch.no_grad():
-                for k, v in st["magnet"].items():
-                    params[k].copy_(v)
+            load_parameters(self.ref_model, st["magnet"])
 
     def reference_state(self) -> dict[str, Tensor] | None:
         """Weights of a frozen 'initial' reference copy (saved once per run), else None."""

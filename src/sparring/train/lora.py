@@ -95,6 +95,21 @@ def trainable_state(model: nn.Module, adapter: str | None = None) -> dict[str, T
     return model.state_dict()
 
 
+def load_parameters(model: nn.Module, values: Mapping[str, Tensor]) -> None:
+    """Copy ``values`` into ``model``'s parameters of the same names (e.g. a magnet's EMA of
+    the trained ones: `Learner.state_dict`); a name the model lacks is a KeyError."""
+    import torch
+
+    params = dict(model.named_parameters())
+    unknown = [k for k in values if k not in params]
+    if unknown:
+        raise KeyError(f"{len(unknown)} weights do not match the model's parameters, e.g. "
+                       f"{unknown[0]!r}")
+    with torch.no_grad():
+        for k, v in values.items():
+            params[k].copy_(v)
+
+
 def load_trainable_state(model: nn.Module, state: dict[str, Tensor],
                          adapter: str | None = None) -> None:
     """Load what `trainable_state` saved (into adapter ``adapter`` of a shared base)."""

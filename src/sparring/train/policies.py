@@ -79,6 +79,12 @@ def policy_models(cfg: Config, model: Models) -> dict[str, nn.Module]:
     return out
 
 
+def state_key(base: str, policy: str | None) -> str:
+    """A policy's name for ``base`` in a run's files and checkpoint state: ``base`` for the
+    one policy of a run (``policy`` '' or None), ``base.NAME`` for policy NAME."""
+    return f"{base}.{policy}" if policy else base
+
+
 @dataclass
 class TrainedPolicy:
     """One policy the run trains, and the names of its state (module docstring)."""
@@ -90,7 +96,7 @@ class TrainedPolicy:
 
     def key(self, base: str) -> str:
         """``base`` for the one policy of a run, ``base.NAME`` for policy NAME."""
-        return f"{base}.{self.name}" if self.name else base
+        return state_key(base, self.name)
 
     @property
     def weights_name(self) -> str:

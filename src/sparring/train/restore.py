@@ -26,12 +26,13 @@ from sparring.policy.hf import HFPolicy
 from sparring.train.checkpoint import (
     CheckpointError,
     latest_intact_checkpoint,
+    load_checkpoint,
     load_weights,
-    read_tensors,
     verify_checkpoint,
 )
 from sparring.train.config import Config, ConfigError, from_dict, policy_config, read_yaml
-from sparring.train.lora import apply_lora, load_trainable_state
+from sparring.train.lora import apply_lora, load_parameters, load_trainable_state
+from sparring.train.policies import state_key
 from sparring.train.setup import load_model
 
 log = logging.getLogger(__name__)
@@ -160,20 +161,25 @@ def load_magnet(model: torch.nn.Module, ckpt: Path, policy: str | None = None) -
     average of recent policies, which the learner's state in ``ckpt`` holds (its trained
     parameters only: the adapter with LoRA). In self-play it is often steadier than the
     last policy (docs/benchmarks.md: Kuhn poker)."""
-    prefix = f"learner.{policy}.magnet." if policy else "learner.magnet."
-    state = read_tensors(ckpt / "state.safetensors")
-    magnet = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
-    if not magnet:
-        raise CheckpointError(f"{ckpt} holds no magnet weights (a checkpoint from before the "
-                              "run had a magnet?)")
-    params = dict(model.named_parameters())
-    unknown = [k for k in magnet if k not in params]
-    if unknown:
-        raise CheckpointError(f"{ckpt}: the magnet's weights do not match the model "
-                              f"({len(unknown)} unknown, e.g. {unknown[0]})")
-    with torch.no_grad():
-        for k, v in magnet.items():
-            params[k].copy_(v)
+    load_checkpoint(ckpt, {state_key("learner", policy): _MagnetInto(model, ckpt)}, verify=False)
+
+
+class _MagnetInto:
+    """Takes a learner's checkpoint state (`Learner.state_dict`) and loads its magnet into
+    ``model``."""
+
+    def __init__(self, model: torch.nn.Module, ckpt: Path) -> None:
+        self.model, self.ckpt = model, ckpt
+
+    def load_state_dict(self, state: dict) -> None:
+        if "magnet" not in state:
+            raise CheckpointError(f"{self.ckpt} holds no magnet weights (a checkpoint from "
+                                  "before the run had a magnet?)")
+        try:
+            load_parameters(self.model, state["magnet"])
+        except KeyError as e:
+            raise CheckpointError(f"{self.ckpt}: the magnet does not match the model: "
+                                  f"{e.args[0]}") from None
 
 
 def load_policies(path: str | Path, device: str | None = None, *,
