@@ -4,10 +4,14 @@
     PYTHONPATH=src python bench/gpu.py --out OUT --cpu-steps-per-s default=0.9,kuhn_selfplay=1.2
     PYTHONPATH=src python bench/gpu.py --device cpu --quick --out OUT  # the CPU smoke test
 
-Writes ``OUT/gpu.md`` (tables) and ``OUT/gpu.json``. Models are built from configs with
-random weights (the lent machine has no network and no SmolLM2 file; throughput does not
-depend on the weights):
+Writes ``OUT/gpu.md`` (tables) and ``OUT/gpu.json`` (and ``OUT/tests.xml``, pytest's
+report). Models are built from configs with random weights (the lent machine has no network
+and no SmolLM2 file; throughput does not depend on the weights):
 
+0. **The device tests**: the suite's tests that take the ``device`` fixture (`DEVICE_TESTS`:
+   the catalogue against the CPU, the learner, the sampler, mixed precision, every recipe's
+   two steps, a checkpoint and resume) under ``SPARRING_TEST_DEVICE=<device>``, in a
+   subprocess: passed, failed and skipped counts and the failing tests' names.
 1. **Throughput** of a SmolLM2-135M-shaped and a Qwen2.5-0.5B-shaped model, bf16 autocast
    over float32 weights, the LM head in float32 (`sparring.policy.precision`, as
    ``model.precision: bf16-mixed``):
@@ -21,18 +25,24 @@ depend on the weights):
    device (no evaluation, no checkpoints), steps/s; with ``--cpu-steps-per-s`` (measured on
    the CPU machine with ``--device cpu``) the device's speed-up over it.
 
-``--quick`` shrinks everything (a tiny model shape, 3 recipe steps) so the suite can run
-the whole script on a CPU in seconds (tests/test_bench_gpu.py). The suite's own tests do
-not take a device yet; running them on CUDA is left to a later script.
+``--quick`` shrinks everything (a tiny model shape, 3 recipe steps, no device tests) so
+the suite can run the whole script on a CPU in seconds (tests/test_bench_gpu.py);
+``--parts`` picks the parts to run. A part that raises is recorded with its error and the
+others still run, so one broken path on the GPU costs no other figure.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
+import subprocess
+import sys
 import tempfile
 import time
+import traceback
+import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +63,36 @@ QUICK_SHAPE = dict(kind="llama", vocab_size=512, hidden_size=64, num_hidden_laye
                    num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
                    tie_word_embeddings=True)
 RECIPES = ("default", "kuhn_selfplay")
+PARTS = ("tests", "throughput", "recipes")
+ROOT = Path(__file__).resolve().parents[1]
+DEVICE_TESTS = ("tests/test_on_device.py", "tests/test_train_learner.py",
+                "tests/test_policy_hf.py", "tests/test_precision.py", "tests/test_recipes.py")
+
+
+def device_tests(device: str, out: Path, timeout: float = 300) -> dict[str, Any]:
+    """`DEVICE_TESTS` under ``SPARRING_TEST_DEVICE=device``: counts and failing names, from
+    pytest's JUnit report ``out/tests.xml``."""
+    report = out / "tests.xml"
+    env = {**os.environ, "SPARRING_TEST_DEVICE": device,
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), str(ROOT),
+                                                        os.environ.get("PYTHONPATH")]))}
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           f"--junitxml={report}", *DEVICE_TESTS], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    failed, counts = [], {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    if report.exists():
+        for suite in ET.parse(report).getroot().iter("testsuite"):
+            for k in counts:
+                counts[k] += int(suite.get(k, 0))
+            for case in suite.iter("testcase"):
+                if case.find("failure") is not None or case.find("error") is not None:
+                    failed.append(f"{case.get('classname')}::{case.get('name')}")
+    bad = counts["failures"] + counts["errors"]
+    return {"device": device, "passed": counts["tests"] - bad - counts["skipped"],
+            "failed": bad, "skipped": counts["skipped"], "failing": failed,
+            "returncode": proc.returncode, "seconds": time.perf_counter() - t0,
+            "tail": (proc.stdout + proc.stderr)[-3000:] if proc.returncode else ""}
 
 
 def build_shaped(shape: dict[str, Any], device: str) -> torch.nn.Module:
@@ -147,7 +187,7 @@ def throughput_row(name: str, shape: dict[str, Any], device: str, quick: bool) -
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     sb, sp, sn = (4, 16, 8) if quick else (64, 256, 128)
-    lb, ll, ls = (4, 32, 2) if quick else (16, 1024, 5)
+    lb, ll, ls = (4, 32, 2) if quick else (8, 1024, 5)
     sample = sampling_throughput(model, device, sb, sp, sn)
     learn = learner_throughput(model, device, lb, ll, ls)
     return {"model": name, "params_non_embedding": n, "sampling_tokens_per_s": sample,
@@ -182,9 +222,15 @@ def _fmt(x: Any, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
-def markdown(device_name: str, rows: list[dict], recipes: list[dict]) -> str:
-    out = [f"Device: {device_name}\n",
-           "| model (random weights) | params (non-embedding) | sampling tok/s | sampling MFU "
+def markdown(device_name: str, rows: list[dict], recipes: list[dict],
+             tests: dict | None = None, errors: dict | None = None) -> str:
+    out = [f"Device: {device_name}\n"]
+    if tests is not None:
+        out += [f"Device tests ({', '.join(DEVICE_TESTS)}): {tests['passed']} passed, "
+                f"{tests['failed']} failed, {tests['skipped']} skipped in "
+                f"{tests['seconds']:.0f} s" + "".join(f"\n- failed: {n}" for n in tests["failing"]),
+                ""]
+    out += ["| model (random weights) | params (non-embedding) | sampling tok/s | sampling MFU "
            "| learner tok/s | learner MFU | peak MiB |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         out.append(f"| {r['model']} | {r['params_non_embedding'] / 1e6:.1f} M | "
@@ -197,6 +243,8 @@ def markdown(device_name: str, rows: list[dict], recipes: list[dict]) -> str:
         out.append(f"| {r['recipe']} | {r['steps']} | {r['steps_per_s']:.2f} | "
                    f"{r['rollout_s']:.2f} | {r['update_s']:.2f} | "
                    f"{_fmt(r.get('speedup_vs_cpu'), '.2f')}{'x' if r.get('speedup_vs_cpu') else ''} |")
+    for what, err in (errors or {}).items():
+        out += ["", f"**{what} failed**: `{err.strip().splitlines()[-1]}`"]
     return "\n".join(out) + "\n"
 
 
@@ -221,21 +269,55 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--steps", type=int, default=50, help="recipe steps (default 50)")
     ap.add_argument("--cpu-steps-per-s", default=None,
                     help="the CPU machine's figures, e.g. default=0.9,kuhn_selfplay=1.2")
+    ap.add_argument("--parts", default=None,
+                    help=f"comma-separated, of {', '.join(PARTS)} (default: all; "
+                         "--quick: throughput,recipes)")
     args = ap.parse_args(argv)
     cpu = _cpu_figures(args.cpu_steps_per_s)
-    shapes = {"quick": QUICK_SHAPE} if args.quick else SHAPES
-    rows = [throughput_row(name, shape, args.device, args.quick) for name, shape in shapes.items()]
-    steps = 3 if args.quick else args.steps
-    recipes = [recipe_row(r, args.device, steps) for r in RECIPES]
-    for r in recipes:
-        if r["recipe"] in cpu:
-            r["speedup_vs_cpu"] = r["steps_per_s"] / cpu[r["recipe"]]
-    name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
-    result = {"device": name, "date": time.strftime("%Y-%m-%d"), "throughput": rows,
-              "recipes": recipes}
+    parts = (args.parts.split(",") if args.parts else
+             [p for p in PARTS if not (args.quick and p == "tests")])
+    if unknown := set(parts) - set(PARTS):
+        raise SystemExit(f"--parts: unknown {', '.join(sorted(unknown))}; "
+                         f"choose from {', '.join(PARTS)}")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu.json").write_text(json.dumps(result, indent=1))
-    (args.out / "gpu.md").write_text(markdown(name, rows, recipes))
+    name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    result: dict[str, Any] = {"device": name, "date": time.strftime("%Y-%m-%d"),
+                              "throughput": [], "recipes": [], "errors": {}}
+
+    def save() -> None:  # after every part: a run cut short still leaves what it measured
+        (args.out / "gpu.json").write_text(json.dumps(result, indent=1))
+        (args.out / "gpu.md").write_text(markdown(name, result["throughput"],
+                                                  result["recipes"], result.get("tests"),
+                                                  result["errors"]))
+
+    def attempt(what: str, fn, *a) -> Any:
+        try:
+            return fn(*a)
+        except Exception:  # recorded, and the other parts still run
+            result["errors"][what] = traceback.format_exc()
+            print(result["errors"][what], file=sys.stderr)
+            return None
+        finally:
+            save()
+
+    if "tests" in parts:
+        result["tests"] = attempt("tests", device_tests, args.device, args.out)
+    if "throughput" in parts:
+        shapes = {"quick": QUICK_SHAPE} if args.quick else SHAPES
+        for shape_name, shape in shapes.items():
+            row = attempt(shape_name, throughput_row, shape_name, shape, args.device, args.quick)
+            if row is not None:
+                result["throughput"].append(row)
+    if "recipes" in parts:
+        for recipe in RECIPES:
+            row = attempt(recipe, recipe_row, recipe, args.device,
+                          3 if args.quick else args.steps)
+            if row is None:
+                continue
+            if recipe in cpu:
+                row["speedup_vs_cpu"] = row["steps_per_s"] / cpu[recipe]
+            result["recipes"].append(row)
+    save()
     print((args.out / "gpu.md").read_text(), end="")
     return result
 

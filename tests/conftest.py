@@ -1,6 +1,13 @@
+import os
 
 import pytest
 import torch
+
+# The device of the tests that take the `device` fixture (learner, sampler, loop, the
+# catalogue on a device): the CPU unless SPARRING_TEST_DEVICE names another, e.g.
+#   SPARRING_TEST_DEVICE=cuda pytest tests/test_on_device.py tests/test_train_learner.py
+# (bench/gpu.py runs that selection on the lent GPU).
+TEST_DEVICE = os.environ.get("SPARRING_TEST_DEVICE", "cpu")
 
 # One policy for torch threads: every test runs with one (tiny models gain nothing from a
 # second thread, and a run compared bit for bit with another process, a Ray worker or a
@@ -24,3 +31,17 @@ def train_doubles():
     th.register()
     yield
     th.unregister()
+
+
+def pytest_configure(config):
+    try:
+        torch.empty(0, device=TEST_DEVICE)
+    except (RuntimeError, AssertionError) as e:  # e.g. cuda without a GPU or a CUDA torch
+        raise pytest.UsageError(f"SPARRING_TEST_DEVICE={TEST_DEVICE!r} is not usable "
+                                f"here: {e}") from e
+
+
+@pytest.fixture
+def device() -> torch.device:
+    """The device under test (SPARRING_TEST_DEVICE, default the CPU)."""
+    return torch.device(TEST_DEVICE)

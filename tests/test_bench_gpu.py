@@ -41,3 +41,24 @@ def test_a_bad_cpu_figure_is_named(tmp_path):
     with pytest.raises(SystemExit, match="--cpu-steps-per-s: 'leduc=1'"):
         _load().main(["--device", "cpu", "--quick", "--out", str(tmp_path),
                       "--cpu-steps-per-s", "leduc=1"])
+
+
+def test_the_device_tests_part_counts_from_pytests_report(tmp_path, monkeypatch):
+    """The device-test part on the CPU, narrowed to the catalogue file: every test there
+    skips on the CPU, one per estimator, shaper and objective."""
+    from sparring.advantages import list_estimators
+    from sparring.advantages.shaping import SHAPERS
+    from sparring.objectives import list_objectives
+
+    gpu = _load()
+    monkeypatch.setattr(gpu, "DEVICE_TESTS", ("tests/test_on_device.py",))
+    got = gpu.device_tests("cpu", tmp_path)
+    want = len(list_estimators()) + len(list(SHAPERS)) + len(list_objectives())
+    assert (got["passed"], got["failed"], got["skipped"]) == (0, 0, want)
+    assert got["returncode"] == 0 and got["failing"] == []
+    assert "- failed:" not in gpu.markdown("cpu", [], [], got)  # counts only, no failure list
+
+
+def test_an_unknown_part_is_named(tmp_path):
+    with pytest.raises(SystemExit, match="--parts: unknown gpus"):
+        _load().main(["--device", "cpu", "--quick", "--out", str(tmp_path), "--parts", "gpus"])

@@ -1,5 +1,6 @@
 """HFPolicy: exact log-probs, left padding, constraints, stop strings, sampling filters."""
 
+import copy
 import math
 
 import pytest
@@ -15,6 +16,14 @@ from sparring.policy.tiny import build_tiny_model
 @pytest.fixture(scope="module")
 def tiny():
     return build_tiny_model({"seed": 1})
+
+
+@pytest.fixture
+def tiny_on(tiny, device):
+    """A copy of the tiny model on the device under test (HFPolicy moves its model there),
+    and its tokenizer."""
+    model, tok = tiny
+    return copy.deepcopy(model).to(device), tok
 
 
 def _prompts(tok, shared: str = ""):
@@ -42,9 +51,10 @@ def _greedy_reference(model, tok, prompt, n):
     """Up to ``n`` argmax tokens after ``prompt``, re-running the whole sequence each time
     (no cache, no batching): what batched greedy generation must reproduce."""
     seq, out = list(prompt), []
+    device = next(model.parameters()).device
     with torch.no_grad():
         for _ in range(n):
-            nxt = int(model(torch.tensor([seq])).logits[0, -1].argmax())
+            nxt = int(model(torch.tensor([seq], device=device)).logits[0, -1].argmax())
             out.append(nxt)
             seq.append(nxt)
             if nxt == tok.eos_token_id:
@@ -65,14 +75,16 @@ def _right_padded(seqs):
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
 @pytest.mark.parametrize("copies", [1, 3])  # 3: equal prompts share one prefill
 @pytest.mark.parametrize("shared", ["", SYSTEM])  # SYSTEM: the common prefix runs once
-def test_generation_logprobs_match_forward_recompute(tiny, temperature, copies, shared):
-    model, tok = tiny
-    pol = HFPolicy(model, tok, seed=0)
+def test_generation_logprobs_match_forward_recompute(tiny_on, temperature, copies, shared):
+    model, tok = tiny_on
+    pol = HFPolicy(model, tok, seed=0, device=model.device)
     prompts = [p for p in _prompts(tok, shared) for _ in range(copies)]
     gens = pol.generate(prompts, SamplingParams(temperature=temperature, max_new_tokens=10,
                                                 with_entropy=True))
     ids, mask = _right_padded([p + g.token_ids for p, g in zip(prompts, gens)])
-    lp, ent = token_logprobs(model, ids, mask, temperature=temperature, with_entropy=True)
+    lp, ent = token_logprobs(model, ids.to(model.device), mask.to(model.device),
+                             temperature=temperature, with_entropy=True)
+    lp, ent = lp.cpu(), ent.cpu()
     for i, (p, g) in enumerate(zip(prompts, gens)):
         n = len(g.token_ids)
         assert n >= 1 and len(g.logprobs) == n == len(g.entropies)
@@ -86,10 +98,10 @@ def test_generation_logprobs_match_forward_recompute(tiny, temperature, copies, 
 
 
 @pytest.mark.parametrize("shared", ["", SYSTEM])
-def test_greedy_batched_equals_uncached_reference(tiny, shared):
+def test_greedy_batched_equals_uncached_reference(tiny_on, shared):
     """Left-padded batched greedy == a plain argmax loop re-running the full sequence."""
-    model, tok = tiny
-    pol = HFPolicy(model, tok)
+    model, tok = tiny_on
+    pol = HFPolicy(model, tok, device=model.device)
     prompts = _prompts(tok, shared) + _prompts(tok, shared)[::-1]  # each twice: one prefill
     gens, shapes = _greedy_with_shapes(pol, prompts, 6)
     # the common prefix alone (1 row), then the 3 distinct remainders, then decode steps
@@ -109,9 +121,9 @@ def test_seeded_reproducibility(tiny):
     assert [g.token_ids for g in a] != [g.token_ids for g in c]
 
 
-def test_constrained_decoding_spells_legal_actions_and_logprobs_reproduce(tiny):
-    model, tok = tiny
-    pol = HFPolicy(model, tok, seed=3)
+def test_constrained_decoding_spells_legal_actions_and_logprobs_reproduce(tiny_on):
+    model, tok = tiny_on
+    pol = HFPolicy(model, tok, seed=3, device=model.device)
     legal = [["a1", "a12", "b2"], ["c3"], ["hello", "help", "x"]]
     prompts = _prompts(tok) * 4
     allowed = legal * 4
@@ -129,7 +141,8 @@ def test_constrained_decoding_spells_legal_actions_and_logprobs_reproduce(tiny):
             assert set(g.allowed_ids[j]) == exp
         # brute force restricted log-prob from a full forward
         with torch.no_grad():
-            logits = model(torch.tensor([p + g.token_ids])).logits[0].float() / 0.8
+            logits = model(torch.tensor([p + g.token_ids], device=model.device)
+                           ).logits[0].float().cpu() / 0.8
         for j, t in enumerate(g.token_ids):
             z = logits[len(p) + j - 1, g.allowed_ids[j]]
             ref = z[g.allowed_ids[j].index(t)] - torch.logsumexp(z, 0)
@@ -137,7 +150,7 @@ def test_constrained_decoding_spells_legal_actions_and_logprobs_reproduce(tiny):
         turns.append(Turn(agent=0, prompt_ids=list(p), action_ids=g.token_ids, logprobs=g.logprobs,
                           allowed_ids=g.allowed_ids))
     ep = Episode(env="toy", seed=0, group=0, num_agents=1, turns=turns, returns=[0.0])
-    batch = collate([ep])
+    batch = collate([ep]).to(model.device)
     lp, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, temperature=0.8,
                            allowed=batch.allowed)
     torch.testing.assert_close(lp[batch.action_mask], batch.old_logp[batch.action_mask], atol=1e-5, rtol=0)
@@ -148,17 +161,17 @@ def test_constrained_decoding_spells_legal_actions_and_logprobs_reproduce(tiny):
     assert (lp_free[batch.action_mask] - batch.old_logp[batch.action_mask]).abs().max() > 1e-2
 
 
-def test_stop_string_ends_generation(tiny):
+def test_stop_string_ends_generation(tiny_on):
     """Same seed, same samples: with a stop string the generation is the prefix that ends
     at the first token completing it."""
-    model, tok = tiny
+    model, tok = tiny_on
     p = _prompts(tok)[:1]
     sp = SamplingParams(max_new_tokens=12)
-    full = HFPolicy(model, tok, seed=7).generate(p, sp)[0]
+    full = HFPolicy(model, tok, seed=7, device=model.device).generate(p, sp)[0]
     chars = [tok.decode([t]) for t in full.token_ids]
     k = next(i for i in range(1, len(chars)) if chars[i].strip() and chars[i] not in chars[:i])
     stop = SamplingParams(max_new_tokens=12, stop=(chars[k],))
-    got = HFPolicy(model, tok, seed=7).generate(p, stop)[0]
+    got = HFPolicy(model, tok, seed=7, device=model.device).generate(p, stop)[0]
     assert got.finish_reason == "stop" and got.token_ids == full.token_ids[:k + 1]
 
 
@@ -266,13 +279,13 @@ def test_device_auto_is_the_gpu_when_there_is_one_else_the_cpu(tiny):
     assert HFPolicy(model, tok, device="auto").device.type == want
 
 
-def test_prompts_that_share_a_seat_prompt_run_it_once_and_generate_as_alone(tiny):
+def test_prompts_that_share_a_seat_prompt_run_it_once_and_generate_as_alone(tiny_on):
     """Two prompts share the system prompt and a seat's own rules after it, the third only
     the system prompt: the prefill runs the common start (1 row), then X's rules once for
     the two prompts that share them, then the rests; greedy generation equals a plain
     argmax loop over the full sequence."""
-    model, tok = tiny
-    pol = HFPolicy(model, tok)
+    model, tok = tiny_on
+    pol = HFPolicy(model, tok, device=model.device)
     seat = {"X": "Seat X: you move first, so take the centre.\n",
             "O": "Seat O: answer a corner with the centre.\n"}
     prompts = [tok.encode(SYSTEM + seat[s] + obs, add_special_tokens=False)

@@ -132,14 +132,14 @@ def test_a_saved_model_reloads_in_its_precision(tmp_path):
 # ------------------------------------------------------------------ against float32
 
 
-def test_mixed_logprobs_loss_and_gradients_match_float32():
+def test_mixed_logprobs_loss_and_gradients_match_float32(device):
     """The learner's forward (token_logprobs over a shared prompt start) and a
     policy-gradient-style loss: bf16-mixed against float32 on the same weights."""
-    ref = small_llama(3)
+    ref = small_llama(3).to(device)
     mixed = copy.deepcopy(ref)
     precision.apply(mixed, "bf16-mixed")
-    ids, att = batch_ids(5)
-    w = torch.randn(ids.shape, generator=torch.Generator().manual_seed(0))
+    ids, att = (t.to(device) for t in batch_ids(5))
+    w = torch.randn(ids.shape, generator=torch.Generator().manual_seed(0)).to(device)
     out = []
     for model in (ref, mixed):
         with autocast_for(model):
@@ -158,10 +158,10 @@ def test_mixed_logprobs_loss_and_gradients_match_float32():
         assert rel < GRAD_REL, (n, rel)
 
 
-def test_the_sampler_records_what_the_mixed_learner_recomputes():
+def test_the_sampler_records_what_the_mixed_learner_recomputes(device):
     """Sampler and learner run the same precision context, so the old log-probs match the
     learner's recomputation to bf16 tolerance (not bit for bit: other batch shapes)."""
-    model = small_llama(2)
+    model = small_llama(2).to(device)
     precision.apply(model, "bf16-mixed")
 
     class Tok:  # ids in, ids out: enough for generate
@@ -170,7 +170,7 @@ def test_the_sampler_records_what_the_mixed_learner_recomputes():
         def decode(self, ids, skip_special_tokens=True):
             return " ".join(map(str, ids))
 
-    pol = HFPolicy(model, Tok(), seed=4)
+    pol = HFPolicy(model, Tok(), seed=4, device=device)
     prompts = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 20 + i] for i in range(4)]
     gens = pol.generate(prompts, SamplingParams(max_new_tokens=6))
     rows = [p + g.token_ids for p, g in zip(prompts, gens)]
@@ -180,13 +180,14 @@ def test_the_sampler_records_what_the_mixed_learner_recomputes():
     for i, r in enumerate(rows):
         ids[i, :len(r)], att[i, :len(r)] = torch.tensor(r), True
     with torch.no_grad(), autocast_for(model):
-        lp, _ = token_logprobs(model, ids, att)
+        lp, _ = token_logprobs(model, ids.to(device), att.to(device))
+    lp = lp.cpu()
     for i, (p, g) in enumerate(zip(prompts, gens)):
         got = lp[i, len(p):len(p) + len(g.token_ids)]
         assert (got - torch.tensor(g.logprobs)).abs().max() < LOGP_ATOL
 
 
-def test_a_mixed_update_keeps_float32_master_weights_and_moments():
+def test_a_mixed_update_keeps_float32_master_weights_and_moments(device):
     """One learner update under bf16-mixed: weights, gradients and AdamW moments stay
     float32, and the step lands close to float32's (same batch, same seed)."""
     from tests.test_learner_diagnostics import shifted_batch
@@ -198,7 +199,7 @@ def test_a_mixed_update_keeps_float32_master_weights_and_moments():
     batch, adv = shifted_batch(base)
     after = {}
     for mode in ("float32", "bf16-mixed"):
-        model = copy.deepcopy(base)
+        model = copy.deepcopy(base).to(device)
         precision.apply(model, mode)
         learner = Learner(model, cfg)
         learner.update(replace(batch), adv)
@@ -206,7 +207,7 @@ def test_a_mixed_update_keeps_float32_master_weights_and_moments():
         moments = [t for s in learner.optimizer.state.values() for t in s.values()
                    if torch.is_tensor(t) and t.numel() > 1]
         assert moments and all(t.dtype == torch.float32 for t in moments)
-        after[mode] = {n: p.detach().clone() for n, p in model.named_parameters()}
+        after[mode] = {n: p.detach().cpu() for n, p in model.named_parameters()}
     before = dict(base.named_parameters())
     # the whole step as one vector (a single tensor can be pure noise: a k_proj bias has a
     # zero gradient in exact arithmetic, softmax being shift-invariant)

@@ -81,7 +81,7 @@ def reference_grads(model, ref_model, batch, adv, mode, kl_coef, ent_coef, eps=0
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
-def test_gradient_matches_hand_loss_for_every_microbatch_size(mode):
+def test_gradient_matches_hand_loss_for_every_microbatch_size(mode, device):
     batch, adv = ragged_batch()
     model0 = th.tiny_qwen(1)
     ref_model = copy.deepcopy(model0)
@@ -90,7 +90,7 @@ def test_gradient_matches_hand_loss_for_every_microbatch_size(mode):
             p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(3)))
     expected = None
     for micro in (0, 1, 3):
-        model = th.tiny_qwen(1)
+        model = th.tiny_qwen(1).to(device)
         cfg = make_cfg(algorithm__aggregation=mode, algorithm__entropy_coef=0.01,
                        algorithm__kl__coef=0.1, train__microbatch_size=micro)
         learner = Learner(model, cfg)  # reference = this (undrifted) initial model
@@ -101,7 +101,7 @@ def test_gradient_matches_hand_loss_for_every_microbatch_size(mode):
         assert out["optimizer_steps"] == 1 and out["skipped_updates"] == 0
         got = first_step_grads(learner)
         for g, e in zip(got, expected):
-            torch.testing.assert_close(g, e, atol=2e-6, rtol=1e-4)
+            torch.testing.assert_close(g.cpu(), e, atol=2e-6, rtol=1e-4)
         assert out["kl"] > 0
 
 
@@ -125,9 +125,9 @@ def test_cosine_entropy_schedule_weights_the_bonus_of_each_update():
         torch.testing.assert_close(g, e, atol=2e-6, rtol=1e-4)
 
 
-def test_minibatches_and_epochs_count_optimizer_steps_and_change_all_weights():
+def test_minibatches_and_epochs_count_optimizer_steps_and_change_all_weights(device):
     batch, adv = ragged_batch(n=8)
-    model = th.tiny_qwen(2)
+    model = th.tiny_qwen(2).to(device)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     learner = Learner(model, make_cfg(train__minibatch_size=3, train__epochs=2))
     out = learner.update(batch, adv)
@@ -151,9 +151,9 @@ def test_rows_not_kept_do_not_contribute():
         torch.testing.assert_close(a, b)
 
 
-def test_nonfinite_loss_and_gradient_skip_then_stop(caplog):
+def test_nonfinite_loss_and_gradient_skip_then_stop(caplog, device):
     batch, adv = ragged_batch()
-    model = th.tiny_qwen(5)
+    model = th.tiny_qwen(5).to(device)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     learner = Learner(model, make_cfg(train__max_skipped_updates=3))
     bad = adv.clone()
@@ -175,9 +175,9 @@ def test_nonfinite_loss_and_gradient_skip_then_stop(caplog):
     assert learner.consecutive_skips == 0
 
 
-def test_magnet_reference_is_an_ema_of_the_weights():
+def test_magnet_reference_is_an_ema_of_the_weights(device):
     batch, adv = ragged_batch()
-    model = th.tiny_qwen(6)
+    model = th.tiny_qwen(6).to(device)
     init = {k: v.clone() for k, v in model.named_parameters()}
     learner = Learner(model, make_cfg(algorithm__kl__coef=0.05, algorithm__kl__reference="magnet",
                                       algorithm__kl__magnet_rate=0.25))
@@ -187,15 +187,16 @@ def test_magnet_reference_is_an_ema_of_the_weights():
         torch.testing.assert_close(mag[k], 0.75 * init[k] + 0.25 * p.detach())
 
 
-def test_value_head_reads_the_last_hidden_state_and_learns_returns():
+def test_value_head_reads_the_last_hidden_state_and_learns_returns(device):
     batch, _ = ragged_batch()
-    model = th.tiny_qwen(7)
+    model = th.tiny_qwen(7).to(device)
     cfg = make_cfg(algorithm__estimator="test_centered_v", algorithm__value_coef=1.0,
                    optim__lr=1e-2)
     assert Learner(th.tiny_qwen(7), cfg).critic is None  # 'auto': nobody asked for values
     learner = Learner(model, cfg, needs={"values"})
     assert learner.critic is not None  # 'auto': the stage says the estimator needs values
     v = learner.values(batch)
+    batch = batch.to(device)
     with torch.no_grad():
         h = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask.long(),
                   output_hidden_states=True).hidden_states[-1]
@@ -206,16 +207,16 @@ def test_value_head_reads_the_last_hidden_state_and_learns_returns():
     torch.testing.assert_close(v, expected * batch.action_mask)
     m = batch.action_mask
     err0 = ((v - batch.returns[:, None]) ** 2)[m].mean()
-    zero = torch.zeros(batch.input_ids.shape)
+    zero = torch.zeros(batch.input_ids.shape, device=device)
     for _ in range(60):
         learner.update(batch, zero)
     err = ((learner.values(batch) - batch.returns[:, None]) ** 2)[m].mean()
     assert err < 0.2 * err0
 
 
-def test_lora_trains_only_adapters_and_reference_is_the_base_model():
+def test_lora_trains_only_adapters_and_reference_is_the_base_model(device):
     batch, adv = ragged_batch()
-    base = th.tiny_qwen(8)
+    base = th.tiny_qwen(8).to(device)
     frozen = copy.deepcopy(base)
     model = apply_lora(base, make_cfg().lora)
     before = {k: v.clone() for k, v in model.named_parameters()}
@@ -228,16 +229,17 @@ def test_lora_trains_only_adapters_and_reference_is_the_base_model():
     assert moved and all("lora_" in k for k in moved)
     assert any("lora_B" in k for k in moved)
     ref = learner.ref_logprobs(batch)
+    batch = batch.to(device)
     with torch.no_grad():
         lsm = torch.log_softmax(frozen(input_ids=batch.input_ids,
                                        attention_mask=batch.attention_mask.long()).logits, -1)
-    exp = torch.zeros(batch.input_ids.shape)
+    exp = torch.zeros(batch.input_ids.shape, device=device)
     exp[:, 1:] = lsm[:, :-1].gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
     torch.testing.assert_close(ref, exp * batch.action_mask, atol=1e-5, rtol=1e-5)
     # the adapter alone round-trips into a fresh LoRA model
     state = trainable_state(model)
     assert state and all("lora_" in k for k in state)
-    other = apply_lora(th.tiny_qwen(8), make_cfg().lora)
+    other = apply_lora(th.tiny_qwen(8).to(device), make_cfg().lora)
     load_trainable_state(other, state)
     ids, att = batch.input_ids, batch.attention_mask.long()
     with torch.no_grad():

@@ -40,8 +40,8 @@ def drop_zero_variance_groups(adv: Tensor, batch: TurnBatch) -> Tensor:
         return torch.ones(0, dtype=torch.bool, device=batch.device)
     tid, n, seg, n_seg = _trajectories(batch)
     R = batch.returns[segment_first(tid, n)].double()
-    lo = torch.full((n_seg,), torch.inf, dtype=R.dtype).scatter_reduce(0, seg, R, "amin")
-    hi = torch.full((n_seg,), -torch.inf, dtype=R.dtype).scatter_reduce(0, seg, R, "amax")
+    lo = torch.full((n_seg,), torch.inf, dtype=R.dtype, device=R.device).scatter_reduce(0, seg, R, "amin")
+    hi = torch.full((n_seg,), -torch.inf, dtype=R.dtype, device=R.device).scatter_reduce(0, seg, R, "amax")
     return (hi > lo)[seg][tid]
 
 

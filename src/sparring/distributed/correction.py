@@ -20,6 +20,8 @@ Shapes: ``logp_old``, ``logp_behaviour`` and ``mask`` are ``[n_rows, T]``; the w
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -55,10 +57,10 @@ def importance_weights(logp_old: Tensor, logp_behaviour: Tensor, mask: Tensor, *
     else:
         ids = turn_ids(m)
         n_turns = int(ids.max()) + 1 if m.any() else 0
-        unit_log = torch.zeros(n_turns).index_add_(0, ids[m], log_ratio[m])
+        unit_log = torch.zeros(n_turns, device=m.device).index_add_(0, ids[m], log_ratio[m])
         per_token = torch.zeros_like(log_ratio)
         per_token[m] = unit_log[ids[m]]
-    log_c = torch.log(torch.tensor(clip))
+    log_c = math.log(clip)
     weights = torch.where(m, per_token.clamp(max=log_c).exp(), 1.0)
     w = unit_log.clamp(max=log_c).exp()
     stats = {"weight_mean": float(w.mean()) if w.numel() else 1.0,
