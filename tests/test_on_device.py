@@ -76,7 +76,7 @@ def test_every_objective_on_the_device_equals_the_cpu(name, accel):
         extra = {"group": b.group, "rewards": b.returns}
 
     def run(device):
-        logp = logp0.to(device).requires_grad_()
+        logp = logp0.to(device).clone().requires_grad_()  # a leaf of its own per device
         moved = {k: v.to(device) for k, v in extra.items()}
         per_tok, diag = objective(name, logp, b.old_logp.to(device), adv.to(device),
                                   b.action_mask.to(device), ref_logp=b.ref_logp.to(device),

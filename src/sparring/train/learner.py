@@ -109,7 +109,7 @@ class Learner:
                        and a.value != "off" else None)
         self.critic: Critic | None = None
         if self.archer is None and self._wants_values():
-            self.critic = Critic(model, a.critic, a.value_hidden)
+            self.critic = Critic(model, a.critic, a.value_hidden).to(self.device)
         params = [p for n, p in model.named_parameters() if n in self.trained]
         if self.critic is not None:
             params += [p for p in self.critic.parameters() if p.requires_grad]
