@@ -17,6 +17,7 @@ Rows (all at the old Kuhn recipe's batch, 32 episodes a step, where the ratio is
   AVX-512 BF16 or AMX, or a GPU);
 - ``kuhn free decoding``: configs/smollm2_kuhn_free.yaml (stop string, bf16, one micro-batch);
 - ``kuhn``: configs/smollm2_kuhn.yaml, the new default (legal moves, magnet, bf16);
+- ``kuhn float32``: the same in float32 (what a device without bf16 runs);
 - ``tictactoe before`` / ``tictactoe``: configs/smollm2_tictactoe.yaml in float32 and as shipped.
 
 ``--random-weights DIR``: where SmolLM2's weights cannot travel (the lent GPU), DIR holds
@@ -61,6 +62,7 @@ ROWS = {
     "kuhn before + bf16": (None, ["model.precision=auto"]),
     "kuhn free decoding": ("smollm2_kuhn_free", [BATCH]),
     "kuhn": ("smollm2_kuhn", [BATCH]),
+    "kuhn float32": ("smollm2_kuhn", [BATCH, "model.precision=float32"]),
     "tictactoe before": ("smollm2_tictactoe", [BATCH, "model.precision=float32"]),
     "tictactoe": ("smollm2_tictactoe", [BATCH]),
 }
