@@ -290,3 +290,36 @@ def test_best_mode_max_and_a_metric_never_logged(tmp_path):
         train(bad, model, *_best_job(model, scores), run_dir=tmp_path / "b")
     with pytest.raises(ValueError, match="best_mode"):
         from_dict({**CONFIG, "checkpoint": {"best_mode": "lowest"}})
+
+
+def test_the_loop_uses_the_hooks_a_rollout_source_offers(tmp_path):
+    """A source with `league_metrics` and `correct` (sparring.rollout.source) has its league
+    row logged and its correction applied (here: advantages zeroed, so the update moves
+    nothing); a plain function offers neither."""
+    from sparring.rollout.source import CorrectsStaleSamples, ReportsLeague
+
+    model = th.tiny_qwen(0)
+    sampler = th.Sampler(1)
+
+    class Source:
+        def __call__(self, step):
+            return th.bandit_rollout(model, sampler)
+
+        def league_metrics(self):
+            return {"league/score/test_bot": 0.25}
+
+        def correct(self, step, episodes, batch, adv, learner):
+            return batch, adv * 0, {"distributed/test_hook": float(step)}
+
+    assert isinstance(Source(), CorrectsStaleSamples) and isinstance(Source(), ReportsLeague)
+    assert not isinstance(lambda step: [], ReportsLeague | CorrectsStaleSamples)
+    cfg = from_dict({"algorithm": {"estimator": "test_centered", "objective": "test_clip"},
+                     "optim": {"lr": 1e-2, "weight_decay": 0.0}, "train": {"steps": 2},
+                     "checkpoint": {"every": 0}, "eval": {"every": 0},
+                     "logging": {"progress": False}})
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    train(cfg, model, Source(), run_dir=tmp_path)
+    rows = read_metrics(tmp_path)
+    assert [r["league/score/test_bot"] for r in rows] == [0.25, 0.25]
+    assert [r["distributed/test_hook"] for r in rows] == [0.0, 1.0]
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())

@@ -59,6 +59,7 @@ from torch import Tensor
 from sparring.advantages.stage import AdvantageStage
 from sparring.data import Episode, TurnBatch, collate
 from sparring.eval.periodic import EvalFn
+from sparring.rollout.source import CorrectsStaleSamples, ReportsLeague, RolloutSource
 from sparring.segments import segment_first
 from sparring.train.best import BestCheckpoint
 from sparring.train.checkpoint import (
@@ -86,7 +87,7 @@ from sparring.train.signals import sigterm_as_interrupt
 log = logging.getLogger(__name__)
 PENDING_ROW = "unlogged_row"  # crash checkpoint meta: the row of a step whose end failed
 
-RolloutFn = Callable[[int], Sequence[Episode]]
+RolloutFn = RolloutSource  # the name train() and resume() have always used
 # (step, learner or {policy name: learner}) -> metrics
 OnRow = Callable[[int, dict[str, Any]], Any]  # a logged row (step, metrics): `train`
 
@@ -237,9 +238,9 @@ class _Run:
                  stateful: Mapping[str, Any] | None, pad_id: int, on_row: OnRow | None):
         self.cfg, self.run, self.policies = cfg, run, policies
         self.rollout_fn, self.eval_fn, self.pad_id, self.on_row = rollout_fn, eval_fn, pad_id, on_row
-        # the rollout source's optional hooks: off-policy correction and league metrics
-        self.correct = getattr(rollout_fn, "correct", None)
-        self.league = getattr(rollout_fn, "league_metrics", None)
+        # the rollout source's optional hooks (sparring.rollout.source)
+        self.correct = rollout_fn.correct if isinstance(rollout_fn, CorrectsStaleSamples) else None
+        self.league = rollout_fn.league_metrics if isinstance(rollout_fn, ReportsLeague) else None
         self.own = {p.key(k) for p in policies for k in ("learner", "stage")}
         self.objects: dict[str, Any] = {p.key(k): getattr(p, k) for p in policies
                                         for k in ("learner", "stage")}

@@ -1,0 +1,43 @@
+"""What the training loop takes as its rollouts: a `RolloutSource` (``step -> episodes``),
+and the two hooks a source may also offer, each a `typing.Protocol` the loop checks with
+``isinstance``:
+
+- `CorrectsStaleSamples`: ``correct(step, episodes, batch, advantages, learner)`` after the
+  advantage stage, returning the batch, the advantages and metrics (rollout workers: the
+  worker metrics and, in async mode, staleness and the truncated importance weights);
+- `ReportsLeague`: ``league_metrics()`` after each step (the opponent pool's scores).
+
+A plain function is a source with neither hook. `sparring.rollout.schedule.Rollouts`
+and `sparring.distributed.rollouts.RayRollouts` are the built-in sources.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from sparring.data import Episode, TurnBatch
+
+
+class RolloutSource(Protocol):
+    def __call__(self, step: int) -> Sequence[Episode]:
+        """The episodes of training step ``step`` (0-based)."""
+        ...
+
+
+@runtime_checkable
+class CorrectsStaleSamples(Protocol):
+    def correct(self, step: int, episodes: list[Episode], batch: TurnBatch, adv: Tensor,
+                learner: Any) -> tuple[TurnBatch, Tensor, dict[str, float]]:
+        """``(batch, advantages, metrics)`` for the update, after the advantage stage."""
+        ...
+
+
+@runtime_checkable
+class ReportsLeague(Protocol):
+    def league_metrics(self) -> dict[str, float]:
+        """The league's metrics of the step just played (``league/...``)."""
+        ...
