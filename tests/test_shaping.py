@@ -186,11 +186,40 @@ def test_matchtir_reference():
         estimate("matchtir", b, turn_weight=1.5)
 
 
+def test_positive_signalling_by_hand():
+    """Four games of a two-seat signalling game: the speaker (seat 0) sends [5], [5], [6]
+    and [5, 7]; p(m) = 2/4, 2/4, 1/4, 1/4 among the speaker's rows; the listener's rows are
+    left alone with seats=[0] and get their own p(m) without it."""
+    from sparring.data import Episode, Turn, collate
+
+    sent = [([5], [-0.5]), ([5], [-0.25]), ([6], [-2.0]), ([5, 7], [-1.0, -0.5])]
+    eps = [Episode(env="signalling", seed=i, group=i, num_agents=2, returns=[1.0, 1.0],
+                   turns=[Turn(agent=0, prompt_ids=[1, 2], action_ids=a, logprobs=lp),
+                          Turn(agent=1, prompt_ids=[3], action_ids=[9], logprobs=[-0.1],
+                               reward=1.0)])
+           for i, (a, lp) in enumerate(sent)]
+    b = collate(eps)
+    out = SHAPERS["positive_signalling"](b, beta=0.5, seats=[0])
+    want_speaker = [0.5 * (-0.5 - math.log(0.5)), 0.5 * (-0.25 - math.log(0.5)),
+                    0.5 * (-2.0 - math.log(0.25)), 0.5 * (-1.5 - math.log(0.25))]
+    speaker, listener = b.agent == 0, b.agent == 1
+    assert (out.reward - b.reward)[speaker].tolist() == pytest.approx(want_speaker)
+    assert (out.reward - b.reward)[listener].tolist() == [0.0] * 4
+    # a trajectory's return moves by its rows' bonus (one speaker row per game)
+    assert (out.returns - b.returns)[speaker].tolist() == pytest.approx(want_speaker)
+    # every seat: the listener always sends [9] (p = 1), so its bonus is beta * log pi
+    both = SHAPERS["positive_signalling"](b, beta=0.5)
+    assert (both.reward - b.reward)[listener].tolist() == pytest.approx([-0.05] * 4)
+    with pytest.raises(ValueError, match="beta"):
+        SHAPERS["positive_signalling"](b, beta=-1.0)
+
+
 def test_cli_lists_estimators_and_shapers(capsys):
     assert main(["list", "estimators", "shapers"]) == 0
     out = capsys.readouterr().out
     for name in ("turn_rtg", "trloo", "gigpo", "role_ema", "gae", "turn_gae", "archer_targets",
                  "igpo", "matchtir", "gated", "ucas", "canon", "entropy_shaping",
-                 "overlong_penalty", "kl_in_reward", "loss_aversion", "drop_zero_variance_groups",
+                 "overlong_penalty", "kl_in_reward", "loss_aversion", "positive_signalling",
+                 "drop_zero_variance_groups",
                  "top_abs_advantage"):
         assert name in out
