@@ -25,6 +25,10 @@ and no SmolLM2 file; throughput does not depend on the weights):
    device (no evaluation, no checkpoints), steps/s; with ``--cpu-steps-per-s`` (measured on
    the CPU machine with ``--device cpu``) the device's speed-up over it.
 
+Real-model training steps on the device are `bench/real_model.py --device cuda
+--random-weights DIR` (SmolLM2's config and tokenizer only); docs/benchmarks.md "GPU
+figures" has both scripts' tables from one H100.
+
 ``--quick`` shrinks everything (a tiny model shape, 3 recipe steps, no device tests) so
 the suite can run the whole script on a CPU in seconds (tests/test_bench_gpu.py);
 ``--parts`` picks the parts to run. A part that raises is recorded with its error and the
