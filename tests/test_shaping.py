@@ -210,8 +210,14 @@ def test_positive_signalling_by_hand():
     # every seat: the listener always sends [9] (p = 1), so its bonus is beta * log pi
     both = SHAPERS["positive_signalling"](b, beta=0.5)
     assert (both.reward - b.reward)[listener].tolist() == pytest.approx([-0.05] * 4)
+    # conditional=0: the messages' entropy alone, -beta * log p(m)
+    marginal = SHAPERS["positive_signalling"](b, beta=0.5, conditional=0.0, seats=[0])
+    assert (marginal.reward - b.reward)[speaker].tolist() == pytest.approx(
+        [-0.5 * math.log(p) for p in (0.5, 0.5, 0.25, 0.25)])
     with pytest.raises(ValueError, match="beta"):
         SHAPERS["positive_signalling"](b, beta=-1.0)
+    with pytest.raises(ValueError, match="conditional"):
+        SHAPERS["positive_signalling"](b, conditional=2.0)
 
 
 def test_cli_lists_estimators_and_shapers(capsys):

@@ -180,30 +180,34 @@ def loss_aversion(batch: TurnBatch, *, weight: float = 2.0) -> TurnBatch:
 @shaper("positive_signalling", kind="reward", needs=("logprobs",),
         source="Biases for Emergent Communication in Multi-agent Reinforcement Learning "
         "(Eccles et al., NeurIPS 2019): positive signalling")
-def positive_signalling(batch: TurnBatch, *, beta: float = 0.1,
+def positive_signalling(batch: TurnBatch, *, beta: float = 0.1, conditional: float = 1.0,
                         seats: list[int] | None = None) -> TurnBatch:
     """A bonus for messages that tell a seat's inputs apart, added to each row's reward
     (and its trajectory's return):
 
-        r' = r + beta * (log pi(m | x) - log p(m))
+        r' = r + beta * (conditional * log pi(m | x) - log p(m))
 
     on the rows of ``seats`` (default: every row), ``m`` the row's action tokens,
     ``log pi(m | x)`` their sampled log-probability (the sum of ``old_logp``), and ``p(m)``
     the fraction of the batch's rows of the same environment and seat that sent exactly
-    ``m``. Averaged over ``m ~ pi(. | x)`` and the inputs, the bonus is ``beta * I(M; X)``,
-    the mutual information between the seat's input and its message, with ``p`` the
-    batch's plug-in estimate of the marginal ``E_x pi(m | x)``.
+    ``m``. Averaged over ``m ~ pi(. | x)`` and the inputs, the bonus is
+    ``beta * (H(M) - conditional * H(M | X))``: with ``conditional = 1`` the mutual
+    information ``I(M; X)`` between the seat's input and its message, with ``0`` the
+    entropy of its messages over the batch alone; ``p`` is the batch's plug-in estimate of
+    the marginal ``E_x pi(m | x)``.
 
     Eccles et al. raise the same mutual information with a loss on whole message
     distributions, ``H(mean_x pi(. | x)) - (H(pi(. | x)) - H_target)^2``. A reward from the
     sampled messages is our reading: any estimator can use it and it needs no extra
-    forward, but it has no target entropy, so a large ``beta`` also makes each input's
-    message deterministic early. Where the speaker sends one message for several inputs
+    forward, but it has no target entropy: the ``H(M | X)`` term makes each input's message
+    deterministic early (``conditional < 1`` weakens it; their target entropy has the same
+    purpose). Where the speaker sends one message for several inputs
     (a partial code of a signalling game) the bonus favours, for each of those inputs, the
     messages the others send less often, which the game's reward alone does not.
     """
-    if beta < 0:
-        raise ValueError(f"bad beta={beta!r}; need beta >= 0")
+    if beta < 0 or not 0 <= conditional <= 1:
+        raise ValueError(f"bad beta={beta!r} / conditional={conditional!r}; need beta >= 0 "
+                         "and 0 <= conditional <= 1")
     m = batch.action_mask
     n = batch.n_rows
     if n == 0:
@@ -222,5 +226,5 @@ def positive_signalling(batch: TurnBatch, *, beta: float = 0.1,
     p = (segment_sum(one, sent, n_sent)[sent]
          / segment_sum(one, scope, n_scope)[scope].clamp(min=1))
     log_pi = (batch.old_logp.double() * m).sum(1)
-    bonus = torch.where(has, log_pi - p.clamp(min=1e-30).log(), 0.0)
+    bonus = torch.where(has, conditional * log_pi - p.clamp(min=1e-30).log(), 0.0)
     return with_row_delta(batch, (beta * bonus).to(batch.reward.dtype))
