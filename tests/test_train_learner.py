@@ -311,6 +311,33 @@ def test_one_optimizer_step_takes_its_old_logprobs_from_the_loss_forward(micro, 
     assert "policy" in passes  # two optimizer steps: the old log-probs are a pass of their own
 
 
+@pytest.mark.parametrize("epochs", [1, 2])  # the loss forward's log-probs / a pass of their own
+def test_the_sampler_learner_gap_is_measured_on_the_action_tokens(epochs):
+    """sampler/logp_diff_mean, _max and sampler/kl against the batch's old (sampler)
+    log-probs and the model's own, computed here with a plain forward of the initial
+    weights; and the gap is 0 when the sampler's log-probs are the learner's."""
+    from dataclasses import replace
+
+    from sparring.kl import kl_estimate
+    from sparring.policy.forward import token_logprobs
+
+    batch, adv = ragged_batch()
+    model0 = th.tiny_qwen(11)
+    with torch.no_grad():
+        lp, _ = token_logprobs(model0, batch.input_ids, batch.attention_mask)
+    m = batch.action_mask
+    gap = (batch.old_logp - lp).abs()[m]
+    kl = kl_estimate(batch.old_logp, lp, m, "k3")[m]
+    cfg = make_cfg(algorithm__recompute_old_logp=True, train__epochs=epochs)
+    out = Learner(copy.deepcopy(model0), cfg).update(batch, adv)
+    assert out["sampler/logp_diff_mean"] == pytest.approx(float(gap.mean()), rel=1e-5)
+    assert out["sampler/logp_diff_max"] == pytest.approx(float(gap.max()), rel=1e-5)
+    assert out["sampler/kl"] == pytest.approx(float(kl.mean()), rel=1e-4)
+    same = Learner(copy.deepcopy(model0), cfg).update(replace(batch, old_logp=lp), adv)
+    assert same["sampler/logp_diff_max"] < 1e-5 and abs(same["sampler/kl"]) < 1e-9
+    assert "sampler/kl" not in Learner(copy.deepcopy(model0), make_cfg()).update(batch, adv)
+
+
 def shared_prompt_batch(seed=0, prompts=3, samples=4, start=0):
     """GRPO-shaped: each prompt (``start`` common tokens, then 1-3 of its own) sampled
     ``samples`` times, actions 1-4 tokens."""

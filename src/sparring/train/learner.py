@@ -16,6 +16,12 @@ magnet then copies the whole model (base included) once per such learner.
 Every forward runs under the model's precision context (`sparring.policy.precision`:
 bf16 autocast over float32 weights for a ``bf16-mixed`` model); backward, optimizer and
 magnet stay in the weights' dtype.
+With ``algorithm.recompute_old_logp`` the step also reports how far the sampler's
+log-probs of the sampled tokens are from the learner's recomputation under the same
+weights: ``sampler/logp_diff_mean`` and ``sampler/logp_diff_max`` (of ``|log p_sampler -
+log p_learner|`` over the action tokens) and ``sampler/kl`` (the k3 estimate of
+KL(pi_sampler || pi_learner) on them). It is about 0 for the HF sampler in float32 (other
+batch shapes only) and larger where the sampler is another engine or another precision.
 A non-finite loss or gradient skips the optimizer step with a warning, and so does a step
 that would leave a weight or an optimizer moment non-finite (it is undone, bit for bit);
 after ``max_skipped_updates`` consecutive skips `NonFiniteError` is raised.
@@ -302,6 +308,13 @@ class Learner:
         with torch.no_grad():
             ntok = float(mf.sum())
             stats["policy_loss"] += float(pol.detach())
+            if a.recompute_old_logp:  # the sampler's log-probs against the learner's
+                sampled = batch.old_logp[rows, :L]
+                gap = (sampled - old_r).abs() * mf
+                stats["_tok/sampler/logp_diff_mean"] += float(gap.sum())
+                stats["_max/sampler/logp_diff_max"] = max(
+                    stats.get("_max/sampler/logp_diff_max", 0.0), float(gap.max()) if ntok else 0.0)
+                stats["_tok/sampler/kl"] += float(kl_estimate(sampled, old_r, m, "k3").sum())
             # k3 of KL(pi_old || pi) on the tokens pi_old sampled
             stats["_tok/approx_kl"] += float(kl_estimate(old_r, logp, m, "k3").sum())
             stats["_tok/entropy"] += float((ent * mf).sum())
