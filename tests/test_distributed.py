@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from sparring.distributed.correction import importance_weights, turn_ids
 from sparring.distributed.split import split_groups
+from sparring.importance import importance_weights, turn_ids
 from sparring.rollout.plan import group_tasks
 from sparring.train.config import ConfigError, load_config
 from sparring.train.setup import build

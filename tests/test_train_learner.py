@@ -338,6 +338,44 @@ def test_the_sampler_learner_gap_is_measured_on_the_action_tokens(epochs):
     assert "sampler/kl" not in Learner(copy.deepcopy(model0), make_cfg()).update(batch, adv)
 
 
+@pytest.mark.parametrize("level", ["token", "turn"])
+def test_sampler_correction_reweights_the_advantages_by_the_truncated_weight(level):
+    """algorithm.sampler_correction: the update equals one without it whose advantages
+    were multiplied by hand by min(pi_learner / pi_sampler, c), per token or per row (a
+    row is one turn here), pi_learner from a plain forward of the initial weights."""
+    from sparring.policy.forward import token_logprobs
+
+    batch, adv = ragged_batch()
+    model0 = th.tiny_qwen(11)
+    with torch.no_grad():
+        lp, _ = token_logprobs(model0, batch.input_ids, batch.attention_mask)
+    m = batch.action_mask
+    log_r = torch.where(m, lp - batch.old_logp, 0.0)
+    if level == "turn":
+        log_r = torch.where(m, log_r.sum(1, keepdim=True), 0.0)
+    w = torch.where(m, log_r.clamp(max=math.log(1.2)).exp(), 1.0)
+    assert ((w < 1.2) & m).any() and torch.isclose(w, torch.tensor(1.2)).any()  # both sides
+    # AdamW's first step is linear in the gradient with eps >> |g| (see the test above)
+    cfg = dict(algorithm__recompute_old_logp=True, train__epochs=1, optim__eps=10.0,
+               optim__lr=10.0)
+    corrected = Learner(copy.deepcopy(model0), make_cfg(
+        algorithm__sampler_correction=level, algorithm__sampler_correction_clip=1.2, **cfg))
+    out = corrected.update(batch, adv)
+    by_hand = Learner(copy.deepcopy(model0), make_cfg(**cfg))
+    by_hand.update(batch, adv * w)
+    for (name, p), q in zip(corrected.model.named_parameters(), by_hand.model.parameters()):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5, msg=name)
+    assert out["sampler/is_weight"] == pytest.approx(float(w[m].mean()), rel=1e-5)
+    assert out["sampler/is_weight_max"] == pytest.approx(1.2)
+
+
+def test_sampler_correction_needs_the_recomputed_logprobs():
+    from sparring.train.config import ConfigError
+
+    with pytest.raises(ConfigError, match="recompute_old_logp=true"):
+        make_cfg(algorithm__sampler_correction="token")
+
+
 def shared_prompt_batch(seed=0, prompts=3, samples=4, start=0):
     """GRPO-shaped: each prompt (``start`` common tokens, then 1-3 of its own) sampled
     ``samples`` times, actions 1-4 tokens."""

@@ -17,7 +17,7 @@ those of the single-process run. In ``async`` mode the driver keeps the next
 ``max_staleness`` steps queued: step ``s + k``'s shares are queued at step ``s`` with the
 weights of version ``s``, and the workers play them while the learner updates; `correct`
 (called by the training loop after the advantage stage) logs the staleness and applies the
-truncated importance weights of `sparring.distributed.correction`.
+truncated importance weights of `sparring.importance`.
 
 Faults: a worker that dies (its process killed, its node lost) fails the futures of its
 queue; the driver starts a replacement (with a collective weight group: replacements for
@@ -46,11 +46,11 @@ from typing import Any
 from torch import Tensor, nn
 
 from sparring.data import Episode, TurnBatch
-from sparring.distributed.correction import importance_weights
 from sparring.distributed.split import split_groups
 from sparring.distributed.weights import CollectiveSync, ObjectStoreSync, weights_to_send
 from sparring.distributed.worker import RolloutWorker
 from sparring.extras import import_extra, install_hint
+from sparring.importance import importance_weights
 from sparring.rollout.plan import GroupTask, group_tasks
 from sparring.rollout.schedule import Rollouts
 from sparring.train.config import Config

@@ -238,6 +238,13 @@ class AlgorithmConfig:
     recompute_old_logp: bool = opt(
         False, "recompute old log-probs with the current model before the update (with "
         "train.epochs 1 and one minibatch, the loss's own forward gives them)")
+    sampler_correction: Literal["off", "token", "turn"] = opt(
+        "off", "with recompute_old_logp: reweight the advantages by the truncated "
+        "importance weight min(pi_learner / pi_sampler, sampler_correction_clip) per sampled "
+        "token or per turn, for a sampler whose log-probs differ from the learner's under "
+        "the same weights (vLLM, another precision; sparring.importance)")
+    sampler_correction_clip: float = opt(2.0, "truncation c of sampler_correction's weights",
+                                         gt=0)
     archer: ArcherConfig = opt(ArcherConfig(), "ArCHer's utterance critic: twin Q/V heads, "
                                "target copies, replay (used with estimator archer_targets)")
 
@@ -510,6 +517,10 @@ def _algorithm_check(a: AlgorithmConfig, envs: list[EnvSpec], key: str) -> None:
     for i, env in enumerate(envs):
         _options_check("estimator", a.estimator, env.estimator_options,
                        f"envs.{i}.estimator_options")
+    if a.sampler_correction != "off" and not a.recompute_old_logp:
+        raise ConfigError(f"{key}.sampler_correction: {a.sampler_correction!r} compares the "
+                          "sampler's log-probs with the learner's recomputation; set "
+                          f"{key}.recompute_old_logp=true too")
     from sparring.advantages import ESTIMATORS
     critic_needs = {"values", "utterance_critic"} & set(ESTIMATORS.get(a.estimator).needs)
     if critic_needs and a.value == "off":

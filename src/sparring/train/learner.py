@@ -21,7 +21,10 @@ log-probs of the sampled tokens are from the learner's recomputation under the s
 weights: ``sampler/logp_diff_mean`` and ``sampler/logp_diff_max`` (of ``|log p_sampler -
 log p_learner|`` over the action tokens) and ``sampler/kl`` (the k3 estimate of
 KL(pi_sampler || pi_learner) on them). It is about 0 for the HF sampler in float32 (other
-batch shapes only) and larger where the sampler is another engine or another precision.
+batch shapes only) and larger where the sampler is another engine or another precision;
+``algorithm.sampler_correction`` (token or turn) then reweights the advantages by the
+truncated importance weight min(pi_learner / pi_sampler, c) (`sparring.importance`), and
+``sampler/is_weight`` (its mean over the tokens) and ``sampler/is_weight_max`` are logged.
 A non-finite loss or gradient skips the optimizer step with a warning, and so does a step
 that would leave a weight or an optimizer moment non-finite (it is undone, bit for bit);
 after ``max_skipped_updates`` consecutive skips `NonFiniteError` is raised.
@@ -44,6 +47,7 @@ from sparring.aggregation import aggregate, count_seqs, count_tokens
 from sparring.critic.archer import Archer
 from sparring.critic.value_head import Critic, capture_hidden
 from sparring.data import TurnBatch
+from sparring.importance import importance_weights
 from sparring.kl import kl_estimate
 from sparring.objectives import OBJECTIVES
 from sparring.objectives import _load_families as _load_objectives
@@ -293,6 +297,14 @@ class Learner:
                                           amask=batch.action_mask[rows, :L])
         old_r = logp.detach() if old is None else old[rows, :L]
         adv_r = adv[rows, :L]
+        if a.sampler_correction != "off":  # the sampler's log-probs differ from the learner's
+            w, _ = importance_weights(old_r, batch.old_logp[rows, :L], m,
+                                      level=a.sampler_correction, clip=a.sampler_correction_clip)
+            adv_r = adv_r * w
+            with torch.no_grad():
+                stats["_tok/sampler/is_weight"] += float((w * m).sum())
+                stats["_max/sampler/is_weight_max"] = max(
+                    stats.get("_max/sampler/is_weight_max", 0.0), float(w[m].max()) if m.any() else 0.0)
         ref_r = None if ref is None else ref[rows, :L]
         row_opts = {k: getattr(batch, f)[rows] for k, f in _ROW_OPTIONS.items()
                     if k in self.objective.needs}

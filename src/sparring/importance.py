@@ -1,11 +1,14 @@
-"""Truncated importance weights for rollouts sampled by older weights (async workers).
+"""Truncated importance weights for samples drawn by another policy than the learner's.
 
-A stale batch was sampled by a behaviour policy ``mu`` (the weights a worker had, up to
-``max_staleness`` updates old) whose per-token log-probs the sampler recorded
-(``old_logp``). The learner's policy before this step's update, ``pi_old``, recomputes them.
-The update then follows decoupled PPO (Hilton et al., "Batch size-invariance for policy
-optimization", 2022): the clipped ratio is taken against ``pi_old`` (the proximal policy),
-and the advantages are reweighted by the truncated importance weight
+Two callers. Rollout workers in async mode: a stale batch was sampled by a behaviour policy
+``mu`` (the weights a worker had, up to ``max_staleness`` updates old), whose per-token
+log-probs the sampler recorded (``old_logp``); `sparring.distributed.RayRollouts.correct`
+reweights it. The learner's ``algorithm.sampler_correction``: ``mu`` is the sampler itself
+(vLLM, or another precision), whose log-probs differ from the learner's under the same
+weights. In both the learner's policy before this step's update, ``pi_old``, recomputes
+the log-probs, the clipped ratio is taken against ``pi_old`` (the proximal policy of
+decoupled PPO: Hilton et al., "Batch size-invariance for policy optimization", 2022), and
+the advantages are reweighted by the truncated importance weight
 
     token level:  w_t = min(pi_old(a_t) / mu(a_t), c)
     turn level:   w_t = min(prod_{t' in turn} pi_old(a_t') / mu(a_t'), c)   for t in the turn
