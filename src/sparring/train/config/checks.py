@@ -1,0 +1,430 @@
+"""Checks of a `Config` beyond its types and bounds (`validate`, which raises
+`ConfigError` naming the key): registry names and their options, environments and their
+options, opponents, several policies, Ray workers, the model; and `config_warnings`, what
+a valid config does that its author may not expect."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sparring.train.config.overlay import policy_config
+from sparring.train.overrides import ConfigError, did_you_mean
+
+if TYPE_CHECKING:
+    from sparring.train.config.schema import (
+        AlgorithmConfig,
+        Config,
+        DistributedConfig,
+        EnvSpec,
+        ModelConfig,
+    )
+
+
+def _registry_check(kind: str, name: str, key: str) -> None:
+    from sparring.registry import UnknownNameError
+    try:
+        if kind == "estimator":
+            from sparring.advantages import ESTIMATORS
+            ESTIMATORS.get(name)
+        elif kind == "shaper":
+            from sparring.advantages.shaping import SHAPERS
+            SHAPERS.get(name)
+        elif kind == "objective":
+            from sparring.objectives import OBJECTIVES
+            from sparring.objectives import _load_families as load_obj
+            load_obj()
+            OBJECTIVES.get(name)
+        elif kind == "aggregation":
+            from sparring.aggregation import AGGREGATIONS
+            AGGREGATIONS.get(name)
+        else:
+            from sparring.envs import ENVS
+            from sparring.envs import _load as load_envs
+            try:
+                load_envs()
+            except ModuleNotFoundError as e:  # an env sub-package not written yet
+                if not (e.name or "").startswith("sparring.envs"):
+                    raise
+            ENVS.get(name)
+    except UnknownNameError as e:
+        raise ConfigError(f"{key}: {e}") from None
+
+
+def _options_check(kind: str, name: str, options: dict[str, Any], key: str) -> None:
+    """Options must be keyword options of the registered function (clear error otherwise)."""
+    if kind == "estimator":
+        from sparring.advantages import ESTIMATORS as reg
+        internal: tuple[str, ...] = ("state",)
+    elif kind == "shaper":
+        from sparring.advantages.shaping import SHAPERS as reg
+        internal = ()
+    else:
+        from sparring.objectives import OBJECTIVES as reg
+        internal = ("ref_logp", "group", "rewards", "agent", "episode", "turn", "length")
+    try:
+        reg.get(name).check_options(options, kind, internal)
+    except ValueError as e:
+        raise ConfigError(f"{key}: {e}") from None
+
+
+def validate(cfg: Config) -> Config:
+    """Cross-field checks, registry names and their options; returns ``cfg``."""
+    _algorithm_check(cfg.algorithm, cfg.envs, "algorithm")
+    for i, env in enumerate(cfg.envs):
+        _registry_check("env", env.name, f"envs.{i}.name")
+        game = _env_options_check(i, env)
+        if cfg.rollout.pool_explore_tactical and "pool" in env.opponents:
+            _lookahead_check(i, game)
+    _betas_check(cfg.optim.betas, "optim.betas")
+    if cfg.train.microbatch_size and cfg.train.minibatch_size \
+            and cfg.train.microbatch_size > cfg.train.minibatch_size:
+        raise ConfigError("train.microbatch_size: must not exceed train.minibatch_size")
+    if cfg.rollout.answer_format.count("{}") != 1:
+        raise ConfigError(f"rollout.answer_format: {cfg.rollout.answer_format!r} needs exactly "
+                          "one {}, where the move goes (e.g. '<answer>{}</answer>')")
+    if not cfg.rollout.answer_format.split("{}")[0].startswith(cfg.rollout.answer_prefix):
+        raise ConfigError(f"rollout.answer_prefix: {cfg.rollout.answer_prefix!r} must start "
+                          f"rollout.answer_format ({cfg.rollout.answer_format!r}, the text "
+                          "before the move), since every answer starts with it")
+    _model_check(cfg.model)
+    _run_dir_check(cfg.train.run_dir)
+    _opponents_check(cfg)
+    _minimax_check(cfg)
+    _distributed_check(cfg.distributed)
+    _policies_check(cfg)
+    return cfg
+
+
+def _algorithm_check(a: AlgorithmConfig, envs: list[EnvSpec], key: str) -> None:
+    """Registry names and keyword options of ``a`` (``algorithm``, or a policy's own at
+    ``key``), the estimator's options of every env spec, a critic where the estimator
+    needs one."""
+    _registry_check("estimator", a.estimator, f"{key}.estimator")
+    _registry_check("objective", a.objective, f"{key}.objective")
+    _options_check("estimator", a.estimator, a.estimator_options, f"{key}.estimator_options")
+    _options_check("objective", a.objective, a.objective_options, f"{key}.objective_options")
+    _registry_check("aggregation", a.aggregation, f"{key}.aggregation")
+    for i, spec in enumerate(a.shaping):
+        if set(spec) - {"name", "options"} or "name" not in spec:
+            raise ConfigError(f"{key}.shaping.{i}: expected {{name: ..., options: {{...}}}}, "
+                              f"got {spec!r}")
+        _registry_check("shaper", spec["name"], f"{key}.shaping.{i}.name")
+        _options_check("shaper", spec["name"], spec.get("options") or {},
+                       f"{key}.shaping.{i}.options")
+    for i, env in enumerate(envs):
+        _options_check("estimator", a.estimator, env.estimator_options,
+                       f"envs.{i}.estimator_options")
+    if a.sampler_correction != "off" and not a.recompute_old_logp:
+        raise ConfigError(f"{key}.sampler_correction: {a.sampler_correction!r} compares the "
+                          "sampler's log-probs with the learner's recomputation; set "
+                          f"{key}.recompute_old_logp=true too")
+    from sparring.advantages import ESTIMATORS
+    critic_needs = {"values", "utterance_critic"} & set(ESTIMATORS.get(a.estimator).needs)
+    if critic_needs and a.value == "off":
+        raise ConfigError(f"{key}.value: estimator {a.estimator!r} needs "
+                          f"{' and '.join(sorted(critic_needs))} from a critic the learner "
+                          "trains; set it to auto or on")
+
+
+def _betas_check(betas: list[float], key: str) -> None:
+    if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+        raise ConfigError(f"{key}: expected two numbers in [0, 1), got {betas}")
+
+
+_POLICY_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
+
+
+def _policies_check(cfg: Config) -> None:
+    """``policies`` and ``envs[].seats``: names that can name files and metrics, overrides
+    that build, every env mapping each of its seats to a defined policy, every policy
+    playing some seat; what several policies do not support yet (rollout workers, the vLLM
+    backend, the opponent pool with ``lora.shared_base``) is refused; ``lora.shared_base``
+    needs LoRA and one model."""
+    if cfg.lora.shared_base and not cfg.lora.enabled:
+        raise ConfigError("lora.shared_base: policies share a base model as LoRA adapters; "
+                          "set lora.enabled=true too")
+    if not cfg.policies:
+        for i, env in enumerate(cfg.envs):
+            if env.seats:
+                raise ConfigError(f"envs.{i}.seats: names policies, but the config defines "
+                                  "none; add them (e.g. policies: {a: {}, b: {}}) or drop "
+                                  f"envs.{i}.seats (one policy then plays every seat)")
+        return
+    names = list(cfg.policies)
+    from sparring.envs import make
+
+    for n in names:
+        if not _POLICY_NAME.match(n):
+            raise ConfigError(f"policies.{n}: a policy name is letters, digits, _ and -, "
+                              "starting with a letter (it names checkpoint files and metrics)")
+        pc = policy_config(cfg, n)
+        _model_check(pc.model, f"policies.{n}.model")
+        if cfg.policies[n].algorithm:
+            _algorithm_check(pc.algorithm, cfg.envs, f"policies.{n}.algorithm")
+        _betas_check(pc.optim.betas, f"policies.{n}.optim.betas")
+        if cfg.lora.shared_base and cfg.policies[n].model:
+            raise ConfigError(f"policies.{n}.model: with lora.shared_base every policy is an "
+                              "adapter on the one base model (`model`); drop it or set "
+                              "lora.shared_base=false")
+        if cfg.lora.shared_base and not pc.lora.enabled:
+            raise ConfigError(f"policies.{n}.lora.enabled: with lora.shared_base every policy "
+                              "is a LoRA adapter; it cannot be false")
+    from sparring.advantages import ESTIMATORS
+    layouts = {n: ESTIMATORS.get(policy_config(cfg, n).algorithm.estimator).layout
+               for n in names}
+    if len(set(layouts.values()) - {"any"}) > 1:
+        shown = ", ".join(f"{n}: {v}" for n, v in layouts.items())
+        raise ConfigError(f"policies: the estimators need different row layouts ({shown}); "
+                          "one batch is collated for all policies, so pick estimators that "
+                          "share one")
+    used: set[str] = set()
+    for i, env in enumerate(cfg.envs):
+        n_seats = make(env.name, **env.options).num_seats
+        if not env.seats:
+            raise ConfigError(f"envs.{i}.seats: with `policies` every env names the policy of "
+                              f"each of its {n_seats} seats (defined: {', '.join(names)})")
+        if len(env.seats) != n_seats:
+            raise ConfigError(f"envs.{i}.seats: {env.name} has {n_seats} seats, got "
+                              f"{len(env.seats)} names {env.seats}")
+        for j, seat in enumerate(env.seats):
+            if seat not in cfg.policies:
+                raise ConfigError(f"envs.{i}.seats.{j}: unknown policy {seat!r}"
+                                  f"{did_you_mean(seat, names)} (defined in policies: "
+                                  f"{', '.join(names)})")
+        if "pool" in env.opponents and cfg.lora.shared_base:
+            raise ConfigError(f"envs.{i}.opponents: 'pool' (past snapshots of each policy) "
+                              "does not support lora.shared_base yet (a snapshot would be "
+                              "the shared model's adapters); use self or bots, or set "
+                              "lora.shared_base=false")
+        used.update(env.seats)
+    idle = [n for n in names if n not in used]
+    if idle:
+        raise ConfigError(f"policies.{idle[0]}: no env seat plays it (envs[].seats), so it "
+                          "would never train")
+    if cfg.distributed.rollout_workers:
+        raise ConfigError("distributed.rollout_workers: rollout workers do not support "
+                          "several policies yet; set it to 0 or drop `policies`")
+    if cfg.model.backend != "hf":
+        raise ConfigError(f"model.backend: {cfg.model.backend} does not support several "
+                          "policies yet; use hf or drop `policies`")
+
+
+def _distributed_check(d: DistributedConfig) -> None:
+    """Any ``distributed.*`` away from its default needs Ray (the error gives the install
+    command); async needs workers and a staleness bound of at least one update."""
+    default = type(d)()
+    changed = [f.name for f in fields(d) if getattr(d, f.name) != getattr(default, f.name)]
+    if not changed:
+        return
+    import importlib.util
+    if importlib.util.find_spec("ray") is None:
+        raise ConfigError(f"distributed.{changed[0]}: rollout workers run on Ray, which is not "
+                          "installed: pip install 'sparring[ray]' (from a checkout: "
+                          "SPARRING_EXTRAS=dev,ray bash scripts/setup.sh)")
+    if d.mode == "async" and d.rollout_workers == 0:
+        raise ConfigError("distributed.mode: async needs rollout workers "
+                          "(distributed.rollout_workers >= 1)")
+    if d.mode == "async" and d.max_staleness == 0:
+        raise ConfigError("distributed.max_staleness: async needs >= 1 (0 updates of "
+                          "staleness is distributed.mode=sync)")
+
+
+def _model_check(m: ModelConfig, key: str = "model") -> None:
+    """``model.device`` parses as a torch device; the tiny model's options are its fields
+    (errors name ``key``, the section's path)."""
+    if m.device != "auto":
+        import torch
+        try:
+            torch.device(m.device)
+        except (RuntimeError, ValueError):
+            raise ConfigError(f"{key}.device: {m.device!r} is not a device (allowed: cpu, "
+                              "cuda, cuda:N, mps, auto)") from None
+    if m.name.startswith(("/", "./", "../", "~")) or Path(m.name).expanduser().exists():
+        folder = Path(m.name).expanduser()
+        if not (folder / "config.json").is_file():
+            why = "has no config.json" if folder.is_dir() else "does not exist"
+            raise ConfigError(f"{key}.name: {m.name!r} {why}; give a Hugging Face model "
+                              "folder, a hub id, 'tiny' or 'smollm2'")
+    if m.name != "tiny":
+        return
+    import typing
+
+    from sparring.policy.tiny import TinyConfig
+    hints = typing.get_type_hints(TinyConfig)
+    for k, v in m.options.items():
+        if k not in hints:
+            raise ConfigError(f"{key}.options: the tiny model has no option {k!r}"
+                              f"{did_you_mean(str(k), list(hints))} (allowed: "
+                              f"{', '.join(hints)})")
+        want = hints[k]
+        if isinstance(v, bool) != (want is bool) or not isinstance(v, want):
+            raise ConfigError(f"{key}.options.{k}: expected {want.__name__}, got {v!r}")
+        if want is int and not v >= (0 if k == "seed" else 1):
+            raise ConfigError(f"{key}.options.{k}: {v!r} is out of range (must be >= "
+                              f"{0 if k == 'seed' else 1})")
+    try:
+        TinyConfig(**m.options)
+    except ValueError as e:
+        raise ConfigError(f"{key}.options: {e}") from None
+
+
+def _run_dir_check(run_dir: str) -> None:
+    try:
+        filled = run_dir.format(name="run", time="20000101-000000")
+    except (KeyError, IndexError, ValueError, AttributeError) as e:
+        why = f"unknown field {{{e.args[0]}}}" if isinstance(e, KeyError) else str(e)
+        raise ConfigError(f"train.run_dir: {run_dir!r} is not a valid pattern ({why}); "
+                          "the fields are {name} and {time}, write {{ and }} for braces") \
+            from None
+    if not filled.strip() or "\0" in filled:
+        raise ConfigError(f"train.run_dir: {run_dir!r} is not a folder name")
+
+
+def _env_options_check(i: int, env: EnvSpec) -> Any:
+    """The options of ``envs.i`` are keywords its constructor takes, with values it accepts
+    (the env is built once here, so a bad value fails before any run folder exists), and
+    its other fields fit the game; returns the game built."""
+    import inspect
+
+    from sparring.envs import env_entry
+    entry = env_entry(env.name)
+    key = f"envs.{i}.options"
+    params = dict(inspect.signature(entry.fn).parameters)
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):  # a factory passing **options
+        cls = inspect.signature(entry.fn).return_annotation
+        if isinstance(cls, str):
+            cls = entry.fn.__globals__.get(cls, inspect.Signature.empty)
+        params = dict(inspect.signature(cls).parameters) if inspect.isclass(cls) else params
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        names = [n for n, p in params.items() if p.kind is not p.VAR_POSITIONAL
+                 and n != "self"]
+        for k in env.options:
+            if k not in names:
+                raise ConfigError(f"{key}: {entry.name} has no option {k!r}"
+                                  f"{did_you_mean(str(k), names)} (allowed: "
+                                  f"{', '.join(names) or 'none'})")
+    from sparring.registry import option_type_error
+    wrong = option_type_error(entry.fn, dict(env.options))
+    if wrong:
+        raise ConfigError(f"{key}: {entry.name} {wrong}")
+    try:
+        made = entry.fn(**env.options)
+    except ImportError as e:
+        raise ConfigError(f"envs.{i}.name: {entry.name} needs an optional package ({e})") \
+            from None
+    except (TypeError, ValueError, KeyError) as e:
+        raise ConfigError(f"{key}: {entry.name} rejects {env.options!r}: {e}") from None
+    bad = [s for s in env.learner_seats if not 0 <= s < made.num_seats]
+    if bad:
+        raise ConfigError(f"envs.{i}.learner_seats: {bad} out of range; {entry.name} has "
+                          f"seats 0..{made.num_seats - 1}")
+    from sparring.envs.wrappers import RandomOpening, SymmetricViews
+    game = made
+    if env.symmetric_views and env.options.get("canonical"):
+        raise ConfigError(f"envs.{i}.symmetric_views: the game's option canonical already "
+                          "shows every position in one orientation, and random views would "
+                          f"undo it; set envs.{i}.symmetric_views=false or drop canonical")
+    if env.symmetric_views:
+        try:
+            made = SymmetricViews(made)
+        except ValueError as e:
+            raise ConfigError(f"envs.{i}.symmetric_views: {e}; set envs.{i}.symmetric_views="
+                              "false for this game") from None
+    if env.opening_moves:
+        try:
+            RandomOpening(made, env.opening_moves)
+        except ValueError as e:
+            raise ConfigError(f"envs.{i}.opening_moves: {e}") from None
+    return game
+
+
+def _lookahead_check(i: int, game: Any) -> None:
+    """``rollout.pool_explore_tactical``: the pool's game ``envs.i`` can be searched by
+    copies with nothing hidden (`sparring.envs.lookahead.check_lookahead`)."""
+    from sparring.envs.lookahead import check_lookahead
+    try:
+        check_lookahead(game)
+    except ValueError as e:
+        raise ConfigError(f"rollout.pool_explore_tactical: {e} (envs.{i} plays the pool)") \
+            from None
+
+
+def _opponents_check(cfg: Config) -> None:
+    """Bot names of ``envs.*.opponents``, ``rollout.pool_bots``, ``eval.opponents``; a
+    'pool' opponent needs a pool that is not empty at step 0."""
+    from sparring.envs.bots import check_opponents
+    special = ("self", "pool")
+
+    def names(key: str, given: list[str], allowed: tuple[str, ...] = ()) -> None:
+        try:
+            check_opponents(key, given, allowed)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+    names("rollout.pool_bots", cfg.rollout.pool_bots)
+    names("eval.opponents", cfg.eval.opponents)
+    for i, env in enumerate(cfg.envs):
+        names(f"envs.{i}.opponents", env.opponents, special)
+        if "pool" in env.opponents and not cfg.rollout.pool_bots:
+            raise ConfigError(
+                f"envs.{i}.opponents: 'pool' samples from rollout.pool_bots and snapshots "
+                "of the policy, but rollout.pool_bots is empty, so the pool has nothing to "
+                "sample before its first snapshot"
+                + (" (and rollout.pool_every is 0: it never takes one)"
+                   if not cfg.rollout.pool_every else "")
+                + "; add a bot to rollout.pool_bots")
+
+
+def _minimax_check(cfg: Config) -> None:
+    """Each game played against ``minimax`` (an opponent, a pool bot or an evaluation
+    opponent) can be solved exactly: a game minimax cannot play (three seats, no
+    ``clone``) or whose tree is too large (Connect Four) is refused here, not at the
+    first evaluation hours later."""
+    from sparring.envs import make
+    from sparring.envs.bots.minimax import forget, minimax_value
+    for i, spec in enumerate(cfg.envs):
+        pool = cfg.rollout.pool_bots if "pool" in spec.opponents else []
+        keys = [k for k, names in (("eval.opponents", cfg.eval.opponents),
+                                   (f"envs.{i}.opponents", spec.opponents),
+                                   ("rollout.pool_bots", pool)) if "minimax" in names]
+        env = make(spec.name, **spec.options) if keys else None
+        if env is None or (keys == ["eval.opponents"] and env.num_seats < 2):
+            continue  # (the evaluation plays bots in games only)
+        try:
+            minimax_value(env)
+        except (TypeError, ValueError) as e:
+            forget(env)
+            raise ConfigError(f"{keys[0]}: minimax cannot play envs.{i} ({spec.name}): {e}") \
+                from None
+
+
+def config_warnings(cfg: Config) -> list[str]:
+    """What a valid config does that its author may not expect (printed by ``sparring
+    train``): episode counts rounded to whole groups, opponents left without episodes,
+    a group-relative estimator with one episode per group."""
+    from sparring.advantages import ESTIMATORS
+    from sparring.rollout.plan import episode_counts
+
+    out = []
+    counts = episode_counts(cfg)
+    if cfg.envs and sum(counts) != cfg.rollout.episodes_per_step:
+        sizes = ", ".join(f"envs.{i}.group_size={s.group_size}" for i, s in enumerate(cfg.envs))
+        out.append(f"rollout.episodes_per_step={cfg.rollout.episodes_per_step} is rounded to "
+                   f"whole groups ({sizes}): each step plays {sum(counts)} episodes "
+                   f"({' + '.join(map(str, counts))})")
+    needs_group = "group" in ESTIMATORS.get(cfg.algorithm.estimator).needs
+    for i, (spec, n) in enumerate(zip(cfg.envs, counts)):
+        kinds = spec.opponents or ["self"]
+        groups = n // spec.group_size
+        if groups < len(kinds):
+            out.append(f"envs.{i}.opponents: {groups} group(s) a step for {len(kinds)} "
+                       f"opponent kinds: {', '.join(dict.fromkeys(kinds[groups:]))} get no "
+                       "episodes (raise rollout.episodes_per_step)")
+        if needs_group and spec.group_size == 1:
+            out.append(f"envs.{i}.group_size=1: estimator {cfg.algorithm.estimator!r} compares "
+                       "the episodes of a group, and one episode per group has nothing to "
+                       "compare (zero advantages, but for the seats of a self-play game)")
+    return out
