@@ -127,13 +127,15 @@ SHAPING = [  # every registered shaper, in an order that interleaves the kinds
     {"name": "drop_zero_variance_groups"},
     {"name": "kl_in_reward", "options": {"beta": 2.0}},
     {"name": "loss_aversion", "options": {"weight": 3.0}},
+    {"name": "positive_signalling", "options": {"beta": 0.5}},
     {"name": "entropy_shaping", "options": {"lo": 0.8, "hi": 1.25}},
     {"name": "top_abs_advantage", "options": {"k": 3}},
 ]
 
 
 def _expected(b):
-    """rloo on shaped returns (overlong, KL, loss aversion), then ucas, canon,
+    """rloo on shaped returns (overlong, KL, loss aversion, positive signalling), then ucas,
+    canon,
     entropy_shaping; keep: variance and top-3.
     Plain Python over the rows of the captured batch (one row per trajectory here)."""
     n = b.n_rows
@@ -150,6 +152,10 @@ def _expected(b):
         r = float(b.returns[i]) + 0.5 * pen - 2.0 * kl
         R.append(r if r >= 0 else 3.0 * r)  # loss_aversion, after the two above
     assert min(R) < 0 < max(R)  # loss_aversion has rewards of both signs to tell apart
+    # positive_signalling: + 0.5 (log pi(m) - log p(m)), p(m) the share of rows sending m
+    sent = [tuple(int(b.input_ids[i, t]) for t in toks[i]) for i in range(n)]
+    assert len(set(sent)) > 1  # messages that differ, so p(m) is not 1 for all
+    R = [r + 0.5 * (sum(old[i]) - math.log(sent.count(sent[i]) / n)) for i, r in enumerate(R)]
     A = []
     for i in range(n):
         others = [R[j] for j in range(n) if g[j] == g[i] and j != i]
