@@ -207,8 +207,9 @@ def throughput_row(name: str, shape: dict[str, Any], device: str, quick: bool) -
 
 
 def recipe_row(recipe: str, device: str, steps: int) -> dict[str, Any]:
-    """``recipe`` for ``steps`` steps on ``device``: steps a second over the whole run (its
-    setup and first step included), and the mean step's split after the first."""
+    """``recipe`` for ``steps`` steps on ``device``: steps a second over the training loop
+    (its first step included, the model's setup not), and the mean step's split after the
+    first."""
     from sparring.train import setup
     from sparring.train.config import find_recipe, load_config
     from sparring.train.loop import train

@@ -1,7 +1,10 @@
-"""Hand-built episodes, and a deadline for code that could hang, shared by tests."""
+"""Hand-built episodes, a deadline for code that could hang, and bench scripts loaded as
+modules, shared by tests."""
 
 import contextlib
+import importlib.util
 import signal
+from pathlib import Path
 
 from sparring.data import Episode, Turn
 
@@ -31,3 +34,12 @@ def two_seat_episode(group: int = 0, seed: int = 0, returns=(1.0, -1.0)) -> Epis
               reward=1.0, state_key="s2", done=True)
     return Episode(env="toy", seed=seed, group=group, num_agents=2, turns=[t0, t1, t2],
                    returns=list(returns))
+
+
+def load_bench(name: str):
+    """``bench/<name>.py`` as a module (bench scripts are not a package)."""
+    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -1,23 +1,14 @@
 """bench/gpu.py (issue 30) runs whole on a CPU: the smoke test the lent GPU relies on."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "gpu.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("bench_gpu", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.helpers import load_bench
 
 
 def test_the_gpu_script_runs_on_a_cpu_and_writes_its_tables(tmp_path):
-    gpu = _load()
+    gpu = load_bench("gpu")
     result = gpu.main(["--device", "cpu", "--quick", "--out", str(tmp_path),
                        "--cpu-steps-per-s", "default=2.0"])
     assert json.loads((tmp_path / "gpu.json").read_text()) == json.loads(json.dumps(result))
@@ -39,7 +30,7 @@ def test_the_gpu_script_runs_on_a_cpu_and_writes_its_tables(tmp_path):
 
 def test_a_bad_cpu_figure_is_named(tmp_path):
     with pytest.raises(SystemExit, match="--cpu-steps-per-s: 'leduc=1'"):
-        _load().main(["--device", "cpu", "--quick", "--out", str(tmp_path),
+        load_bench("gpu").main(["--device", "cpu", "--quick", "--out", str(tmp_path),
                       "--cpu-steps-per-s", "leduc=1"])
 
 
@@ -50,7 +41,7 @@ def test_the_device_tests_part_counts_from_pytests_report(tmp_path, monkeypatch)
     from sparring.advantages.shaping import SHAPERS
     from sparring.objectives import list_objectives
 
-    gpu = _load()
+    gpu = load_bench("gpu")
     monkeypatch.setattr(gpu, "DEVICE_TESTS", ("tests/test_on_device.py",))
     got = gpu.device_tests("cpu", tmp_path)
     want = len(list_estimators()) + len(list(SHAPERS)) + len(list_objectives())
@@ -61,4 +52,4 @@ def test_the_device_tests_part_counts_from_pytests_report(tmp_path, monkeypatch)
 
 def test_an_unknown_part_is_named(tmp_path):
     with pytest.raises(SystemExit, match="--parts: unknown gpus"):
-        _load().main(["--device", "cpu", "--quick", "--out", str(tmp_path), "--parts", "gpus"])
+        load_bench("gpu").main(["--device", "cpu", "--quick", "--out", str(tmp_path), "--parts", "gpus"])

@@ -1,22 +1,11 @@
 """bench/real_model.py's ``--random-weights``: a model of a folder's shape with random
 weights, for a machine the real weights cannot travel to."""
 
-import importlib.util
-from pathlib import Path
-
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
 from sparring.policy.tiny import build_tiny_model
-
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "real_model.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("bench_real_model", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.helpers import load_bench
 
 
 def test_random_weights_keep_the_shape_and_the_tokenizer(tmp_path):
@@ -28,7 +17,7 @@ def test_random_weights_keep_the_shape_and_the_tokenizer(tmp_path):
     tok.save_pretrained(source)
     LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2).save_pretrained(source)
-    bench = _load()
+    bench = load_bench("real_model")
     a = bench.random_weights_folder(source, tmp_path / "a")
     b = bench.random_weights_folder(source, tmp_path / "b")
     ma, mb = (AutoModelForCausalLM.from_pretrained(p) for p in (a, b))

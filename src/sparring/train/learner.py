@@ -87,6 +87,12 @@ class NonFiniteError(RuntimeError):
     """Too many consecutive updates had a non-finite loss, gradient or updated weight."""
 
 
+def _keep_max(stats: dict[str, float], name: str, value: float) -> None:
+    """Record ``value`` as the step's ``name`` if it is the largest so far (``update``
+    reports ``_max/`` entries as maxima over the step, not means)."""
+    stats[f"_max/{name}"] = max(stats.get(f"_max/{name}", -math.inf), value)
+
+
 class Learner:
     """Owns the optimizer, schedule, reference / magnet model and critic of one policy."""
 
@@ -296,15 +302,13 @@ class Learner:
                                           allowed=self._allowed(batch, rows),
                                           amask=batch.action_mask[rows, :L])
         old_r = logp.detach() if old is None else old[rows, :L]
+        sampled = batch.old_logp[rows, :L]  # the sampler's own (old_r: the learner's)
         adv_r = adv[rows, :L]
+        w = None
         if a.sampler_correction != "off":  # the sampler's log-probs differ from the learner's
-            w, _ = importance_weights(old_r, batch.old_logp[rows, :L], m,
-                                      level=a.sampler_correction, clip=a.sampler_correction_clip)
+            w, _ = importance_weights(old_r, sampled, m, level=a.sampler_correction,
+                                      clip=a.sampler_correction_clip)
             adv_r = adv_r * w
-            with torch.no_grad():
-                stats["_tok/sampler/is_weight"] += float((w * m).sum())
-                stats["_max/sampler/is_weight_max"] = max(
-                    stats.get("_max/sampler/is_weight_max", 0.0), float(w[m].max()) if m.any() else 0.0)
         ref_r = None if ref is None else ref[rows, :L]
         row_opts = {k: getattr(batch, f)[rows] for k, f in _ROW_OPTIONS.items()
                     if k in self.objective.needs}
@@ -321,19 +325,20 @@ class Learner:
             ntok = float(mf.sum())
             stats["policy_loss"] += float(pol.detach())
             if a.recompute_old_logp:  # the sampler's log-probs against the learner's
-                sampled = batch.old_logp[rows, :L]
                 gap = (sampled - old_r).abs() * mf
                 stats["_tok/sampler/logp_diff_mean"] += float(gap.sum())
-                stats["_max/sampler/logp_diff_max"] = max(
-                    stats.get("_max/sampler/logp_diff_max", 0.0), float(gap.max()) if ntok else 0.0)
+                _keep_max(stats, "sampler/logp_diff_max", float(gap.max()))
                 stats["_tok/sampler/kl"] += float(kl_estimate(sampled, old_r, m, "k3").sum())
+            if w is not None:
+                stats["_tok/sampler/is_weight"] += float((w * mf).sum())
+                _keep_max(stats, "sampler/is_weight_max", float((w * mf).max()))
             # k3 of KL(pi_old || pi) on the tokens pi_old sampled
             stats["_tok/approx_kl"] += float(kl_estimate(old_r, logp, m, "k3").sum())
             stats["_tok/entropy"] += float((ent * mf).sum())
             if ntok > 0:  # the objective's own diagnostics (clip_frac, ratio, ...)
                 for k, v in diagnostics.items():
                     if k.endswith("_max"):  # a maximum over the step, not a mean
-                        stats[f"_max/{k}"] = max(stats.get(f"_max/{k}", -math.inf), float(v))
+                        _keep_max(stats, k, float(v))
                     else:
                         stats[f"_tok/{k}"] += float(v) * ntok
             stats["_ntok"] += ntok

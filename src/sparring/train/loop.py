@@ -87,7 +87,6 @@ from sparring.train.signals import sigterm_as_interrupt
 log = logging.getLogger(__name__)
 PENDING_ROW = "unlogged_row"  # crash checkpoint meta: the row of a step whose end failed
 
-RolloutFn = RolloutSource  # the name train() and resume() have always used
 # (step, learner or {policy name: learner}) -> metrics
 OnRow = Callable[[int, dict[str, Any]], Any]  # a logged row (step, metrics): `train`
 
@@ -156,7 +155,7 @@ def _load_reference(run: Path, name: str, sha256: str | None) -> dict[str, Tenso
     return read_tensors(path)
 
 
-def train(cfg: Config, model: Models, rollout_fn: RolloutFn, eval_fn: EvalFn | None = None,
+def train(cfg: Config, model: Models, rollout_fn: RolloutSource, eval_fn: EvalFn | None = None,
           stateful: Mapping[str, Any] | None = None, *, run_dir: str | Path | None = None,
           pad_id: int = 0, resume: bool = False, on_row: OnRow | None = None) -> Path:
     """Train ``model`` on ``rollout_fn``'s episodes; returns the run folder.
@@ -180,7 +179,7 @@ def train(cfg: Config, model: Models, rollout_fn: RolloutFn, eval_fn: EvalFn | N
         return _train(cfg, model, rollout_fn, eval_fn, stateful, run, pad_id, resume, on_row)
 
 
-def _train(cfg: Config, model: Models, rollout_fn: RolloutFn, eval_fn: EvalFn | None,
+def _train(cfg: Config, model: Models, rollout_fn: RolloutSource, eval_fn: EvalFn | None,
            stateful: Mapping[str, Any] | None, run: Path, pad_id: int, resume: bool,
            on_row: OnRow | None = None) -> Path:
     """`train`, with the run folder's lock held: the run's state (fresh or restored from
@@ -234,7 +233,7 @@ class _Run:
     while the policies are part-way through the next step)."""
 
     def __init__(self, cfg: Config, run: Path, policies: list[TrainedPolicy],
-                 rollout_fn: RolloutFn, eval_fn: EvalFn | None,
+                 rollout_fn: RolloutSource, eval_fn: EvalFn | None,
                  stateful: Mapping[str, Any] | None, pad_id: int, on_row: OnRow | None):
         self.cfg, self.run, self.policies = cfg, run, policies
         self.rollout_fn, self.eval_fn, self.pad_id, self.on_row = rollout_fn, eval_fn, pad_id, on_row
@@ -481,7 +480,7 @@ def check_steps_left(run_dir: str | Path, steps: int) -> None:
                           f"train.steps above {done} to continue it")
 
 
-def resume(run_dir: str | Path, model: Models, rollout_fn: RolloutFn,
+def resume(run_dir: str | Path, model: Models, rollout_fn: RolloutSource,
            eval_fn: EvalFn | None = None, stateful: Mapping[str, Any] | None = None, *,
            overrides: Sequence[str] = (), pad_id: int = 0, on_row: OnRow | None = None,
            cfg: Config | None = None) -> Path:
