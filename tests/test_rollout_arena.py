@@ -339,11 +339,61 @@ def test_a_tactical_explorer_draws_only_among_the_moves_the_lookahead_keeps(tiny
     assert abs(share - 1 / 6) < 4 * ((1 / 6) * (5 / 6) / 120) ** 0.5
 
 
+def test_a_training_players_explored_moves_are_rows_as_its_samples_would_be(tiny):
+    """explore=0.5 for a training player under constrained decoding: about half its turns
+    are uniform legal draws, and each is a training row whose tokens and per-token allowed
+    ids are those the constrained sampler records when it samples the same move at the
+    same kind of position (the other half of the turns), with no sampler log-probs and
+    ``extras["explored"] = 1``; the episode plays on as if sampled."""
+    model, tok = tiny
+    player = ModelPlayer(HFPolicy(model, tok, seed=3), name="learner", train=True, explore=0.5)
+    arena = Arena(SamplingParams(max_new_tokens=4), PromptConfig("state"),
+                  InvalidActionPolicy("constrained"))
+    eps = arena.play(lambda: Race(2, target=12), seeds=list(range(12)), group_size=2,
+                     seat_players=player)
+    turns = [t for e in eps for t in e.turns]
+    explored = [t for t in turns if t.extras.get("explored") == 1.0]
+    sampled = [t for t in turns if "explored" not in t.extras]
+    assert abs(len(explored) / len(turns) - 0.5) < 4 * (0.25 / len(turns)) ** 0.5
+    assert all(t.logprobs is None and t.invalid is None and t.prompt_ids for t in explored)
+    assert all(t.logprobs is not None for t in sampled)
+    seen = {(t.action_text, tuple(map(tuple, t.allowed_ids))): t.action_ids for t in sampled}
+    for t in explored:
+        key = (t.action_text, tuple(map(tuple, t.allowed_ids)))
+        assert key in seen and seen[key] == t.action_ids
+    batch = collate(eps)
+    assert batch.input_ids.shape[0] == len(turns)  # every turn is a row
+    assert int((batch.extras["explored"] == 1.0).sum()) == len(explored)
+
+
+@pytest.mark.parametrize("stop", [("</a>",), ()])
+def test_an_explored_move_is_written_in_the_answer_format(stop):
+    """Free decoding with answer_prefix "<a>", answer_format "<a>{}</a>" and strict_format:
+    an explored move's tokens are what the model writes after the prefix, "1</a>", ending
+    at the stop string, or with EOS when "</a>" is no stop string; the answer is well-formed
+    (no invalid turn) and the seat's history shows it."""
+    model, tok = build_tiny_model({"seed": 2})
+    player = ModelPlayer(HFPolicy(model, tok, seed=3), name="learner", train=True, explore=1.0)
+    arena = Arena(SamplingParams(max_new_tokens=6, stop=stop),
+                  PromptConfig("full", answer_prefix="<a>"), InvalidActionPolicy("forfeit"),
+                  answer_format="<a>{}</a>", strict_format=True)
+    (ep,) = arena.play(lambda: Race(2, target=6), seeds=[0], seat_players=player)
+    assert "forfeit" not in ep.info and all(t.invalid is None for t in ep.turns)
+    for t in ep.turns:
+        move = t.action_text[len("<a>"):-len("</a>")]
+        assert t.action_text == f"<a>{move}</a>" and move in ("1", "2")
+        ids = tok.encode(f"{move}</a>", add_special_tokens=False)
+        assert t.action_ids == ids + ([] if stop else [tok.eos_token_id])
+        assert t.allowed_ids is None and t.extras["explored"] == 1.0
+    first, second = [t for t in ep.turns if t.agent == 0][:2]  # 3 moves at least to 6
+    n = len(first.action_ids)  # full history: its explored answer is in its next prompt
+    assert any(second.prompt_ids[i:i + n] == first.action_ids
+               for i in range(len(second.prompt_ids)))
+
+
 def test_exploring_players_are_checked(tiny):
     _, tok = tiny
     stub = Stub(tok, lambda c, i, a: "1")
-    with pytest.raises(ValueError, match="explore is for frozen players"):
-        ModelPlayer(stub, train=True, explore=0.1)
     with pytest.raises(ValueError, match=r"explore=1.5; must be in \[0, 1\]"):
         ModelPlayer(stub, train=False, explore=1.5)
     with pytest.raises(ValueError, match=r"explore_turns=-1; must be >= 0"):

@@ -260,6 +260,27 @@ def test_pool_explore_follows_its_cosine_schedule(tmp_path):
         assert roll.pool.explore == pytest.approx(epsilon)
 
 
+def test_the_learners_own_explore_follows_its_cosine_schedule(tmp_path):
+    """rollout.explore: the same cosine as the pool's, on the training player; its
+    explored turns are rows marked explored. Without recomputed old log-probs, or in the
+    trajectory layout, the config is refused."""
+    from sparring.train.config import ConfigError
+
+    roll = build(_cfg(["rollout.explore=0.4", "rollout.explore_schedule=cosine",
+                       "rollout.explore_final_ratio=0.25", "train.steps=10",
+                       "algorithm.recompute_old_logp=true"]), tmp_path).rollout_fn
+    for step, epsilon in [(0, 0.4), (5, 0.25), (10, 0.1)]:
+        eps = roll(step)
+        assert roll.learner.explore == pytest.approx(epsilon)
+    marked = [t for e in eps for t in e.turns if t.extras.get("explored") == 1.0]
+    assert marked and all(t.action_ids and t.logprobs is None for t in marked)
+    with pytest.raises(ConfigError, match="algorithm.recompute_old_logp=true"):
+        _cfg(["rollout.explore=0.1"])
+    with pytest.raises(ConfigError, match="rollout.layout=turn"):
+        _cfg(["rollout.explore=0.1", "algorithm.recompute_old_logp=true",
+              "rollout.layout=trajectory"])
+
+
 def test_pool_temperature_is_the_snapshots_sampling_temperature(tmp_path):
     roll = build(_cfg(["rollout.pool_temperature=2.5"]), tmp_path / "hot").rollout_fn
     assert roll.pool.sampling.temperature == 2.5

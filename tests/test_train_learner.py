@@ -338,6 +338,32 @@ def test_the_sampler_learner_gap_is_measured_on_the_action_tokens(epochs):
     assert "sampler/kl" not in Learner(copy.deepcopy(model0), make_cfg()).update(batch, adv)
 
 
+def test_explored_rows_have_no_sampler_gap():
+    """Rows marked ``extras["explored"]`` (moves drawn by rollout.explore, no sampler
+    log-probs: 0.0 in the batch) count as no gap: the step's gap is the one of the sampled
+    rows' tokens, its mean over all action tokens; unmarked, the explored rows' zeros would
+    be counted as gaps of |log p| (several nats)."""
+    from dataclasses import replace
+
+    from sparring.policy.forward import token_logprobs
+
+    batch, adv = ragged_batch()
+    model0 = th.tiny_qwen(11)
+    with torch.no_grad():
+        lp, _ = token_logprobs(model0, batch.input_ids, batch.attention_mask)
+    explored = torch.tensor([1.0, math.nan, math.nan, 1.0, math.nan, math.nan, math.nan])
+    m = batch.action_mask
+    old = torch.where(explored[:, None] == 1.0, torch.zeros_like(lp), batch.old_logp)
+    gap = ((old - lp).abs() * m * (explored != 1.0)[:, None])
+    cfg = make_cfg(algorithm__recompute_old_logp=True)
+    marked = replace(batch, old_logp=old, extras={"explored": explored})
+    out = Learner(copy.deepcopy(model0), cfg).update(marked, adv)
+    assert out["sampler/logp_diff_mean"] == pytest.approx(float(gap.sum() / m.sum()), rel=1e-5)
+    assert out["sampler/logp_diff_max"] == pytest.approx(float(gap.max()), rel=1e-5)
+    unmarked = Learner(copy.deepcopy(model0), cfg).update(replace(marked, extras={}), adv)
+    assert unmarked["sampler/logp_diff_max"] > out["sampler/logp_diff_max"] + 1.0
+
+
 @pytest.mark.parametrize("level", ["token", "turn"])
 def test_sampler_correction_reweights_the_advantages_by_the_truncated_weight(level):
     """algorithm.sampler_correction: the update equals one without it whose advantages

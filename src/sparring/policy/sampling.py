@@ -57,11 +57,13 @@ class Generation:
     """One sampled completion. ``token_ids`` are exactly the sampled tokens (with the EOS
     when one was sampled); ``logprobs``/``entropies`` have one entry per token (see the
     module docstring for the distribution); ``text`` decodes ``token_ids`` without special
-    tokens; ``finish_reason`` is "eos", "stop" (a stop string appeared) or "length".
+    tokens; ``finish_reason`` is "eos", "stop" (a stop string appeared) or "length"
+    ("explore" and ``logprobs`` None: a move the arena drew for an exploring training
+    player, `sparring.rollout.players.ModelPlayer`, not sampled by the policy).
     ``allowed_ids``: under constrained decoding, per token the allowed token ids."""
 
     token_ids: list[int]
-    logprobs: list[float]
+    logprobs: list[float] | None
     text: str
     finish_reason: str
     entropies: list[float] | None = None

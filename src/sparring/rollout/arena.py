@@ -20,10 +20,11 @@ split among rollout workers (`sparring.distributed`). Without it (or for a polic
 Players: see `sparring.rollout.players` (a bare policy or bot callable is accepted).
 
 Each step, every unfinished episode's current seat is served: bots act at once, and so
-does a frozen model player with ``explore`` = epsilon when its turn's draw (seeded from the
+does a model player with ``explore`` = epsilon when its turn's draw (seeded from the
 episode's sample seed, or its seed and group, and the turn index) falls under epsilon
 (with ``explore_turns`` = N, only among its first N turns): it plays a uniformly random
-legal action (the env must list them); other model seats are gathered, per (policy,
+legal action (the env must list them; a training player's is a row, written in the answer
+format, see `sparring.rollout.players`); other model seats are gathered, per (policy,
 sampling) pair, into one ``generate`` call over all episodes. The action text is parsed
 by ``env.parse``; invalid actions follow the `InvalidActionPolicy`: ``forfeit`` (penalty,
 episode ends, ``info["forfeit"] = seat``),
@@ -60,7 +61,7 @@ from sparring.envs.base import Env, ParseResult
 from sparring.envs.invalid import InvalidActionPolicy, retry_feedback
 from sparring.envs.lookahead import tactical_actions
 from sparring.envs.parsing import strict_answer
-from sparring.policy.sampling import Generation, SamplingParams
+from sparring.policy.sampling import Generation, SamplingParams, TokenTrie
 from sparring.rollout.players import BotPlayer, ModelPlayer, Player, as_player
 from sparring.rollout.prompts import Exchange, PromptBuilder, PromptConfig, Rendered
 from sparring.seeding import stable_seed
@@ -199,12 +200,35 @@ class Arena:
         if not legal:
             raise ValueError(f"player {player.name!r} explores (explore={player.explore}), but "
                              f"{s.env.name!r} lists no legal actions to draw from")
-        if player.explore_tactical:
-            legal = tactical_actions(s.env, seat, legal)
-        text = rng.choice(legal)
-        ids = self._builder(player)._encode(text)
-        self._apply(s, seat, text, None, None)
-        s.hist[seat].append(Exchange(user, ids, text))
+        moves = tactical_actions(s.env, seat, legal) if player.explore_tactical else legal
+        move = rng.choice(moves)
+        builder = self._builder(player)
+        if not player.train:
+            self._apply(s, seat, move, None, None)
+            s.hist[seat].append(Exchange(user, builder._encode(move), move))
+            return True
+        # a training player's explored move is a row of the batch: the move written as the
+        # model writes it, with the token ids (and constrained-decoding restrictions) a
+        # sample of that answer would carry, and no sampler log-probs (the learner's own)
+        written = self.written_format.format(move)
+        ids = list(player.policy.tokenizer.encode(written, add_special_tokens=False))
+        eos = player.policy.eos_ids[0]
+        allowed_ids = None
+        if self.invalid.mode == "constrained":  # the trie the sampler restricts to
+            trie = TokenTrie([list(player.policy.tokenizer.encode(a, add_special_tokens=False))
+                              + [eos] for a in legal])
+            ids, allowed_ids, node = ids + [eos], [], 0
+            for tok in ids:
+                allowed_ids.append(trie.allowed(node))
+                node = trie.step(node, tok)
+        elif not any(written.endswith(stop) for stop in (player.sampling or self.sampling).stop):
+            ids.append(eos)  # the answer ends where the model's would: its stop string or EOS
+        rendered = builder.build(s.env.system_prompt(seat), s.hist[seat], user)
+        s.req = dict(seat=seat, user=user, rendered=rendered, legal=None)
+        gen = Generation(token_ids=ids, logprobs=None, text=written, finish_reason="explore",
+                         allowed_ids=allowed_ids)
+        self._apply(s, seat, builder.cfg.answer(written), gen, rendered)
+        s.ep.turns[s.last[seat]].extras["explored"] = 1.0
         return True
 
     def _start(self, env: str | Callable[[], Env], options: dict[str, Any], seed: int, group: int,
@@ -246,7 +270,7 @@ class Arena:
         record = isinstance(player, ModelPlayer) and player.train and gen is not None
         turn = Turn(agent=seat, prompt_ids=list(rendered.ids) if record else [],
                     action_ids=list(gen.token_ids) if record else [],
-                    logprobs=list(gen.logprobs) if record else None,
+                    logprobs=list(gen.logprobs) if record and gen.logprobs is not None else None,
                     entropies=gen.entropies if record else None,
                     allowed_ids=gen.allowed_ids if record else None,
                     state_key=env.state_key(), prompt_text=rendered.text if rendered else "",

@@ -6,13 +6,20 @@ or a bot.
   (`HFPolicy`, `VLLMPolicy`). ``train=True`` records the turn's token ids and log-probs
   (rows for the learner); ``train=False`` (frozen opponents) records the action text
   only, so `collate` makes no row for it. ``sampling``/``prompt``: per-player overrides
-  of the arena's defaults. ``explore`` = epsilon (frozen players only): at each of its
-  turns the player plays a uniformly random legal action with probability epsilon
-  instead of its policy's (an epsilon-greedy opponent, seeded per turn by the arena);
-  ``explore_turns`` = N > 0 limits that to its first N turns of an episode;
-  ``explore_tactical``: the random action is drawn among the moves a two-ply lookahead
-  keeps (`sparring.envs.lookahead.tactical_actions`: a win if there is one, else no
-  move that lets the next mover win at once).
+  of the arena's defaults. ``explore`` = epsilon: at each of its turns the player plays a
+  uniformly random legal action with probability epsilon instead of its policy's (an
+  epsilon-greedy player, seeded per turn by the arena); ``explore_turns`` = N > 0 limits
+  that to its first N turns of an episode; ``explore_tactical``: the random action is
+  drawn among the moves a two-ply lookahead keeps (`sparring.envs.lookahead.
+  tactical_actions`: a win if there is one, else no move that lets the next mover win at
+  once). A frozen player's explored move is text, like a bot's. A training player's is a
+  row for the learner: the move's tokens written in the arena's answer format, no sampler
+  log-probs (``Turn.logprobs`` None), ``Turn.extras["explored"] = 1.0``. It is off-policy
+  on purpose: the learner scores it with its own log-probs (``recompute_old_logp``), so
+  its gradient is A * grad log pi(move) whatever pi(move) is, which lets a move the policy
+  has all but stopped sampling win back probability when it pays (self-play collapsed
+  onto one move, `rollout.explore`); the rows are not reweighted by pi / behaviour
+  probability, so the update is biased towards the explored moves while epsilon > 0.
 * `BotPlayer(fn, name)`: ``fn(env, seat) -> action string`` (the games' bots); its turns
   are recorded as text with empty token ids.
 
@@ -57,9 +64,6 @@ class ModelPlayer:
         if self.explore_turns < 0:
             raise ValueError(f"ModelPlayer {self.name!r}: explore_turns={self.explore_turns}; "
                              "must be >= 0 (0: every turn)")
-        if self.explore and self.train:
-            raise ValueError(f"ModelPlayer {self.name!r}: explore is for frozen players "
-                             "(train=False); a trained player's rows must be its own samples")
 
 
 @dataclass(eq=False)

@@ -146,6 +146,7 @@ class Rollouts:
         self.arena = make_arena(r)
         self.learner = ModelPlayer(self.policy, name="learner", train=True)
         players = {n: ModelPlayer(p, name=n, train=True) for n, p in self.policies.items()}
+        self.players = players  # epsilon of each (rollout.explore) set per step in _reseed
         # per env spec, the player of each seat (several policies), else None
         self.seat_players = [[players[n] for n in s.seats] if players else None
                              for s in cfg.envs]
@@ -198,7 +199,8 @@ class Rollouts:
     def _reseed(self, step: int) -> None:
         """The policies' own generators, for backends without per-prompt seeds (their
         samples then depend on the batch; `HFPolicy` takes seeds and does not use these),
-        and the pools' epsilon at ``step`` (``rollout.pool_explore_schedule``)."""
+        the training players' epsilon (``rollout.explore_schedule``) and the pools' at
+        ``step`` (``rollout.pool_explore_schedule``)."""
         self._step = step
         self.policy.generator.manual_seed(self.cfg.train.seed * 1_000_003 + step * 7919)
         for name, p in self.policies.items():
@@ -206,6 +208,10 @@ class Rollouts:
         r = self.cfg.rollout
         explore = lr_at(step, lr=r.pool_explore, schedule=r.pool_explore_schedule,
                         total_steps=self.cfg.train.steps, min_lr_ratio=r.pool_explore_final_ratio)
+        own = lr_at(step, lr=r.explore, schedule=r.explore_schedule,
+                    total_steps=self.cfg.train.steps, min_lr_ratio=r.explore_final_ratio)
+        for player in [self.learner, *self.players.values()]:  # their own seats
+            player.explore = own
         for pool in self.pools.values():  # snapshots loaded in earlier steps
             pool.set_explore(explore)
             for path, player in pool._cache.items():

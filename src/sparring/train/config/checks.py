@@ -72,7 +72,7 @@ def _options_check(kind: str, name: str, options: dict[str, Any], key: str) -> N
 
 def validate(cfg: Config) -> Config:
     """Cross-field checks, registry names and their options; returns ``cfg``."""
-    _algorithm_check(cfg.algorithm, cfg.envs, "algorithm")
+    _algorithm_check(cfg.algorithm, cfg.envs, "algorithm", cfg.rollout.explore)
     for i, env in enumerate(cfg.envs):
         _registry_check("env", env.name, f"envs.{i}.name")
         game = _env_options_check(i, env)
@@ -82,6 +82,10 @@ def validate(cfg: Config) -> Config:
     if cfg.train.microbatch_size and cfg.train.minibatch_size \
             and cfg.train.microbatch_size > cfg.train.minibatch_size:
         raise ConfigError("train.microbatch_size: must not exceed train.minibatch_size")
+    if cfg.rollout.explore and cfg.rollout.layout == "trajectory":
+        raise ConfigError("rollout.explore: explored moves are marked per turn, and the "
+                          "trajectory layout joins a seat's turns into one row; use "
+                          "rollout.layout=turn")
     if cfg.rollout.answer_format.count("{}") != 1:
         raise ConfigError(f"rollout.answer_format: {cfg.rollout.answer_format!r} needs exactly "
                           "one {}, where the move goes (e.g. '<answer>{}</answer>')")
@@ -98,10 +102,15 @@ def validate(cfg: Config) -> Config:
     return cfg
 
 
-def _algorithm_check(a: AlgorithmConfig, envs: list[EnvSpec], key: str) -> None:
+def _algorithm_check(a: AlgorithmConfig, envs: list[EnvSpec], key: str,
+                     explore: float = 0.0) -> None:
     """Registry names and keyword options of ``a`` (``algorithm``, or a policy's own at
     ``key``), the estimator's options of every env spec, a critic where the estimator
-    needs one."""
+    needs one, recomputed old log-probs where ``rollout.explore`` > 0."""
+    if explore > 0 and not a.recompute_old_logp:
+        raise ConfigError(f"rollout.explore: {explore} plays moves the sampler did not sample, "
+                          "so they have no sampler log-probs; set "
+                          f"{key}.recompute_old_logp=true (the learner scores them)")
     _registry_check("estimator", a.estimator, f"{key}.estimator")
     _registry_check("objective", a.objective, f"{key}.objective")
     _options_check("estimator", a.estimator, a.estimator_options, f"{key}.estimator_options")
@@ -163,7 +172,8 @@ def _policies_check(cfg: Config) -> None:
         pc = policy_config(cfg, n)
         _model_check(pc.model, f"policies.{n}.model")
         if cfg.policies[n].algorithm:
-            _algorithm_check(pc.algorithm, cfg.envs, f"policies.{n}.algorithm")
+            _algorithm_check(pc.algorithm, cfg.envs, f"policies.{n}.algorithm",
+                             cfg.rollout.explore)
         _betas_check(pc.optim.betas, f"policies.{n}.optim.betas")
         if cfg.lora.shared_base and cfg.policies[n].model:
             raise ConfigError(f"policies.{n}.model: with lora.shared_base every policy is an "

@@ -136,6 +136,18 @@ class RolloutConfig:
         "fewer saves memory with large models but reloads a snapshot from disk each time "
         "a draw misses)", ge=0)
     pool_bots: list[str] = opt(["random"], "bots in the opponent pool besides snapshots")
+    explore: float = opt(
+        0.0, "epsilon of the training policy's own seats: at each of its turns it plays a "
+        "uniformly random legal move with this probability, and that move is a training row "
+        "scored with the learner's log-probs (off-policy, not reweighted: a move self-play "
+        "has stopped sampling can win back probability when it pays); needs "
+        "algorithm.recompute_old_logp", ge=0, le=1)
+    explore_schedule: Literal["constant", "cosine"] = opt(
+        "constant", "explore over train.steps: constant, or a cosine from explore down to "
+        "explore_final_ratio * explore (the bias towards explored moves fades out)")
+    explore_final_ratio: float = opt(
+        0.0, "final epsilon of the cosine explore_schedule as a fraction of explore",
+        ge=0, le=1)
     pool_explore: float = opt(
         0.0, "epsilon of the pool's snapshots: at each of their moves they play a uniformly "
         "random legal move with this probability (opponent exploration: the learner meets "
