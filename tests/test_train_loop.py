@@ -114,7 +114,10 @@ def test_per_env_estimator_options_and_rollout_metrics():
     assert m["env/a/return"] == 2.0 and m["env/b/return"] == 2.0
     assert m["return/seat1"] == -2.0
     assert m["invalid_rate"] == 0.25 and m["response_length"] == 2.0
-    assert m["episode_length"] == 2.0
+    assert m["episode_length"] == 2.0 and "explored_rate" not in m
+    eps[1].turns[0].extras["explored"] = 1.0  # a drawn move: not the policy's own sample
+    m2 = rollout_metrics(eps, batch, adv, keep)
+    assert m2["explored_rate"] == 0.25 and m2["invalid_rate"] == 1 / 3
     a = torch.tensor([-2.0, 2.0, -1.0, 1.0]).repeat_interleave(2)
     assert m["adv_mean"] == pytest.approx(float(a.mean()))
     assert m["adv_std"] == pytest.approx(float(a.std()))

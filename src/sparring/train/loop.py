@@ -115,7 +115,9 @@ def advantage_metrics(batch: TurnBatch, adv: Tensor, keep: Tensor) -> dict[str, 
 
 def rollout_metrics(episodes: Sequence[Episode], batch: TurnBatch, adv: Tensor,
                     keep: Tensor) -> dict[str, float]:
-    """Rewards per seat and env, advantage stats, invalid-action rate, lengths."""
+    """Rewards per seat and env, advantage stats, invalid-action rate and response length
+    (of the policy's own samples), the share of explored moves (``rollout.explore``),
+    lengths."""
     out: dict[str, float] = {"episodes": float(len(episodes))}
     if batch.n_rows:
         first = segment_first(batch.traj, batch.n_traj)
@@ -131,7 +133,10 @@ def rollout_metrics(episodes: Sequence[Episode], batch: TurnBatch, adv: Tensor,
             seats.setdefault(s, []).append(float(r))
     for s, rs in sorted(seats.items()):
         out[f"return/seat{s}"] = sum(rs) / len(rs)
-    turns = [t for ep in episodes for t in ep.turns if t.action_ids]
+    rows = [t for ep in episodes for t in ep.turns if t.action_ids]
+    turns = [t for t in rows if "explored" not in t.extras]  # the policy's own samples
+    if len(turns) < len(rows):  # rollout.explore: the share of moves drawn at random
+        out["explored_rate"] = 1.0 - len(turns) / len(rows)
     out["invalid_rate"] = sum(t.invalid is not None for t in turns) / max(len(turns), 1)
     out["response_length"] = sum(len(t.action_ids) for t in turns) / max(len(turns), 1)
     out["episode_length"] = sum(len(ep.turns) for ep in episodes) / max(len(episodes), 1)
