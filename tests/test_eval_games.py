@@ -8,7 +8,12 @@ import torch
 
 from sparring.envs import make
 from sparring.eval.exploitability import exploitability
-from sparring.eval.games import action_probabilities, evaluate_together, policy_exploitability
+from sparring.eval.games import (
+    action_probabilities,
+    evaluate_together,
+    policy_exploitability,
+    policy_strategy,
+)
 from sparring.eval.periodic import env_options
 from sparring.policy.sampling import SamplingParams
 from sparring.train.config import ConfigError, load_config
@@ -70,6 +75,34 @@ def test_policy_exploitability_of_the_model_equals_the_table_it_implies(tmp_path
     # a policy that ignores its card is exploitable; exploitability is within [0, 2] chips
     assert 0.0 < value < 2.0
     assert value != pytest.approx(exploitability("kuhn_poker", lambda s, a: {x: 1 / len(a) for x in a}))
+
+
+def test_policy_strategy_is_the_table_the_exploitability_scores(tmp_path, capsys):
+    """Kuhn poker has 12 information states (3 cards x 4 histories: P0 to open, P1 after a
+    pass or a bet, P0 facing a bet after passing); at each the strategy is a distribution
+    over pass and bet, and the exploitability of that table is the policy's. `sparring
+    eval --strategy` prints one line per state."""
+    from sparring.cli import main
+
+    kuhn = ["envs.0.name=kuhn_poker", "envs.0.options={}", "envs.0.symmetric_views=false",
+            "envs.0.opening_moves=0", "envs.0.opponents=[self]"]
+    cfg = _cfg(kuhn)
+    parts = build(cfg, tmp_path)
+    arena, policy = parts.rollout_fn.arena, parts.policy
+    table = policy_strategy(arena, policy, "kuhn_poker", {})
+    assert len(table) == 12
+    for probs in table.values():
+        assert set(probs) == {"pass", "bet"} and sum(probs.values()) == pytest.approx(1.0)
+    assert exploitability("kuhn_poker", lambda s, a: table[s]) == pytest.approx(
+        policy_exploitability(arena, policy, "kuhn_poker", {}))
+    run = tmp_path / "run"
+    assert main(["train", *TINY, *kuhn, "rollout.episodes_per_step=8", "train.steps=1",
+                 "eval.every=0", f"train.run_dir={run}"]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(run), "--games", "2", "--strategy"]) == 0
+    out = capsys.readouterr().out
+    lines = out[out.index("kuhn_poker strategy"):].splitlines()[1:13]
+    assert all(" pass " in line and " bet " in line for line in lines)
 
 
 def test_eval_reports_rates_with_intervals(tmp_path):

@@ -265,6 +265,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         evaluate_vs_bot,
         policy_conversion_vs_minimax,
         policy_exploitability,
+        policy_strategy,
         policy_vs_minimax,
     )
     from sparring.eval.periodic import env_options, env_seats
@@ -325,6 +326,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
                        else policies[chosen[0]])
             console.print(f"{env} exploitability: "
                           f"{policy_exploitability(arena, profile, env, opts):.4f}")
+            if args.strategy:
+                strategy = policy_strategy(arena, profile, env, opts)
+                console.print(f"{env} strategy: the probability of each legal move at every "
+                              "information state", highlight=False)
+                for info, probs in strategy.items():
+                    console.print(f"  {info:<{max(map(len, strategy))}}  " + "  ".join(
+                        f"{a} {p:.2f}" for a, p in probs.items()), highlight=False)
     console.print(table)
     if blunders:
         console.print(f"{len(blunders)} positions where the policy plays a losing move "
@@ -471,6 +479,9 @@ def build_parser() -> argparse.ArgumentParser:
     ep.add_argument("--policy", metavar="NAME",
                     help="a run with several policies: evaluate this one (in its own seats; "
                     "default: each in turn)")
+    ep.add_argument("--strategy", action="store_true",
+                    help="games with a game tree (Kuhn, Leduc): also print the policy's "
+                    "probability of each legal move at every information state")
     pp = sub.add_parser("play", help="play against a trained policy in the terminal")
     pp.add_argument("checkpoint", metavar="CHECKPOINT", help="a run folder or a checkpoint folder")
     pp.add_argument("--env", help="game, its name or an alias (default: the run's first "

@@ -204,9 +204,12 @@ def _probabilities_at(policy: HFPolicy, arena: Arena, positions: Sequence[tuple[
                                            arena.written_format)]
 
 
-def policy_exploitability(arena: Arena, policy: HFPolicy | Sequence[HFPolicy], env: str,
-                          options: dict[str, Any]) -> float:
-    """Exploitability of ``policy`` in every seat, or of ``policy[s]`` in seat ``s``."""
+def policy_strategy(arena: Arena, policy: HFPolicy | Sequence[HFPolicy], env: str,
+                    options: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """The behaviour strategy of ``policy`` in every seat (or of ``policy[s]`` in seat
+    ``s``): information state -> `action_probabilities` over its legal moves, the prompt
+    being that state's observation, for every information state of a game with a tree
+    (`sparring.eval.tree`), in the game's order of them."""
     points = _decision_points(env, options)
     per_seat = list(policy) if isinstance(policy, Sequence) else None
     table: dict[str, dict[str, float]] = {}
@@ -214,6 +217,13 @@ def policy_exploitability(arena: Arena, policy: HFPolicy | Sequence[HFPolicy], e
         keys = [k for k, (seat, _) in points.items() if per_seat is None or per_seat[seat] is p]
         probs = _probabilities_at(p, arena, [(points[k][1], points[k][0]) for k in keys])
         table.update(zip(keys, probs))
+    return {k: table[k] for k in points}
+
+
+def policy_exploitability(arena: Arena, policy: HFPolicy | Sequence[HFPolicy], env: str,
+                          options: dict[str, Any]) -> float:
+    """Exploitability of ``policy`` in every seat, or of ``policy[s]`` in seat ``s``."""
+    table = policy_strategy(arena, policy, env, options)
     return exploitability(env, lambda info, acts: table[info], **options)
 
 
