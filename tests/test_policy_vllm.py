@@ -62,8 +62,8 @@ def test_sampling_translation():
 
 def test_allowed_ids_follow_the_trie_path():
     trie = TokenTrie([[1, 2, 9], [1, 3, 9], [4, 9]])
-    assert backend._allowed_along(trie, [1, 3, 9]) == [[1, 4], [2, 3], [9]]
-    assert backend._allowed_along(trie, [4, 9]) == [[1, 4], [9]]
+    assert trie.allowed_along([1, 3, 9]) == [[1, 4], [2, 3], [9]]
+    assert trie.allowed_along([4, 9]) == [[1, 4], [9]]
 
 
 def test_plain_weights_of_a_plain_model_drop_the_tied_head():
@@ -219,7 +219,7 @@ def test_constrained_decoding_samples_legal_actions_with_exact_logprobs(tiny_eng
             assert g.text in acts and g.finish_reason == "eos"
             assert g.token_ids == tok.encode(g.text, add_special_tokens=False) + [engine.eos_ids[0]]
             trie = TokenTrie(engine.encode_actions(acts))
-            assert g.allowed_ids == backend._allowed_along(trie, g.token_ids)
+            assert g.allowed_ids == trie.allowed_along(g.token_ids)
             # a token the trie forces has probability one under the restricted distribution
             assert all(lp == 0.0 for lp, a in zip(g.logprobs, g.allowed_ids) if len(a) == 1)
     assert gens[3].token_ids == tok.encode("c", add_special_tokens=False) + [engine.eos_ids[0]]

@@ -151,6 +151,15 @@ class TokenTrie:
     def step(self, node: int, tok: int) -> int:
         return self.children[node][tok]
 
+    def allowed_along(self, ids: Sequence[int]) -> list[list[int]]:
+        """Per token of ``ids`` (a path from the root), the ids allowed where it was chosen:
+        what ``Generation.allowed_ids`` records for a constrained sample of ``ids``."""
+        out, node = [], 0
+        for t in ids:
+            out.append(self.allowed(node))
+            node = self.step(node, t)
+        return out
+
     def forced_tail(self, node: int) -> list[int] | None:
         """The tokens from ``node`` to a leaf when every node on the way has one child
         (the only way to finish), else None (also at a leaf)."""

@@ -300,7 +300,7 @@ class VLLMPolicy:
                 token_ids=ids, logprobs=lps,
                 text=self.tokenizer.decode(ids, skip_special_tokens=True),
                 finish_reason=reason,
-                allowed_ids=None if a is None else _allowed_along(self._trie(a), ids)))
+                allowed_ids=None if a is None else self._trie(a).allowed_along(ids)))
         return gens
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
@@ -336,11 +336,3 @@ def _reprocess_tied(model: torch.nn.Module) -> int:
         owners.add(id(w))
     return redone
 
-
-def _allowed_along(trie: TokenTrie, ids: Sequence[int]) -> list[list[int]]:
-    """Per token of ``ids``, the ids the trie allowed there (the path ``ids`` walks)."""
-    out, node = [], 0
-    for t in ids:
-        out.append(trie.allowed(node))
-        node = trie.step(node, t)
-    return out

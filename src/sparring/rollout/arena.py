@@ -217,10 +217,8 @@ class Arena:
         if self.invalid.mode == "constrained":  # the trie the sampler restricts to
             trie = TokenTrie([list(player.policy.tokenizer.encode(a, add_special_tokens=False))
                               + [eos] for a in legal])
-            ids, allowed_ids, node = ids + [eos], [], 0
-            for tok in ids:
-                allowed_ids.append(trie.allowed(node))
-                node = trie.step(node, tok)
+            ids = ids + [eos]
+            allowed_ids = trie.allowed_along(ids)
         elif not any(written.endswith(stop) for stop in (player.sampling or self.sampling).stop):
             ids.append(eos)  # the answer ends where the model's would: its stop string or EOS
         rendered = builder.build(s.env.system_prompt(seat), s.hist[seat], user)
