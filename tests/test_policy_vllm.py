@@ -105,6 +105,43 @@ def test_plain_weights_merge_lora_without_touching_the_model():
     assert all(torch.equal(before[k], after[k]) for k in before)
 
 
+def test_a_lora_adapter_is_written_as_peft_loads_it(tmp_path):
+    """`lora_adapter` of a trained-looking adapter (B not zero), saved as its config and
+    safetensors, loads with PEFT onto a fresh copy of the base and gives the same logits
+    as the model it came from; the engine's base is the base alone (merge=False)."""
+    import json
+
+    from safetensors.torch import save_file
+
+    peft = pytest.importorskip("peft")
+    model, _ = build_tiny_model({"hidden_size": 32, "num_heads": 2, "num_kv_heads": 2,
+                                 "intermediate_size": 64, "num_layers": 2})
+    base = copy.deepcopy(model)
+    wrapped = peft.get_peft_model(model, peft.LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]))
+    with torch.no_grad():
+        for name, p in wrapped.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    assert backend.lora_adapter(base) is None
+    config, weights = backend.lora_adapter(wrapped)
+    assert config["r"] == 4 and config["lora_alpha"] == 8.0
+    assert config["target_modules"] == ["down_proj", "q_proj", "v_proj"]
+    assert len(weights) == 2 * 3 * 2  # A and B, 3 modules, 2 layers
+    (tmp_path / "adapter_config.json").write_text(json.dumps(config))
+    save_file({k: v.contiguous() for k, v in weights.items()},
+              str(tmp_path / "adapter_model.safetensors"))
+    plain = backend.plain_weights(wrapped, merge=False)
+    for k, v in base.state_dict().items():
+        if k in plain:
+            assert torch.equal(plain[k], v), k
+    loaded = peft.PeftModel.from_pretrained(copy.deepcopy(base), str(tmp_path))
+    ids = torch.tensor([[1, 5, 9, 13, 2, 7]])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids).logits, wrapped(input_ids=ids).logits)
+        assert not torch.allclose(base(input_ids=ids).logits, wrapped(input_ids=ids).logits)
+
+
 class _StandInEngine:
     """An engine that samples with an HF copy of the weights it was last given."""
 
@@ -279,14 +316,22 @@ def _train_one_step(tmp_path, overrides):
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+@pytest.mark.parametrize("lora", ["", "merged", "adapter"], ids=["full", "lora", "adapter"])
 def test_after_an_update_the_engine_samples_from_the_learners_weights(tmp_path, lora):
+    """A full-weight run, a LoRA run synced as merged weights, and one synced as its
+    adapter alone (vllm_options enable_lora): after a step the engine's log-probs are the
+    learner's new weights' once synced."""
     _vllm_or_skip()
     if lora:
         pytest.importorskip("peft")
-    parts = _train_one_step(tmp_path, ["lora.enabled=true", "lora.r=4", "optim.lr=0.05"]
-                            if lora else ["optim.lr=0.01"])
+    over = {"": ["optim.lr=0.01"],
+            "merged": ["lora.enabled=true", "lora.r=8", "optim.lr=0.05"],
+            "adapter": ["lora.enabled=true", "lora.r=8", "optim.lr=0.05",
+                        "model.vllm_options={enforce_eager: true, enable_lora: true, "
+                        f"kv_cache_memory_bytes: {KV}}}"]}[lora]
+    parts = _train_one_step(tmp_path, over)
     engine, model, tok = parts.rollout_fn.engine, parts.model, parts.tokenizer
+    assert engine.serves_lora == (lora == "adapter")
     prompts = [tok.encode(f"<|user|>board {i}<|end|><|assistant|>") for i in range(4)]
     sp = SamplingParams(max_new_tokens=6)
     stale = engine.generate(prompts, sp, seeds=[0, 1, 2, 3])  # still the weights of step 0

@@ -20,7 +20,10 @@ prompts and returns `Generation`s with the sampled ids and their log-probs, like
 `sync_weights(model)` pushes a learner's current weights into the engine in place
 (the workers' ``reload_weights`` with the tensors themselves, no reload from disk; LoRA
 adapters merged), then drops the prefix cache, whose keys and values the old weights
-computed.
+computed. An engine made with ``enable_lora=True`` (an ``engine_kw``) serves a LoRA
+learner's adapter instead: its base weights are written once, and each sync hands it only
+the adapter (`lora_adapter`, PEFT's format, a few MB instead of the whole model), which
+later ``generate`` calls request.
 
 The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless the caller
 set it), so a script needs no ``if __name__ == "__main__"`` guard and weights move without
@@ -97,11 +100,11 @@ def vllm_sampling_kwargs(sp: SamplingParams, seed: int, eos_ids: Sequence[int] =
     return kw
 
 
-def plain_weights(model: torch.nn.Module) -> dict[str, Tensor]:
+def plain_weights(model: torch.nn.Module, merge: bool = True) -> dict[str, Tensor]:
     """``model``'s weights under the plain Hugging Face names an engine loads: LoRA
-    adapters (PEFT, injected or wrapped) merged into their base weights, ``W + scale * B A``,
-    without touching ``model``; a weight shared with an earlier one (tied embeddings) is
-    left out, as ``save_pretrained`` does."""
+    adapters (PEFT, injected or wrapped) merged into their base weights, ``W + scale * B A``
+    (``merge=False``: the base weights alone), without touching ``model``; a weight shared
+    with an earlier one (tied embeddings) is left out, as ``save_pretrained`` does."""
     inner = _unwrap(model)
     state: dict[str, Tensor] = {}
     seen: set[int] = set()
@@ -114,7 +117,7 @@ def plain_weights(model: torch.nn.Module) -> dict[str, Tensor]:
             continue
         seen.add(ptr)
         state[key] = t.detach()
-    for name, mod in inner.named_modules():
+    for name, mod in inner.named_modules() if merge else ():
         if not (hasattr(mod, "base_layer") and hasattr(mod, "get_delta_weight")):
             continue
         if getattr(mod, "merged", False):  # merge_adapter() already folded it in
@@ -124,6 +127,44 @@ def plain_weights(model: torch.nn.Module) -> dict[str, Tensor]:
                 key = f"{name}.weight"
                 state[key] = state[key] + mod.get_delta_weight(adapter).to(state[key].dtype)
     return state
+
+
+def lora_adapter(model: torch.nn.Module) -> tuple[dict[str, Any], dict[str, Tensor]] | None:
+    """``model``'s active LoRA adapter (PEFT, injected or wrapped) as PEFT writes it to
+    disk, which is what vLLM's ``enable_lora`` loads: ``(adapter_config, weights)``, the
+    weights named ``base_model.model.<module>.lora_A.weight`` / ``lora_B.weight``. None
+    when the model has no adapter. One rank and alpha for every module (what
+    ``lora:`` configures); the scale is alpha / r, as in PEFT without rsLoRA."""
+    inner = _unwrap(model)
+    weights: dict[str, Tensor] = {}
+    targets: set[str] = set()
+    shapes: set[tuple[int, float]] = set()
+    for name, mod in inner.named_modules():
+        if not (hasattr(mod, "base_layer") and hasattr(mod, "lora_A")):
+            continue
+        for adapter in mod.active_adapters:
+            if adapter not in mod.lora_A:
+                continue
+            rslora = getattr(mod, "use_rslora", {})  # per adapter in PEFT
+            if (rslora.get(adapter) if isinstance(rslora, dict) else rslora) or \
+                    getattr(mod, "merged", False):
+                raise ValueError(f"{name}: an rsLoRA or merged adapter cannot be served as "
+                                 "a plain LoRA adapter; sync merged weights instead")
+            shapes.add((int(mod.r[adapter]), float(mod.lora_alpha[adapter])))
+            for part in ("lora_A", "lora_B"):
+                weights[f"base_model.model.{name}.{part}.weight"] = \
+                    getattr(mod, part)[adapter].weight.detach()
+            targets.add(name.rsplit(".", 1)[-1])
+    if not weights:
+        return None
+    if len(shapes) != 1:
+        raise ValueError(f"LoRA modules of several ranks or alphas {sorted(shapes)}: vLLM "
+                         "serves one rank and alpha per adapter")
+    ((rank, alpha),) = shapes
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": alpha,
+              "target_modules": sorted(targets), "bias": "none", "lora_dropout": 0.0,
+              "use_rslora": False, "modules_to_save": None, "fan_in_fan_out": False}
+    return config, weights
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -212,6 +253,10 @@ class VLLMPolicy:
         self._calls = 0
         self._sequences = BoundedMemo(4096)  # action list -> legal token sequences
         self._tries = BoundedMemo(4096)  # action list -> TokenTrie
+        self.serves_lora = bool(engine_kw.get("enable_lora"))
+        self._lora: Any = None  # the synced adapter's LoRARequest (enable_lora)
+        self._lora_dir: tempfile.TemporaryDirectory | None = None
+        self._lora_count = 0
         from vllm.platforms import current_platform
 
         if current_platform.is_cpu():
@@ -241,7 +286,7 @@ class VLLMPolicy:
         from safetensors.torch import save_file
 
         inner = _unwrap(model)
-        state = plain_weights(model)
+        state = plain_weights(model, merge=not kw.get("enable_lora"))  # adapters: per step
         dtype = next(iter(state.values())).dtype
         kw.setdefault("dtype", str(dtype).removeprefix("torch."))
         with tempfile.TemporaryDirectory(prefix="sparring-vllm-") as tmp:
@@ -285,7 +330,7 @@ class VLLMPolicy:
             sp, s, self.eos_ids, None if a is None else self.encode_actions(a)))
             for s, a in zip(seeds, acts)]
         outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params,
-                                 use_tqdm=False)
+                                 use_tqdm=False, lora_request=self._lora)
         eos = set(self.eos_ids)
         gens = []
         for o, a in zip(outs, acts):
@@ -314,9 +359,37 @@ class VLLMPolicy:
         self.llm.reset_prefix_cache()
 
     def sync_weights(self, model: torch.nn.Module) -> None:
-        """The learner's current weights (LoRA merged) into the engine."""
+        """The learner's current weights into the engine: LoRA merged, or, for an engine
+        made with ``enable_lora``, the adapter alone (`load_adapter`; the engine's base
+        weights are the learner's frozen base, as `from_model` wrote them)."""
         with torch.no_grad():
-            self.load_state_dict(plain_weights(model))
+            adapter = lora_adapter(model) if self.serves_lora else None
+            if adapter is not None:
+                self.load_adapter(*adapter)
+            else:
+                self.load_state_dict(plain_weights(model))
+
+    def load_adapter(self, config: dict[str, Any], weights: dict[str, Tensor]) -> None:
+        """Serve a LoRA adapter (`lora_adapter`'s format) from the next ``generate`` on: it
+        is written to a temporary folder and requested under a new id, so the engine loads
+        it instead of reusing the previous adapter's cached copy; the previous folder is
+        removed."""
+        import json
+
+        from safetensors.torch import save_file
+
+        old = self._lora_dir
+        self._lora_dir = tempfile.TemporaryDirectory(prefix="sparring-lora-")
+        path = Path(self._lora_dir.name)
+        (path / "adapter_config.json").write_text(json.dumps(config))
+        save_file({k: v.detach().to("cpu").contiguous() for k, v in weights.items()},
+                  str(path / "adapter_model.safetensors"))
+        self._lora_count += 1
+        from vllm.lora.request import LoRARequest
+
+        self._lora = LoRARequest(f"sparring-{self._lora_count}", self._lora_count, str(path))
+        if old is not None:
+            old.cleanup()
 
 
 def _reprocess_tied(model: torch.nn.Module) -> int:

@@ -104,9 +104,13 @@ def build_parts(cfg: Config, run_dir: str | Path | None = None) -> RunParts:
         from sparring.policy.vllm import VLLMPolicy
         from sparring.rollout.synced import EngineRollouts
 
+        options = dict(cfg.model.vllm_options)
+        if options.get("enable_lora") and cfg.lora.enabled:  # the adapter alone each step
+            options.setdefault("max_lora_rank", cfg.lora.r)
+            options.setdefault("max_loras", 1)
         engine = VLLMPolicy.from_model(policy.model, tok, seed=cfg.train.seed, name="learner",
                                        trust_remote_code=cfg.model.trust_remote_code,
-                                       **dict(cfg.model.vllm_options))
+                                       **options)
         rollout_fn = EngineRollouts(rollouts, engine, policy.model)
     chosen = model_precision(cfg, model)
     return RunParts(model=policy.model, tokenizer=tok, policy=policy, rollout_fn=rollout_fn,

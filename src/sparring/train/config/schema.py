@@ -51,7 +51,8 @@ class ModelConfig:
     vllm_options: dict[str, Any] = opt(
         {}, "more vllm.LLM arguments with backend=vllm, e.g. {enforce_eager: true} (skips the "
         "compile warm-up), kv_cache_memory_bytes (CPU, default 1 GiB), gpu_memory_utilization "
-        "(GPU, default 0.3)")
+        "(GPU, default 0.3), enable_lora: true (a LoRA run syncs its adapter alone each step, "
+        "max_lora_rank defaulting to lora.r)")
 
 
 @dataclass
