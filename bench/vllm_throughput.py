@@ -3,6 +3,7 @@
     SPARRING_EXTRAS=dev,smollm2,vllm SPARRING_VENV=.venv-vllm bash scripts/setup.sh
     .venv-vllm/bin/python bench/vllm_throughput.py            # the figures in docs/benchmarks.md
     .venv-vllm/bin/python bench/vllm_throughput.py --quick    # a small run to check the script
+    .venv-vllm/bin/python bench/vllm_throughput.py --lora 16  # a LoRA learner: merged vs adapter sync
 
 Both backends get identical token-id prompts (SmolLM2's chat template around tic-tac-toe
 boards) and identical `SamplingParams`, in float32, one prompt batch per call, the way
@@ -97,6 +98,47 @@ def measure(batch: int = 32, new_tokens: int = 64, move_batch: int = 64, repeats
     return out
 
 
+def measure_lora(rank: int = 16, move_batch: int = 64, repeats: int = 3, eager: bool = False,
+                 threads: int = 2) -> dict[str, float]:
+    """A LoRA learner (rank ``rank`` on every linear layer of attention and MLP, B drawn
+    so the adapter changes the model) served two ways, each by its own engine: its merged
+    weights (the default sync) and its adapter alone (``enable_lora``). Per way: the seconds
+    of one `sync_weights`, and the legal-move workload's tokens/s after it."""
+    import peft
+
+    from sparring.policy.hf import HFPolicy
+    from sparring.policy.smollm2 import smollm2_folder
+    from sparring.policy.vllm import VLLMPolicy
+
+    torch.set_num_threads(threads)
+    hf = HFPolicy.from_pretrained(smollm2_folder(), dtype="float32", name="hf")
+    model = peft.get_peft_model(hf.model, peft.LoraConfig(
+        r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
+                                                     "gate_proj", "up_proj", "down_proj"]))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.01)
+    prompts, legal = prompts_and_moves(hf.tokenizer, move_batch)
+    sp = SamplingParams(temperature=1.0, max_new_tokens=4)
+    out: dict[str, float] = {}
+    for way, kw in (("merged", {}), ("adapter", {"enable_lora": True, "max_lora_rank": rank})):
+        engine = VLLMPolicy.from_model(model, hf.tokenizer, name=way, enforce_eager=eager, **kw)
+        engine.sync_weights(model)  # the first sync (and adapter load) untimed
+        engine.generate(prompts[:2], sp, allowed=legal[:2], seeds=[0, 1])
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.perf_counter()
+            engine.sync_weights(model)
+            best = min(best, time.perf_counter() - t)
+        out[f"{way}/sync_s"] = best
+        out[f"{way}/moves_tokens_per_s"] = _tokens_per_s(engine, prompts, sp, legal, repeats)
+        del engine
+    out["ratio/sync"] = out["merged/sync_s"] / out["adapter/sync_s"]
+    out["ratio/moves"] = out["adapter/moves_tokens_per_s"] / out["merged/moves_tokens_per_s"]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batch", type=int, default=32, help="prompts per call, free text")
@@ -105,10 +147,23 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--eager", action="store_true", help="vLLM without torch.compile")
     ap.add_argument("--quick", action="store_true", help="tiny sizes, to check the script")
+    ap.add_argument("--lora", type=int, default=0, metavar="RANK",
+                    help="instead: a LoRA learner of this rank served as merged weights and "
+                    "as an adapter (enable_lora): sync seconds and move tokens/s of each")
     a = ap.parse_args()
     if a.quick:
         a.batch, a.new_tokens, a.move_batch, a.repeats = 4, 8, 8, 1
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    if a.lora:
+        r = measure_lora(a.lora, a.move_batch, a.repeats, a.eager)
+        print(f"SmolLM2-135M float32 + LoRA r {a.lora} (7 modules a layer), "
+              f"{torch.get_num_threads()} threads, legal moves, {a.move_batch} prompts a call")
+        for way in ("merged", "adapter"):
+            print(f"{way:<8} sync {r[f'{way}/sync_s']:.3f} s, "
+                  f"{r[f'{way}/moves_tokens_per_s']:.1f} move tok/s")
+        print(f"adapter sync speed-up: {r['ratio/sync']:.2f}x; adapter sampling speed: "
+              f"{r['ratio/moves']:.2f}x of merged")
+        return
     r = measure(a.batch, a.new_tokens, a.move_batch, a.repeats, a.eager)
     print_figures(r, a.batch, a.new_tokens, a.move_batch, a.eager)
 
