@@ -349,6 +349,53 @@ def test_after_an_update_the_engine_samples_from_the_learners_weights(tmp_path, 
 
 
 @pytest.mark.vllm
+def test_several_policies_sample_from_their_own_adapters_in_one_engine(tmp_path):
+    """Two policies as LoRA adapters of one base (lora.shared_base) on the vLLM backend:
+    one engine, one adapter per policy; after a training step and a sync, each policy's
+    seats sample with log-probs equal to an HF forward with its own adapter active, and
+    the two adapters' log-probs differ."""
+    _vllm_or_skip()
+    pytest.importorskip("peft")
+    from sparring.rollout.synced import EngineRollouts
+    from sparring.train.config import from_dict
+    from sparring.train.loop import train
+    from sparring.train.lora import use_adapter
+    from sparring.train.setup import build
+
+    cfg = from_dict({
+        "model": {"name": "tiny", "options": {"hidden_size": 128}, "backend": "vllm",
+                  "vllm_options": {"enforce_eager": True, "kv_cache_memory_bytes": KV}},
+        "policies": {"speaker": {}, "listener": {}},
+        "envs": [{"name": "signalling", "options": {"k": 3}, "group_size": 4,
+                  "seats": ["speaker", "listener"]}],
+        "lora": {"enabled": True, "shared_base": True, "r": 8},
+        "rollout": {"episodes_per_step": 8, "max_new_tokens": 4, "history": "state"},
+        "algorithm": {"estimator": "grpo"}, "optim": {"lr": 0.05},
+        "train": {"steps": 1, "epochs": 1}, "logging": {"progress": False},
+        "eval": {"every": 0, "at_start": False, "games": 2}, "checkpoint": {"every": 0}})
+    parts = build(cfg, tmp_path)
+    fn = parts.rollout_fn
+    assert isinstance(fn, EngineRollouts) and fn.adapters == ["speaker", "listener"]
+    train(cfg, parts.model, fn, parts.eval_fn, parts.stateful, run_dir=tmp_path / "run",
+          pad_id=parts.pad_id)
+    fn.sync()
+    model, tok = parts.model["speaker"], parts.tokenizer
+    prompts = [tok.encode(f"<|user|>colour {i}<|end|><|assistant|>") for i in range(3)]
+    sp = SamplingParams(max_new_tokens=5)
+    own = {}
+    for name in ("speaker", "listener"):
+        view = fn.rollouts.players[name].policy
+        gens = view.generate(prompts, sp, seeds=[0, 1, 2])
+        use_adapter(model, name)
+        _assert_logprobs_match(model, prompts, gens, 1.0)
+        own[name] = _hf_logprobs(model, prompts[0], gens[0], 1.0)
+    use_adapter(model, "speaker")  # the speaker's adapter scores the listener's sample
+    listener_gen = fn.rollouts.players["listener"].policy.generate(prompts[:1], sp, seeds=[0])[0]
+    other = _hf_logprobs(model, prompts[0], listener_gen, 1.0)
+    assert (other - own["listener"]).abs().max() > 1e-3
+
+
+@pytest.mark.vllm
 @pytest.mark.slow
 def test_smollm2_trains_five_steps_on_vllm(tmp_path):
     _vllm_or_skip()

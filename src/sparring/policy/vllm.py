@@ -129,12 +129,14 @@ def plain_weights(model: torch.nn.Module, merge: bool = True) -> dict[str, Tenso
     return state
 
 
-def lora_adapter(model: torch.nn.Module) -> tuple[dict[str, Any], dict[str, Tensor]] | None:
-    """``model``'s active LoRA adapter (PEFT, injected or wrapped) as PEFT writes it to
-    disk, which is what vLLM's ``enable_lora`` loads: ``(adapter_config, weights)``, the
-    weights named ``base_model.model.<module>.lora_A.weight`` / ``lora_B.weight``. None
-    when the model has no adapter. One rank and alpha for every module (what
-    ``lora:`` configures); the scale is alpha / r, as in PEFT without rsLoRA."""
+def lora_adapter(model: torch.nn.Module, adapter: str | None = None
+                 ) -> tuple[dict[str, Any], dict[str, Tensor]] | None:
+    """``model``'s active LoRA adapter (PEFT, injected or wrapped), or the one named
+    ``adapter`` (several policies on one base), as PEFT writes it to disk, which is what
+    vLLM's ``enable_lora`` loads: ``(adapter_config, weights)``, the weights named
+    ``base_model.model.<module>.lora_A.weight`` / ``lora_B.weight``. None when the model
+    has no such adapter. One rank and alpha for every module (what ``lora:`` configures);
+    the scale is alpha / r, as in PEFT without rsLoRA."""
     inner = _unwrap(model)
     weights: dict[str, Tensor] = {}
     targets: set[str] = set()
@@ -142,18 +144,18 @@ def lora_adapter(model: torch.nn.Module) -> tuple[dict[str, Any], dict[str, Tens
     for name, mod in inner.named_modules():
         if not (hasattr(mod, "base_layer") and hasattr(mod, "lora_A")):
             continue
-        for adapter in mod.active_adapters:
-            if adapter not in mod.lora_A:
+        for a in mod.active_adapters if adapter is None else [adapter]:
+            if a not in mod.lora_A:
                 continue
             rslora = getattr(mod, "use_rslora", {})  # per adapter in PEFT
-            if (rslora.get(adapter) if isinstance(rslora, dict) else rslora) or \
+            if (rslora.get(a) if isinstance(rslora, dict) else rslora) or \
                     getattr(mod, "merged", False):
                 raise ValueError(f"{name}: an rsLoRA or merged adapter cannot be served as "
                                  "a plain LoRA adapter; sync merged weights instead")
-            shapes.add((int(mod.r[adapter]), float(mod.lora_alpha[adapter])))
+            shapes.add((int(mod.r[a]), float(mod.lora_alpha[a])))
             for part in ("lora_A", "lora_B"):
                 weights[f"base_model.model.{name}.{part}.weight"] = \
-                    getattr(mod, part)[adapter].weight.detach()
+                    getattr(mod, part)[a].weight.detach()
             targets.add(name.rsplit(".", 1)[-1])
     if not weights:
         return None
@@ -254,8 +256,8 @@ class VLLMPolicy:
         self._sequences = BoundedMemo(4096)  # action list -> legal token sequences
         self._tries = BoundedMemo(4096)  # action list -> TokenTrie
         self.serves_lora = bool(engine_kw.get("enable_lora"))
-        self._lora: Any = None  # the synced adapter's LoRARequest (enable_lora)
-        self._lora_dir: tempfile.TemporaryDirectory | None = None
+        self._loras: dict[str, Any] = {}  # adapter name -> its LoRARequest (enable_lora)
+        self._lora_dirs: dict[str, tempfile.TemporaryDirectory] = {}
         self._lora_count = 0
         from vllm.platforms import current_platform
 
@@ -311,8 +313,13 @@ class VLLMPolicy:
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams | None = None,
                  allowed: Sequence[Sequence[str] | None] | None = None,
-                 seeds: Sequence[int] | None = None) -> list[Generation]:
-        """One completion per prompt (token ids); see the module docstring."""
+                 seeds: Sequence[int] | None = None, *, adapter: str = "") -> list[Generation]:
+        """One completion per prompt (token ids); see the module docstring. ``adapter``:
+        the loaded LoRA adapter to sample with (`load_adapter`; "" is the one a plain
+        `sync_weights` loads, if any)."""
+        if adapter and adapter not in self._loras:
+            raise KeyError(f"{self.name}: no LoRA adapter {adapter!r} loaded (loaded: "
+                           f"{', '.join(map(repr, self._loras)) or 'none'})")
         sp = sampling or SamplingParams()
         B = len(prompts)
         if B == 0:
@@ -330,7 +337,7 @@ class VLLMPolicy:
             sp, s, self.eos_ids, None if a is None else self.encode_actions(a)))
             for s, a in zip(seeds, acts)]
         outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params,
-                                 use_tqdm=False, lora_request=self._lora)
+                                 use_tqdm=False, lora_request=self._loras.get(adapter))
         eos = set(self.eos_ids)
         gens = []
         for o, a in zip(outs, acts):
@@ -358,6 +365,20 @@ class VLLMPolicy:
         self.llm.apply_model(_reprocess_tied)
         self.llm.reset_prefix_cache()
 
+    def sync_adapters(self, model: torch.nn.Module, names: Sequence[str]) -> None:
+        """Several policies as adapters of one base (``lora.shared_base``): each adapter of
+        ``names`` in ``model`` loaded under its own name (`load_adapter`)."""
+        with torch.no_grad():
+            for name in names:
+                adapter = lora_adapter(model, adapter=name)
+                if adapter is None:
+                    raise ValueError(f"{self.name}: the model has no LoRA adapter {name!r}")
+                self.load_adapter(*adapter, name=name)
+
+    def for_adapter(self, name: str) -> AdapterView:
+        """This engine as a policy that samples with adapter ``name`` (`AdapterView`)."""
+        return AdapterView(self, name)
+
     def sync_weights(self, model: torch.nn.Module) -> None:
         """The learner's current weights into the engine: LoRA merged, or, for an engine
         made with ``enable_lora``, the adapter alone (`load_adapter`; the engine's base
@@ -369,27 +390,43 @@ class VLLMPolicy:
             else:
                 self.load_state_dict(plain_weights(model))
 
-    def load_adapter(self, config: dict[str, Any], weights: dict[str, Tensor]) -> None:
-        """Serve a LoRA adapter (`lora_adapter`'s format) from the next ``generate`` on: it
-        is written to a temporary folder and requested under a new id, so the engine loads
-        it instead of reusing the previous adapter's cached copy; the previous folder is
-        removed."""
+    def load_adapter(self, config: dict[str, Any], weights: dict[str, Tensor],
+                     name: str = "") -> None:
+        """Serve a LoRA adapter (`lora_adapter`'s format) as ``name`` from the next
+        ``generate(..., adapter=name)`` on: it is written to a temporary folder and
+        requested under a new id, so the engine loads it instead of reusing the previous
+        version's cached copy; the previous version's folder is removed."""
         import json
 
         from safetensors.torch import save_file
 
-        old = self._lora_dir
-        self._lora_dir = tempfile.TemporaryDirectory(prefix="sparring-lora-")
-        path = Path(self._lora_dir.name)
+        old = self._lora_dirs.get(name)
+        self._lora_dirs[name] = tempfile.TemporaryDirectory(prefix="sparring-lora-")
+        path = Path(self._lora_dirs[name].name)
         (path / "adapter_config.json").write_text(json.dumps(config))
         save_file({k: v.detach().to("cpu").contiguous() for k, v in weights.items()},
                   str(path / "adapter_model.safetensors"))
         self._lora_count += 1
         from vllm.lora.request import LoRARequest
 
-        self._lora = LoRARequest(f"sparring-{self._lora_count}", self._lora_count, str(path))
+        self._loras[name] = LoRARequest(f"sparring-{name or 'policy'}-{self._lora_count}",
+                                        self._lora_count, str(path))
         if old is not None:
             old.cleanup()
+
+
+class AdapterView:
+    """A `VLLMPolicy` seen as the policy of one of its LoRA adapters: ``generate`` samples
+    with adapter ``name``; the tokenizer, EOS ids and the engine are the engine's."""
+
+    def __init__(self, engine: VLLMPolicy, name: str):
+        self.engine, self.name = engine, name
+        self.tokenizer, self.eos_ids = engine.tokenizer, engine.eos_ids
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams | None = None,
+                 allowed: Sequence[Sequence[str] | None] | None = None,
+                 seeds: Sequence[int] | None = None) -> list[Generation]:
+        return self.engine.generate(prompts, sampling, allowed, seeds, adapter=self.name)
 
 
 def _reprocess_tied(model: torch.nn.Module) -> int:

@@ -22,14 +22,25 @@ from sparring.data import Episode
 
 
 class EngineRollouts:
-    """``rollouts(step)`` with the learner's seats on ``engine``, synced from ``model``."""
+    """``rollouts(step)`` with the learner's seats on ``engine``, synced from ``model``.
 
-    def __init__(self, rollouts: Any, engine: Any, model: Any):
+    ``adapters``: several policies as LoRA adapters of one base model ``model``
+    (``lora.shared_base``): each policy's seats sample from its own adapter in the one
+    engine (``engine.for_adapter(name)``), and a sync loads every adapter
+    (``engine.sync_adapters``)."""
+
+    def __init__(self, rollouts: Any, engine: Any, model: Any, adapters: Sequence[str] = ()):
         self.rollouts, self.engine, self.model = rollouts, engine, model
+        self.adapters = list(adapters)
         rollouts.learner.policy = engine
+        for name in self.adapters:
+            rollouts.players[name].policy = engine.for_adapter(name)
 
     def sync(self) -> None:
-        self.engine.sync_weights(self.model)
+        if self.adapters:
+            self.engine.sync_adapters(self.model, self.adapters)
+        else:
+            self.engine.sync_weights(self.model)
 
     def __call__(self, step: int) -> list[Episode]:
         self.sync()

@@ -140,9 +140,21 @@ def _build_several(cfg: Config, run_dir: Path) -> RunParts:
                             seed=cfg.train.seed, name=n, adapter=n if adapter else None)
                 for n in names}
     rollouts = Rollouts(cfg, policies, run_dir)
+    rollout_fn: Any = rollouts
+    if cfg.model.backend == "vllm":  # one engine, an adapter per policy (checked: shared base)
+        from sparring.policy.vllm import VLLMPolicy
+        from sparring.rollout.synced import EngineRollouts
+
+        options = {**dict(cfg.model.vllm_options), "enable_lora": True}
+        options.setdefault("max_lora_rank", max(policy_config(cfg, n).lora.r for n in names))
+        options.setdefault("max_loras", len(names))
+        engine = VLLMPolicy.from_model(base, tok, seed=cfg.train.seed, name="policies",
+                                       trust_remote_code=cfg.model.trust_remote_code,
+                                       **options)
+        rollout_fn = EngineRollouts(rollouts, engine, models[names[0]], adapters=names)
     first = policies[names[0]]
     return RunParts(model={n: p.model for n, p in policies.items()}, tokenizer=first.tokenizer,
-                    policy=first, rollout_fn=rollouts,
+                    policy=first, rollout_fn=rollout_fn,
                     eval_fn=make_eval_fn(cfg, rollouts.arena, policies),
                     stateful={"rollouts": rollouts}, pad_id=first.pad_id, policies=policies,
                     precision=", ".join(f"{n}: {precision.mode_of(p.model)}"

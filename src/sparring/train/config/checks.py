@@ -150,8 +150,8 @@ def _policies_check(cfg: Config) -> None:
     """``policies`` and ``envs[].seats``: names that can name files and metrics, overrides
     that build, every env mapping each of its seats to a defined policy, every policy
     playing some seat; what several policies do not support yet (rollout workers, the vLLM
-    backend, the opponent pool with ``lora.shared_base``) is refused; ``lora.shared_base``
-    needs LoRA and one model."""
+    backend without ``lora.shared_base``, the opponent pool with it) is refused;
+    ``lora.shared_base`` needs LoRA and one model."""
     if cfg.lora.shared_base and not cfg.lora.enabled:
         raise ConfigError("lora.shared_base: policies share a base model as LoRA adapters; "
                           "set lora.enabled=true too")
@@ -217,9 +217,10 @@ def _policies_check(cfg: Config) -> None:
     if cfg.distributed.rollout_workers:
         raise ConfigError("distributed.rollout_workers: rollout workers do not support "
                           "several policies yet; set it to 0 or drop `policies`")
-    if cfg.model.backend != "hf":
-        raise ConfigError(f"model.backend: {cfg.model.backend} does not support several "
-                          "policies yet; use hf or drop `policies`")
+    if cfg.model.backend != "hf" and not cfg.lora.shared_base:
+        raise ConfigError(f"model.backend: {cfg.model.backend} serves several policies as "
+                          "LoRA adapters of one base model; set lora.shared_base=true (and "
+                          "lora.enabled=true), or use hf")
 
 
 def _distributed_check(d: DistributedConfig) -> None:
