@@ -276,6 +276,38 @@ def test_pfsp_with_workers_is_the_single_process_run(local_ray, tmp_path):
     assert scores[0] == scores[1]
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["two_models", "shared_base"])
+def test_two_policies_on_workers_are_the_single_process_run(local_ray, tmp_path, shared):
+    """Two policies (a speaker and a listener, each its own seat) on two sync workers: the
+    workers mirror every policy's weights (two models, or one base with an adapter each)
+    and the pools of both, so the run's metrics are the single-process run's, per policy."""
+    from sparring.train.config import from_dict
+
+    def cfg(workers):
+        data = {"model": {"name": "tiny", "options": {
+                    "hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 2,
+                    "intermediate_size": 64}},
+                "policies": {"speaker": {}, "listener": {"optim": {"lr": 3e-3}}},
+                "envs": [{"name": "signalling", "options": {"k": 3}, "group_size": 4,
+                          "seats": ["speaker", "listener"]}],
+                "rollout": {"episodes_per_step": 8, "max_new_tokens": 8,
+                            "history": "state", "system_prompt": ""},
+                "algorithm": {"estimator": "grpo"}, "optim": {"lr": 1e-2},
+                "train": {"steps": 2, "epochs": 1, "seed": 3},
+                "eval": {"every": 0, "at_start": False},
+                "checkpoint": {"every": 0}, "logging": {"progress": False},
+                "distributed": {"rollout_workers": workers}}
+        if shared:
+            data["lora"] = {"enabled": True, "shared_base": True, "r": 4}
+        return from_dict(data)
+
+    alone = _train(cfg(0), tmp_path / "alone")
+    rows = _train(cfg(2), tmp_path / "workers")
+    _assert_same_metrics(alone, rows)
+    assert any(k.startswith("policy/listener/") for k in rows[-1])
+    assert alone[-1]["policy/speaker/policy_loss"] != alone[0]["policy/speaker/policy_loss"]
+
+
 def test_async_workers_log_staleness_and_the_importance_correction(local_ray, tmp_path):
     rows = _train(_cfg(["distributed.rollout_workers=2", "distributed.mode=async",
                         "distributed.max_staleness=1", "distributed.correction=turn",

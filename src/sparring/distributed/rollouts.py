@@ -40,6 +40,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,12 @@ from torch import Tensor, nn
 
 from sparring.data import Episode, TurnBatch
 from sparring.distributed.split import split_groups
-from sparring.distributed.weights import CollectiveSync, ObjectStoreSync, weights_to_send
+from sparring.distributed.weights import (
+    CollectiveSync,
+    ObjectStoreSync,
+    distinct_models,
+    weights_to_send,
+)
 from sparring.distributed.worker import RolloutWorker
 from sparring.extras import import_extra, install_hint
 from sparring.importance import importance_weights
@@ -81,7 +87,10 @@ class _Share:
 class RayRollouts:
     """``rollouts(step) -> episodes`` on Ray actors; see the module docstring."""
 
-    def __init__(self, cfg: Config, local: Rollouts, model: nn.Module, run_dir: str | Path):
+    def __init__(self, cfg: Config, local: Rollouts, model: nn.Module | Mapping[str, nn.Module],
+                 run_dir: str | Path):
+        """``model``: the learner's model, or ``{policy name: model}`` with several
+        policies (what the workers mirror, `sparring.distributed.weights.distinct_models`)."""
         self.ray = ray = require_ray()
         self.cfg, self.local, self.model = cfg, local, model
         self.run_dir = str(Path(run_dir).resolve())
@@ -109,7 +118,7 @@ class RayRollouts:
 
     def _make_sync(self) -> ObjectStoreSync | CollectiveSync:
         d = self.cfg.distributed
-        device = next(self.model.parameters()).device
+        device = next(next(iter(distinct_models(self.model).values())).parameters()).device
         collective = d.weight_sync == "collective" or (d.weight_sync == "auto"
                                                        and d.worker_gpus > 0)
         if not collective:
@@ -179,7 +188,7 @@ class RayRollouts:
             self.versions = [version] * self.n
 
     def _queue(self, step: int, version: int) -> None:
-        pool = self.local.pool.state_dict()
+        pool = self.local.state_dict()  # the pools (one per policy with several)
         shares = [_Share(w, step, tasks, version) for w, tasks in enumerate(self.shares) if tasks]
         for s in shares:
             self._submit(s, pool)
@@ -216,7 +225,7 @@ class RayRollouts:
             self.workers[v] = self._spawn(v)
             self.versions[v] = -1
         self._reform = isinstance(self.sync, CollectiveSync)
-        pool = self.local.pool.state_dict()
+        pool = self.local.state_dict()
         for step in sorted(self.pending):
             for s in self.pending[step]:
                 if s.worker in replaced and not s.done:

@@ -23,7 +23,7 @@ fine-tuning, the adapters with LoRA).
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -31,11 +31,48 @@ import torch
 from torch import Tensor, nn
 
 
-def weights_to_send(model: nn.Module, first: bool) -> dict[str, Tensor]:
-    """The whole state dict on the first push, else the trainable parameters (detached)."""
-    if first:
-        return {k: v.detach() for k, v in model.state_dict().items()}
-    return {k: p.detach() for k, p in model.named_parameters() if p.requires_grad}
+def distinct_models(model: nn.Module | Mapping[str, nn.Module]) -> dict[str, nn.Module]:
+    """``{prefix: model}`` of what the workers mirror: ``{'': model}`` for one model; for
+    several policies ``{'NAME/': model}`` per distinct model (with ``lora.shared_base``
+    the one base under the first policy's name)."""
+    if not isinstance(model, Mapping):
+        return {"": model}
+    out: dict[str, nn.Module] = {}
+    for name, m in model.items():
+        if all(m is not other for other in out.values()):
+            out[f"{name}/"] = m
+    return out
+
+
+def weights_to_send(model: nn.Module | Mapping[str, nn.Module], first: bool
+                    ) -> dict[str, Tensor]:
+    """The whole state dict on the first push, else the parameters that train (detached):
+    those with ``requires_grad``, and every LoRA weight (PEFT turns ``requires_grad`` off
+    for the adapters of a shared base that are not active). Several policies: each
+    distinct model's, its keys prefixed (`distinct_models`)."""
+    out: dict[str, Tensor] = {}
+    for prefix, m in distinct_models(model).items():
+        if first:
+            out.update({prefix + k: v.detach() for k, v in m.state_dict().items()})
+        else:
+            out.update({prefix + k: p.detach() for k, p in m.named_parameters()
+                        if p.requires_grad or ".lora_" in k})
+    return out
+
+
+def load_weights(model: nn.Module | Mapping[str, nn.Module], state: Mapping[str, Tensor]
+                 ) -> list[str]:
+    """`weights_to_send`'s ``state`` into ``model`` (the worker's mirror of the driver's);
+    returns the keys no model has."""
+    unexpected: list[str] = []
+    models = distinct_models(model)
+    for prefix, m in models.items():
+        own = {k[len(prefix):]: v for k, v in state.items()
+               if k.startswith(prefix) and (prefix or len(models) == 1)}
+        unexpected += [prefix + k for k in m.load_state_dict(own, strict=False).unexpected_keys]
+    known = tuple(models)
+    unexpected += [k for k in state if not k.startswith(known) and "" not in models]
+    return unexpected
 
 
 class ObjectStoreSync:

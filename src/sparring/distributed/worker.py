@@ -7,8 +7,8 @@ driver sends it
 
 * weights (`set_weights`, through the Ray object store, or `receive_weights`, a collective
   broadcast from the driver), tagged with a version (the number of updates they include);
-* the opponent pool's state with every share of groups to play (`play`): the driver owns
-  the pool (its snapshots, its checkpointed state), the worker only samples from it. Pool
+* the opponent pools' state with every share of groups to play (`play`): the driver owns
+  the pools (their snapshots, their checkpointed state), the worker only samples from them. Pool
   snapshots are read from ``RUN_DIR/pool``, so on several machines the run folder must be
   on storage every node sees.
 
@@ -36,8 +36,8 @@ from sparring.train.config import Config, DistributedConfig
 class RolloutWorker:
     def __init__(self, cfg: Config, run_dir: str, rank: int):
         from sparring.plugins import import_plugins
-        from sparring.train.lora import apply_lora
         from sparring.train.parts import build_parts
+        from sparring.train.policies import policy_models
 
         import_plugins(cfg.plugins)  # the envs, estimators ... they register
         model = cfg.model
@@ -49,9 +49,9 @@ class RolloutWorker:
         self.rank = rank
         local = dataclasses.replace(cfg, model=model, distributed=DistributedConfig())
         self.parts = build_parts(local, Path(run_dir))
-        self.model = self.parts.model
-        if cfg.lora.enabled:  # adapters injected in place, as the driver's: the same keys
-            apply_lora(self.model, cfg.lora)
+        self.model = self.parts.model  # one model, or {policy name: model}
+        # LoRA attached in place as the driver's training loop does: the same weight names
+        policy_models(local, self.model)
         self.version = -1
         self._pool: dict[str, Any] | None = None
         self._group: Any = None  # the collective weight group, when one is formed
@@ -68,11 +68,14 @@ class RolloutWorker:
         return version
 
     def _load(self, state: dict[str, Tensor]) -> None:
-        unexpected = self.model.load_state_dict(state, strict=False).unexpected_keys
+        from sparring.distributed.weights import distinct_models, load_weights
+
+        unexpected = load_weights(self.model, state)
         if unexpected:
             raise KeyError(f"rollout worker {self.rank}: weights the model does not have: "
                            f"{unexpected[:5]}")
-        self.model.eval()
+        for m in distinct_models(self.model).values():
+            m.eval()
 
     def join_group(self, host: str, port: int, world: int, backend: str,
                    timeout_s: float) -> bool:
@@ -91,23 +94,26 @@ class RolloutWorker:
 
         if self._group is None:
             raise RuntimeError(f"rollout worker {self.rank} is in no weight group")
-        device = next(self.model.parameters()).device
-        self._load(receive_broadcast(self._group[0], layout, device))
+        from sparring.distributed.weights import distinct_models
+
+        first = next(iter(distinct_models(self.model).values()))
+        self._load(receive_broadcast(self._group[0], layout, next(first.parameters()).device))
         self.version = version
         return version
 
     # ------------------------------------------------------------------ rollouts
 
-    def play(self, step: int, tasks: Sequence[GroupTask], pool: dict[str, Any],
+    def play(self, step: int, tasks: Sequence[GroupTask], league: dict[str, Any],
              version: int) -> tuple[list[Episode], dict[str, float]]:
         """The episodes of ``tasks`` at ``step`` with the weights of ``version`` (which must
-        be loaded: the driver sends them first), and the worker's timings."""
+        be loaded: the driver sends them first), the opponent pools as ``league`` (the
+        driver's `Rollouts.state_dict`), and the worker's timings."""
         if version != self.version:
             raise RuntimeError(f"rollout worker {self.rank}: asked for weights version "
                                f"{version}, has {self.version}")
-        if pool != self._pool:  # the driver's pool changed (held snapshots stay loaded)
-            self.parts.rollout_fn.load_state_dict({"pool": pool})
-            self._pool = pool
+        if league != self._pool:  # the driver's pools changed (held snapshots stay loaded)
+            self.parts.rollout_fn.load_state_dict(league)
+            self._pool = league
         t0 = time.perf_counter()
         episodes = self.parts.rollout_fn.play(step, tasks)
         for ep in episodes:
