@@ -349,6 +349,24 @@ def test_after_an_update_the_engine_samples_from_the_learners_weights(tmp_path, 
 
 
 @pytest.mark.vllm
+def test_the_sampler_gap_is_zero_in_one_precision_and_not_across_two(tmp_path):
+    """sampler/logp_diff_*: the float32 engine against a float32 learner agree to float
+    rounding; against a bf16-mixed learner they do not (what the metric is for)."""
+    _vllm_or_skip()
+    from sparring.train.metrics import read_metrics
+
+    gaps = {}
+    for precision in ("float32", "bf16-mixed"):
+        run = tmp_path / precision
+        _train_one_step(run, ["algorithm.recompute_old_logp=true",
+                              f"model.precision={precision}"])
+        (row,) = [r for r in read_metrics(run / "run") if r.get("step", 0) == 1]
+        gaps[precision] = row["sampler/logp_diff_max"]
+    assert gaps["float32"] < 1e-4
+    assert gaps["bf16-mixed"] > 10 * max(gaps["float32"], 1e-5)
+
+
+@pytest.mark.vllm
 def test_several_policies_sample_from_their_own_adapters_in_one_engine(tmp_path):
     """Two policies as LoRA adapters of one base (lora.shared_base) on the vLLM backend:
     one engine, one adapter per policy; after a training step and a sync, each policy's
