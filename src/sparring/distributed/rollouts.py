@@ -8,7 +8,8 @@ pool, its snapshots and its checkpointed state); ``distributed.rollout_workers``
    weights, version ``step`` (the number of updates in them; `sparring.distributed.weights`);
 2. the step's groups (`group_tasks`) are cut into one contiguous share per worker
    (`split_groups`); each worker gets, in its queue, the weights (when its version differs)
-   and ``play(step, share, pool state, version)``;
+   and ``play(step, share, league, version)`` (the league: the state of the opponent
+   pools, one per policy with several);
 3. the shares come back and are concatenated in worker order, which is group order.
 
 Every group is seeded from (seed, step, env, opponent kind, group index) alone
@@ -39,8 +40,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,7 @@ from sparring.distributed.split import split_groups
 from sparring.distributed.weights import (
     CollectiveSync,
     ObjectStoreSync,
-    distinct_models,
+    model_device,
     weights_to_send,
 )
 from sparring.distributed.worker import RolloutWorker
@@ -118,7 +119,7 @@ class RayRollouts:
 
     def _make_sync(self) -> ObjectStoreSync | CollectiveSync:
         d = self.cfg.distributed
-        device = next(next(iter(distinct_models(self.model).values())).parameters()).device
+        device = model_device(self.model)
         collective = d.weight_sync == "collective" or (d.weight_sync == "auto"
                                                        and d.worker_gpus > 0)
         if not collective:
@@ -188,20 +189,20 @@ class RayRollouts:
             self.versions = [version] * self.n
 
     def _queue(self, step: int, version: int) -> None:
-        pool = self.local.state_dict()  # the pools (one per policy with several)
+        league = self.local.state_dict()
         shares = [_Share(w, step, tasks, version) for w, tasks in enumerate(self.shares) if tasks]
         for s in shares:
-            self._submit(s, pool)
+            self._submit(s, league)
         self.pending[step] = shares
 
-    def _submit(self, share: _Share, pool: dict[str, Any]) -> None:
+    def _submit(self, share: _Share, league: dict[str, Any]) -> None:
         w = share.worker
         if self.versions[w] != share.version:
             if not self.sync.has(share.version):  # collective: only the newest is at hand
                 share.version = self.published
             if self.versions[w] != share.version:
                 self._send_weights(w, share.version)
-        share.future = self.workers[w].play.remote(share.step, share.tasks, pool,
+        share.future = self.workers[w].play.remote(share.step, share.tasks, league,
                                                    share.version)
 
     def _send_weights(self, w: int, version: int) -> None:
@@ -225,11 +226,11 @@ class RayRollouts:
             self.workers[v] = self._spawn(v)
             self.versions[v] = -1
         self._reform = isinstance(self.sync, CollectiveSync)
-        pool = self.local.state_dict()
+        league = self.local.state_dict()
         for step in sorted(self.pending):
             for s in self.pending[step]:
                 if s.worker in replaced and not s.done:
-                    self._submit(s, pool)
+                    self._submit(s, league)
 
     # ------------------------------------------------------------------ the loop's hook
 

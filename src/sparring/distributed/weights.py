@@ -64,15 +64,17 @@ def load_weights(model: nn.Module | Mapping[str, nn.Module], state: Mapping[str,
                  ) -> list[str]:
     """`weights_to_send`'s ``state`` into ``model`` (the worker's mirror of the driver's);
     returns the keys no model has."""
-    unexpected: list[str] = []
     models = distinct_models(model)
+    unexpected = [k for k in state if not k.startswith(tuple(models))]
     for prefix, m in models.items():
-        own = {k[len(prefix):]: v for k, v in state.items()
-               if k.startswith(prefix) and (prefix or len(models) == 1)}
+        own = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
         unexpected += [prefix + k for k in m.load_state_dict(own, strict=False).unexpected_keys]
-    known = tuple(models)
-    unexpected += [k for k in state if not k.startswith(known) and "" not in models]
     return unexpected
+
+
+def model_device(model: nn.Module | Mapping[str, nn.Module]) -> torch.device:
+    """Where the (first) model's weights are."""
+    return next(next(iter(distinct_models(model).values())).parameters()).device
 
 
 class ObjectStoreSync:

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from sparring.data import Episode
+from sparring.distributed.weights import distinct_models, load_weights, model_device
 from sparring.rollout.plan import GroupTask
 from sparring.train.config import Config, DistributedConfig
 
@@ -53,7 +54,7 @@ class RolloutWorker:
         # LoRA attached in place as the driver's training loop does: the same weight names
         policy_models(local, self.model)
         self.version = -1
-        self._pool: dict[str, Any] | None = None
+        self._league: dict[str, Any] | None = None
         self._group: Any = None  # the collective weight group, when one is formed
 
     def pid(self) -> int:
@@ -68,8 +69,6 @@ class RolloutWorker:
         return version
 
     def _load(self, state: dict[str, Tensor]) -> None:
-        from sparring.distributed.weights import distinct_models, load_weights
-
         unexpected = load_weights(self.model, state)
         if unexpected:
             raise KeyError(f"rollout worker {self.rank}: weights the model does not have: "
@@ -94,10 +93,7 @@ class RolloutWorker:
 
         if self._group is None:
             raise RuntimeError(f"rollout worker {self.rank} is in no weight group")
-        from sparring.distributed.weights import distinct_models
-
-        first = next(iter(distinct_models(self.model).values()))
-        self._load(receive_broadcast(self._group[0], layout, next(first.parameters()).device))
+        self._load(receive_broadcast(self._group[0], layout, model_device(self.model)))
         self.version = version
         return version
 
@@ -111,9 +107,9 @@ class RolloutWorker:
         if version != self.version:
             raise RuntimeError(f"rollout worker {self.rank}: asked for weights version "
                                f"{version}, has {self.version}")
-        if league != self._pool:  # the driver's pools changed (held snapshots stay loaded)
+        if league != self._league:  # the driver's pools changed (held snapshots stay loaded)
             self.parts.rollout_fn.load_state_dict(league)
-            self._pool = league
+            self._league = league
         t0 = time.perf_counter()
         episodes = self.parts.rollout_fn.play(step, tasks)
         for ep in episodes:

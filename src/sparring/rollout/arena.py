@@ -210,14 +210,15 @@ class Arena:
         # a training player's explored move is a row of the batch: the move written as the
         # model writes it, with the token ids (and constrained-decoding restrictions) a
         # sample of that answer would carry, and no sampler log-probs (the learner's own)
-        written = self.written_format.format(move)
-        ids = list(player.policy.tokenizer.encode(written, add_special_tokens=False))
+        constrained = self.invalid.mode == "constrained"  # the sampler writes the bare move
+        written = move if constrained else self.written_format.format(move)
+        encode = player.policy.tokenizer.encode
+        ids = list(encode(written, add_special_tokens=False))
         eos = player.policy.eos_ids[0]
         allowed_ids = None
-        if self.invalid.mode == "constrained":  # the trie the sampler restricts to
-            trie = TokenTrie([list(player.policy.tokenizer.encode(a, add_special_tokens=False))
-                              + [eos] for a in legal])
-            ids = ids + [eos]
+        if constrained:  # the trie the sampler restricts to (`HFPolicy.encode_actions`)
+            ids.append(eos)
+            trie = TokenTrie([list(encode(a, add_special_tokens=False)) + [eos] for a in legal])
             allowed_ids = trie.allowed_along(ids)
         elif not any(written.endswith(stop) for stop in (player.sampling or self.sampling).stop):
             ids.append(eos)  # the answer ends where the model's would: its stop string or EOS

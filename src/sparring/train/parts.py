@@ -101,16 +101,10 @@ def build_parts(cfg: Config, run_dir: str | Path | None = None) -> RunParts:
     rollouts = Rollouts(cfg, policy, Path(run_dir or "runs/unnamed"))
     rollout_fn: Any = rollouts
     if cfg.model.backend == "vllm":  # the learner's seats sample from a vLLM engine
-        from sparring.policy.vllm import VLLMPolicy
         from sparring.rollout.synced import EngineRollouts
 
-        options = dict(cfg.model.vllm_options)
-        if options.get("enable_lora") and cfg.lora.enabled:  # the adapter alone each step
-            options.setdefault("max_lora_rank", cfg.lora.r)
-            options.setdefault("max_loras", 1)
-        engine = VLLMPolicy.from_model(policy.model, tok, seed=cfg.train.seed, name="learner",
-                                       trust_remote_code=cfg.model.trust_remote_code,
-                                       **options)
+        lora = cfg.lora.enabled and cfg.model.vllm_options.get("enable_lora")
+        engine = _vllm_engine(cfg, policy.model, tok, "learner", [cfg.lora.r] if lora else [])
         rollout_fn = EngineRollouts(rollouts, engine, policy.model)
     chosen = model_precision(cfg, model)
     return RunParts(model=policy.model, tokenizer=tok, policy=policy, rollout_fn=rollout_fn,
@@ -142,15 +136,10 @@ def _build_several(cfg: Config, run_dir: Path) -> RunParts:
     rollouts = Rollouts(cfg, policies, run_dir)
     rollout_fn: Any = rollouts
     if cfg.model.backend == "vllm":  # one engine, an adapter per policy (checked: shared base)
-        from sparring.policy.vllm import VLLMPolicy
         from sparring.rollout.synced import EngineRollouts
 
-        options = {**dict(cfg.model.vllm_options), "enable_lora": True}
-        options.setdefault("max_lora_rank", max(policy_config(cfg, n).lora.r for n in names))
-        options.setdefault("max_loras", len(names))
-        engine = VLLMPolicy.from_model(base, tok, seed=cfg.train.seed, name="policies",
-                                       trust_remote_code=cfg.model.trust_remote_code,
-                                       **options)
+        engine = _vllm_engine(cfg, base, tok, "policies",
+                              [policy_config(cfg, n).lora.r for n in names])
         rollout_fn = EngineRollouts(rollouts, engine, models[names[0]], adapters=names)
     first = policies[names[0]]
     return RunParts(model={n: p.model for n, p in policies.items()}, tokenizer=first.tokenizer,
@@ -159,6 +148,22 @@ def _build_several(cfg: Config, run_dir: Path) -> RunParts:
                     stateful={"rollouts": rollouts}, pad_id=first.pad_id, policies=policies,
                     precision=", ".join(f"{n}: {precision.mode_of(p.model)}"
                                         for n, p in policies.items()))
+
+
+def _vllm_engine(cfg: Config, model: torch.nn.Module, tok: Any, name: str,
+                 lora_ranks: list[int]) -> Any:
+    """A vLLM engine over ``model`` with ``model.vllm_options``; ``lora_ranks`` (one per
+    adapter it serves) turn on ``enable_lora``, with ``max_lora_rank`` and ``max_loras``
+    defaulting to their largest and their count."""
+    from sparring.policy.vllm import VLLMPolicy
+
+    options = dict(cfg.model.vllm_options)
+    if lora_ranks:
+        options["enable_lora"] = True
+        options.setdefault("max_lora_rank", max(lora_ranks))
+        options.setdefault("max_loras", len(lora_ranks))
+    return VLLMPolicy.from_model(model, tok, seed=cfg.train.seed, name=name,
+                                 trust_remote_code=cfg.model.trust_remote_code, **options)
 
 
 __all__ = ["RunParts", "build_parts", "load_model", "model_precision"]
