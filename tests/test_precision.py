@@ -56,6 +56,13 @@ def test_resolve_by_hand(monkeypatch):
         "bf16-mixed", "auto: CPU with AMX, 200,000,000 parameters")
     tiny = resolve("auto", "cpu", small)
     assert tiny.mode == "float32" and "below 10,000,000" in tiny.reason
+    # a GPU with bf16: a 200 M model stays float32 (casts and launches decide there), a
+    # 2 B one is mixed; torch.device("cuda") needs no GPU to be named
+    monkeypatch.setattr(precision, "native_bf16", lambda d: (True, "CUDA bf16"))
+    gpu_small = resolve("auto", "cuda", big)
+    assert gpu_small.mode == "float32" and "below 1,000,000,000" in gpu_small.reason
+    assert resolve("auto", "cuda:0", 2_000_000_000) == precision.Resolved(
+        "bf16-mixed", "auto: CUDA bf16, 2,000,000,000 parameters")
     monkeypatch.setattr(precision, "native_bf16", lambda d: (False, "no bf16 here"))
     assert resolve("auto", "cpu", big) == precision.Resolved("float32", "auto: no bf16 here")
     forced = resolve("bf16-mixed", "cpu", small)

@@ -14,8 +14,14 @@
   ratio's two sides one code path.
 - ``auto`` (the default): ``bf16-mixed`` where the device computes bf16 natively (a CUDA
   device with bf16, a CPU with AVX-512 BF16 or AMX) and the model has at least
-  `MIN_MIXED_PARAMS` parameters; float32 otherwise. Emulated bf16 (an AVX2 CPU) is slower
-  than float32, and on a tiny model autocast's casts cost more than its products save.
+  `min_mixed_params` of that device's type; float32 otherwise. Emulated bf16 (an AVX2 CPU)
+  is slower than float32, and on a small model autocast's casts (one per weight per
+  forward) cost more than its products save. On a CPU that is below 10 M parameters
+  (SmolLM2-135M's step is 2.3-2.9x faster in bf16-mixed there). On a GPU the products are
+  so fast that the casts and kernel launches decide: on an H100, SmolLM2-135M's recipe
+  steps were 1.2-3.2x slower in bf16-mixed than in float32 (docs/benchmarks.md, "GPU
+  figures"), so CUDA needs 1 B parameters. That bound is our reading, not a measured
+  crossover: nothing between 135 M and 1 B parameters has been timed in both modes.
 
 Pure bfloat16 weights are ``model.dtype=bfloat16`` with ``precision=float32`` (no
 autocast): half the memory, but every update is rounded to bf16's 8 bits of mantissa, so
@@ -37,7 +43,8 @@ import torch.nn.functional as F
 from torch import nn
 
 PRECISIONS = ("auto", "float32", "bf16-mixed")
-MIN_MIXED_PARAMS = 10_000_000  # below: autocast's casts cost more than bf16 products save
+# below these sizes autocast's casts cost more than bf16 products save (see the docstring)
+MIN_MIXED_PARAMS = {"cpu": 10_000_000, "cuda": 1_000_000_000}
 _ATTR = "sparring_precision"
 
 
@@ -66,6 +73,11 @@ def native_bf16(device: torch.device | str) -> tuple[bool, str]:
     return False, f"no bf16 check for device type {device.type!r}"
 
 
+def min_mixed_params(device: torch.device | str) -> int:
+    """The smallest model for which ``auto`` picks bf16-mixed on ``device``'s type."""
+    return MIN_MIXED_PARAMS.get(torch.device(device).type, MIN_MIXED_PARAMS["cpu"])
+
+
 def resolve(precision: str, device: torch.device | str, n_params: int,
             weight_dtype: torch.dtype = torch.float32) -> Resolved:
     """The mode of ``precision`` for a model of ``n_params`` in ``weight_dtype``."""
@@ -86,9 +98,10 @@ def resolve(precision: str, device: torch.device | str, n_params: int,
             "" if native else f" ({found}: slower than float32)"))
     if not native:
         return Resolved("float32", f"auto: {found}")
-    if n_params < MIN_MIXED_PARAMS:
+    least = min_mixed_params(device)
+    if n_params < least:
         return Resolved("float32", f"auto: {found}, but {n_params:,} parameters is below "
-                        f"{MIN_MIXED_PARAMS:,}, where autocast does not pay")
+                        f"{least:,}, where autocast does not pay on this device type")
     return Resolved("bf16-mixed", f"auto: {found}, {n_params:,} parameters")
 
 

@@ -40,8 +40,9 @@ class ModelConfig:
     precision: Literal["auto", "float32", "bf16-mixed"] = opt(
         "auto", "compute precision: 'bf16-mixed' runs matrix products in bf16 (autocast) over "
         "float32 weights and optimizer state, the LM head in float32; 'auto' picks it where "
-        "the device has native bf16 (CUDA, a CPU with AVX-512 BF16 or AMX) and the model has "
-        "10 M parameters or more, else float32. The run prints what it chose")
+        "the device has native bf16 (a CPU with AVX-512 BF16 or AMX and a model of 10 M "
+        "parameters or more; a CUDA GPU and 1 B or more, below which casts and launches cost "
+        "more than bf16 saves), else float32. The run prints what it chose")
     device: str = opt("cpu", "'cpu', 'cuda', 'cuda:N', 'mps' or 'auto'")
     trust_remote_code: bool = opt(False, "allow model code from the hub (off unless you trust it)")
     backend: Literal["hf", "vllm"] = opt(
