@@ -86,8 +86,8 @@ def test_an_api_run_logs_what_the_cli_run_logs(tmp_path):
     keys. The same config from Python and from the command line: the same rows."""
     from sparring.train.metrics import read_metrics
 
-    league = ["envs.0.opponents=[self, pool]", "rollout.pool_bots=[random]",
-              "rollout.pool_every=1", "train.steps=3", "eval.every=3"]
+    league = ["envs.0.opponents=[self, pool]", "league.bots=[random]",
+              "league.every=1", "train.steps=3", "eval.every=3"]
     cli_run, api_run = tmp_path / "cli", tmp_path / "api"
     assert main(["train", "kuhn_selfplay", *FAST, *league, f"train.run_dir={cli_run}"]) == 0
     Trainer("kuhn_selfplay", overrides=[*FAST, *league, f"train.run_dir={api_run}"]).fit()

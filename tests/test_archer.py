@@ -20,9 +20,8 @@ from tests import train_helpers as th
 
 
 def cfg_of(**archer):
-    return from_dict({"algorithm": {"estimator": "archer_targets", "objective": "ppo_clip",
-                                    "archer": {"gamma": 0.5, "tau": 0.25, "updates": 1,
-                                               **archer}},
+    return from_dict({"algorithm": {"estimator": "archer_targets", "objective": "ppo_clip"},
+                      "critic": {"archer": {"gamma": 0.5, "tau": 0.25, "updates": 1, **archer}},
                       "optim": {"lr": 1e-2, "max_grad_norm": None},
                       "train": {"steps": 4, "seed": 3}, "logging": {"progress": False}})
 
@@ -103,7 +102,7 @@ def perturbed_archer(cfg):
 @pytest.mark.parametrize("kind", ["head", "separate"])
 def test_td_targets_and_critic_loss_match_a_hand_computation(kind):
     cfg = cfg_of()
-    cfg.algorithm.critic = kind
+    cfg.critic.kind = kind
     cfg.train.microbatch_size = 1  # the separate body's update runs one row per chunk
     model, arc = perturbed_archer(cfg)
 
@@ -207,7 +206,7 @@ def test_polyak_update_by_hand():
 
 def test_separate_critic_trains_its_own_body_not_the_policy():
     cfg = cfg_of()
-    cfg.algorithm.critic = "separate"
+    cfg.critic.kind = "separate"
     model = th.tiny_qwen(0)
     arc = Archer(model, cfg)
     policy0 = {k: v.clone() for k, v in model.state_dict().items()}
@@ -236,12 +235,12 @@ def test_q_converges_near_the_known_return_on_a_deterministic_toy():
 
 
 @pytest.mark.parametrize("override, key", [
-    ("algorithm.archer.tau=0", "algorithm.archer.tau"),
-    ("algorithm.archer.tau=1.5", "algorithm.archer.tau"),
-    ("algorithm.archer.gamma=-0.1", "algorithm.archer.gamma"),
-    ("algorithm.archer.buffer_steps=0", "algorithm.archer.buffer_steps"),
-    ("algorithm.archer.updates=0", "algorithm.archer.updates"),
-    ("algorithm.value=off", "algorithm.value"),
+    ("critic.archer.tau=0", "critic.archer.tau"),
+    ("critic.archer.tau=1.5", "critic.archer.tau"),
+    ("critic.archer.gamma=-0.1", "critic.archer.gamma"),
+    ("critic.archer.buffer_steps=0", "critic.archer.buffer_steps"),
+    ("critic.archer.updates=0", "critic.archer.updates"),
+    ("critic.enabled=off", "critic.enabled"),
 ])
 def test_config_errors_name_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
@@ -289,8 +288,8 @@ def _run(run_dir, crash_at=None, resume_run=False):
             raise KeyboardInterrupt
         return two_turn_rollout(model, sampler)
 
-    cfg = from_dict({"algorithm": {"estimator": "archer_targets", "objective": "ppo_clip",
-                                   "archer": {"buffer_steps": 2, "updates": 2, "batch_turns": 8}},
+    cfg = from_dict({"algorithm": {"estimator": "archer_targets", "objective": "ppo_clip"},
+                     "critic": {"archer": {"buffer_steps": 2, "updates": 2, "batch_turns": 8}},
                      "optim": {"lr": 3e-3}, "train": {"steps": 5, "seed": 4},
                      "checkpoint": {"every": 0, "keep": 3}, "logging": {"progress": False}})
     if resume_run:

@@ -53,15 +53,15 @@ def run(tmp_path_factory):
 
 @pytest.mark.parametrize("args, key", [
     (["envs.0.options.bogus=1"], "envs.0.options: tictactoe has no option 'bogus'"),
-    (["rollout.pool_bots=[foo]"], "rollout.pool_bots.0: unknown opponent 'foo'"),
+    (["league.bots=[foo]"], "league.bots.0: unknown opponent 'foo'"),
     (["eval.opponents=[zz]"], "eval.opponents.0: unknown opponent 'zz'"),
     (["model.device=banana"], "model.device: 'banana' is not a device"),
     (["train.run_dir={nam}"], "train.run_dir: '{nam}' is not a valid pattern"),
     (["train.seed=4294967296"], "train.seed: 4294967296 is out of range"),
-    (["envs.0.opponents=[pool]", "rollout.pool_bots=[]", "rollout.pool_every=0"],
+    (["envs.0.opponents=[pool]", "league.bots=[]", "league.every=0"],
      "envs.0.opponents: 'pool'"),
-    (["algorithm.estimator=gae", "algorithm.estimator_options={}", "algorithm.value=off"],
-     "algorithm.value: estimator 'gae' needs values"),
+    (["algorithm.estimator=gae", "algorithm.estimator_options={}", "critic.enabled=off"],
+     "critic.enabled: estimator 'gae' needs values"),
     (["trian.steps=1"], "unknown key 'trian'; did you mean 'train'"),
     # issue 32: a quoted "false" meant true, and any text passed for a bool
     (["envs.0.options.canonical='false'"],
@@ -647,7 +647,7 @@ def test_a_damaged_pool_snapshot_stops_the_resume_with_one_line(damage, tmp_path
     a truncated one was a traceback. Snapshots carry a manifest like checkpoints: the
     resume stops with one line naming the snapshot file and the problem."""
     folder = tmp_path / "run"
-    pool = ["envs.0.opponents=[pool]", "rollout.pool_bots=[random]", "rollout.pool_every=1",
+    pool = ["envs.0.opponents=[pool]", "league.bots=[random]", "league.every=1",
             "checkpoint.every=1"]
     assert main(["train", *TINY, *pool, "train.steps=3", f"train.run_dir={folder}"]) == 0
     snapshots = sorted((folder / "pool").glob("step-*/model.safetensors"))

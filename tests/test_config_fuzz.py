@@ -90,7 +90,7 @@ def _out_of_range(tp: Any, meta: dict) -> list[Any]:
 RANGED = [(k, tp, m) for k, tp, m in LEAVES if _out_of_range(tp, m)]
 REGISTRY_KEYS = ["algorithm.estimator", "algorithm.objective", "algorithm.aggregation",
                  "envs.0.name", "algorithm.shaping.0.name", "envs.0.opponents.1",
-                 "rollout.pool_bots.0", "eval.opponents.0"]
+                 "league.bots.0", "eval.opponents.0"]
 OPTION_KEYS = ["model.options", "envs.0.options", "algorithm.estimator_options",
                "algorithm.objective_options", "envs.0.estimator_options"]
 names = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=3, max_size=12).map(

@@ -28,7 +28,7 @@ CONFIGS = Path(__file__).parents[1] / "configs"
 SMALL = ["model.options.hidden_size=32", "model.options.num_layers=1",
          "model.options.intermediate_size=64", "model.options.num_heads=2",
          "model.options.num_kv_heads=2", "rollout.episodes_per_step=24", "envs.0.group_size=4",
-         "rollout.pool_every=1", "train.epochs=1", "train.minibatch_size=0",
+         "league.every=1", "train.epochs=1", "train.minibatch_size=0",
          "optim.schedule=constant", "algorithm.entropy_schedule=constant",
          "eval.at_start=false", "logging.progress=false",
          "checkpoint.every=1"]
@@ -263,10 +263,10 @@ def test_resume_with_workers_is_exact(local_ray, single_process, tmp_path):
 
 
 def test_pfsp_with_workers_is_the_single_process_run(local_ray, tmp_path):
-    """rollout.pool_mode=pfsp: the driver records the learner's scores from the workers'
+    """league.mode=pfsp: the driver records the learner's scores from the workers'
     episodes and sends the pool (scores included) with each share, so two workers draw the
     league as one process does: the same metrics and the same scores at the end."""
-    pfsp = ["rollout.pool_mode=pfsp", "rollout.pool_score_rate=0.7"]
+    pfsp = ["league.mode=pfsp", "league.score_rate=0.7"]
     alone = _train(_cfg(pfsp), tmp_path / "alone")  # one thread, as the workers
     rows = _train(_cfg([*pfsp, "distributed.rollout_workers=2"]), tmp_path / "workers")
     _assert_same_metrics(alone, rows)

@@ -248,10 +248,10 @@ def _pool_cfg(**over):
     return _cfg(**_merge({"policies": {"speaker": {"model": {"options": {"seed": 5}}}},
                           "envs": [{"name": "signalling", "options": {"k": 3}, "group_size": 2,
                                     "seats": ["speaker", "listener"], "opponents": ["pool"]}],
-                          "rollout": {"pool_every": 1, "pool_max": 2}}, over))
+                          "league": {"every": 1, "max": 2}}, over))
 
 
-def test_each_policy_snapshots_itself_and_its_pool_keeps_pool_max(tmp_path):
+def test_each_policy_snapshots_itself_and_its_pool_keeps_league_max(tmp_path):
     from safetensors.torch import load_file
 
     parts = build(_pool_cfg(), tmp_path)
@@ -449,7 +449,7 @@ VARIANTS = {
     # own models against each other's past snapshots (a pool per policy)
     "pool": {"envs": [{"name": "signalling", "options": {"k": 3}, "group_size": 2,
                        "seats": ["speaker", "listener"], "opponents": ["self", "pool"]}],
-             "rollout": {"pool_every": 1, "pool_max": 2}},
+             "league": {"every": 1, "max": 2}},
 }
 
 

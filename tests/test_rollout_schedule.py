@@ -39,7 +39,7 @@ def test_rotation_puts_the_learner_in_every_seat_in_turn():
 
 
 def test_rollouts_mix_self_play_bots_and_the_pool(tmp_path):
-    cfg = _cfg(["rollout.pool_every=1", "envs.0.opponents=[self, random, random, pool]"])
+    cfg = _cfg(["league.every=1", "envs.0.opponents=[self, random, random, pool]"])
     roll = build(cfg, tmp_path).rollout_fn
     eps = roll(1)  # step 1 adds the first snapshot to the pool
     assert len(eps) == 24
@@ -60,7 +60,7 @@ def test_learner_seats_set_the_learners_seat_against_the_league(tmp_path):
     """learner_seats [0, 1, 1, 1] with opponents [self, random, random, pool] and groups of
     4: each of the 4 league groups puts the learner in seats 0, 1, 1, 1 (4 in seat 0, 12 in
     seat 1); the 8 self-play episodes still have it in both."""
-    cfg = _cfg(["envs.0.learner_seats=[0, 1, 1, 1]", "rollout.pool_every=1",
+    cfg = _cfg(["envs.0.learner_seats=[0, 1, 1, 1]", "league.every=1",
                 "envs.0.opponents=[self, random, random, pool]"])
     eps = build(cfg, tmp_path).rollout_fn(1)
     kinds = [tuple(ep.info["players"]) for ep in eps]
@@ -74,8 +74,8 @@ def test_the_pool_records_the_learners_score_from_its_league_games_only(tmp_path
     the random bot as an opponent kind, 4-5 the pool (its random bot only: no snapshot
     yet). Only groups 4-5 count: the learner's score there (1 win, 1/2 draw, 0 loss from
     the game's returns), averaged, moves the prior 1/2 half way (score_rate 0.5)."""
-    cfg = _cfg(["envs.0.opponents=[self, random, pool]", "rollout.pool_every=0",
-                "rollout.pool_mode=pfsp"])
+    cfg = _cfg(["envs.0.opponents=[self, random, pool]", "league.every=0",
+                "league.mode=pfsp"])
     roll = build(cfg, tmp_path).rollout_fn
     eps = roll(0)
 
@@ -123,7 +123,7 @@ def _snapshot_steps(run):
 
 
 def _pool_cfg():
-    return _cfg(["rollout.pool_every=1", "rollout.pool_max=2", "envs.0.opponents=[pool]",
+    return _cfg(["league.every=1", "league.max=2", "envs.0.opponents=[pool]",
                  "rollout.episodes_per_step=4"])
 
 
@@ -148,8 +148,8 @@ def test_pool_paths_are_relative_to_the_run_folder(tmp_path):
 
 
 def test_pool_folder_keeps_the_sampled_snapshots_and_those_kept_checkpoints_need(tmp_path):
-    """Issue 16: 29 snapshots after 300 steps with pool_max=5. Each step first deletes the
-    snapshots its pool no longer holds; a kept checkpoint at step c keeps the pool_max
+    """Issue 16: 29 snapshots after 300 steps with league.max=5. Each step first deletes the
+    snapshots its pool no longer holds; a kept checkpoint at step c keeps the league.max
     snapshots before c (its pool) and every later one; killed writes go on the first step."""
     run = tmp_path / "run"
     roll = build(_pool_cfg(), run).rollout_fn
@@ -174,9 +174,9 @@ def test_pool_folder_keeps_the_sampled_snapshots_and_those_kept_checkpoints_need
 
 
 def test_each_pool_snapshot_is_loaded_once_while_the_pool_holds_it(tmp_path, monkeypatch):
-    """The soak recipe (pool_max=3) spent a quarter of its time reloading snapshots: the
+    """The soak recipe (league.max=3) spent a quarter of its time reloading snapshots: the
     pool kept 2 loaded and drew among 3. By default every held snapshot stays loaded;
-    ``rollout.pool_cache`` bounds that (each miss is a load)."""
+    ``league.cache`` bounds that (each miss is a load)."""
     from sparring.rollout.schedule import Rollouts
 
     original = Rollouts._load_snapshot
@@ -185,8 +185,8 @@ def test_each_pool_snapshot_is_loaded_once_while_the_pool_holds_it(tmp_path, mon
         loads: list[str] = []
         monkeypatch.setattr(Rollouts, "_load_snapshot",
                             lambda self, path: loads.append(path) or original(self, path))
-        roll = build(_cfg(["rollout.pool_every=1", "rollout.pool_max=3",
-                           f"rollout.pool_cache={cache}", "envs.0.opponents=[pool]"]),
+        roll = build(_cfg(["league.every=1", "league.max=3",
+                           f"league.cache={cache}", "envs.0.opponents=[pool]"]),
                      tmp_path / f"c{cache}").rollout_fn
         for step in range(8):
             roll(step)
@@ -252,8 +252,8 @@ def test_a_snapshot_written_before_manifests_loads_with_a_warning(tmp_path, capl
 def test_pool_explore_follows_its_cosine_schedule(tmp_path):
     """epsilon(step) = 0.4 * (0.25 + 0.75 * (1 + cos(pi * step / 10)) / 2): 0.4 at step 0,
     0.4 * 0.625 = 0.25 at step 5, 0.4 * 0.25 = 0.1 at step 10; set on every policy's pool."""
-    roll = build(_cfg(["rollout.pool_explore=0.4", "rollout.pool_explore_schedule=cosine",
-                       "rollout.pool_explore_final_ratio=0.25", "train.steps=10"]),
+    roll = build(_cfg(["league.explore=0.4", "league.explore_schedule=cosine",
+                       "league.explore_final_ratio=0.25", "train.steps=10"]),
                  tmp_path).rollout_fn
     for step, epsilon in [(0, 0.4), (5, 0.25), (10, 0.1)]:
         roll.play(step, [])
@@ -282,7 +282,7 @@ def test_the_learners_own_explore_follows_its_cosine_schedule(tmp_path):
 
 
 def test_pool_temperature_is_the_snapshots_sampling_temperature(tmp_path):
-    roll = build(_cfg(["rollout.pool_temperature=2.5"]), tmp_path / "hot").rollout_fn
+    roll = build(_cfg(["league.temperature=2.5"]), tmp_path / "hot").rollout_fn
     assert roll.pool.sampling.temperature == 2.5
     assert roll.pool.sampling.max_new_tokens == roll.arena.sampling.max_new_tokens
     assert build(_cfg(), tmp_path / "plain").rollout_fn.pool.sampling is None
@@ -293,7 +293,7 @@ def test_a_lora_policys_pool_snapshot_plays_as_the_policy_did(tmp_path):
     logits are the policy's, not those of a base with re-initialised projections."""
     import torch
 
-    cfg = _cfg(["rollout.pool_every=1", "envs.0.opponents=[pool]", "rollout.episodes_per_step=4",
+    cfg = _cfg(["league.every=1", "envs.0.opponents=[pool]", "rollout.episodes_per_step=4",
                 "lora.enabled=true", "lora.target_modules=[q_proj, v_proj]"])
     from sparring.train.policies import trained_policies
 

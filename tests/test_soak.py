@@ -32,8 +32,8 @@ def folder_mib(path: Path) -> float:
 def test_soak_rss_flat_and_disk_bounded(tmp_path):
     cfg = load_config(find_recipe("kuhn_selfplay"), [
         f"train.steps={STEPS}", "rollout.episodes_per_step=64", "eval.every=0", "eval.at_start=false", "logging.progress=false",
-        "envs.0.opponents=[self,pool]", f"rollout.pool_every={POOL_EVERY}",
-        f"rollout.pool_max={POOL_MAX}", "rollout.pool_bots=[random]",
+        "envs.0.opponents=[self,pool]", f"league.every={POOL_EVERY}",
+        f"league.max={POOL_MAX}", "league.bots=[random]",
         f"checkpoint.every={CHECKPOINT_EVERY}", f"checkpoint.keep={KEEP}"])
     run = tmp_path / "soak"
     parts = build(cfg, run)
@@ -55,8 +55,8 @@ def test_soak_rss_flat_and_disk_bounded(tmp_path):
           f"{len(step_dirs(run))} checkpoints, {len(snapshots)} pool snapshots")
     assert growth < 0.05
     assert len(step_dirs(run)) <= KEEP
-    # rollout.pool_max's help: pool_max snapshots plus the one a crash checkpoint may still
+    # league.max's help: league.max snapshots plus the one a crash checkpoint may still
     # need, plus those taken since the oldest kept checkpoint's pool (keep checkpoints of
-    # `every` steps each, one snapshot per pool_every steps); bounded whatever the length
+    # `every` steps each, one snapshot per league.every steps); bounded whatever the length
     assert len(snapshots) <= POOL_MAX + 1 + KEEP * CHECKPOINT_EVERY // POOL_EVERY
     assert not list(run.rglob("*.tmp*"))

@@ -68,12 +68,12 @@ def test_yaml_and_overrides_are_typed(tmp_path):
      r"one orientation"),
     (["envs=[{name: tictactoe, learner_seats: [0, 2]}]"],
      r"envs.0.learner_seats: \[2\] out of range; tictactoe has seats 0..1"),
-    (["rollout.pool_explore=1.5"], r"rollout.pool_explore: 1.5 is out of range \(must be <= 1\)"),
-    (["envs=[{name: kuhn_poker, opponents: [self, pool]}]", "rollout.pool_explore_tactical=true"],
-     r"rollout.pool_explore_tactical: kuhn_poker has hidden chance deals.*"
+    (["league.explore=1.5"], r"league.explore: 1.5 is out of range \(must be <= 1\)"),
+    (["envs=[{name: kuhn_poker, opponents: [self, pool]}]", "league.explore_tactical=true"],
+     r"league.explore_tactical: kuhn_poker has hidden chance deals.*"
      r"\(envs.0 plays the pool\)"),
-    (["rollout.pool_mode=pfsp", "rollout.pool_pfsp_power=0"],
-     r"rollout.pool_pfsp_power: 0.0 is out of range \(must be > 0\)"),
+    (["league.mode=pfsp", "league.pfsp_power=0"],
+     r"league.pfsp_power: 0.0 is out of range \(must be > 0\)"),
 ])
 def test_bad_overrides_name_the_key(args, match):
     with pytest.raises(ConfigError, match=match):
@@ -180,10 +180,10 @@ ENV = {"envs": [{"name": "tictactoe"}]}
 
 
 @pytest.mark.parametrize("args, match", [
-    (["algorithm.estimator=gae", "algorithm.value=off"],
-     r"algorithm.value: estimator 'gae' needs values"),
+    (["algorithm.estimator=gae", "critic.enabled=off"],
+     r"critic.enabled: estimator 'gae' needs values"),
     (["eval.opponents=[random,zz]"], r"eval.opponents.1: unknown opponent 'zz'.*allowed: .*random"),
-    (["rollout.pool_bots=[foo]"], r"rollout.pool_bots.0: unknown opponent 'foo'"),
+    (["league.bots=[foo]"], r"league.bots.0: unknown opponent 'foo'"),
     (["envs.0.opponents=[self,randm]"], r"envs.0.opponents.1: unknown opponent 'randm'; "
                                         r"did you mean 'random'"),
     (["envs.0.options.bogus=1"], r"envs.0.options: tictactoe has no option 'bogus' "
@@ -204,9 +204,9 @@ ENV = {"envs": [{"name": "tictactoe"}]}
     (["train.run_dir=runs/{name"], r"train.run_dir: 'runs/\{name' is not a valid pattern"),
     ([f"train.seed={2**32}"], r"train.seed: 4294967296 is out of range \(must be <= 4294967295\)"),
     (["train.seed=-1"], r"train.seed: -1 is out of range \(must be >= 0\)"),
-    (["envs.0.opponents=[pool]", "rollout.pool_bots=[]"],
-     r"envs.0.opponents: 'pool' .*rollout.pool_bots is empty.*pool_every is 0"),
-    (["envs.0.opponents=[pool]", "rollout.pool_bots=[]", "rollout.pool_every=5"],
+    (["envs.0.opponents=[pool]", "league.bots=[]"],
+     r"envs.0.opponents: 'pool' .*league.bots is empty.*league.every is 0"),
+    (["envs.0.opponents=[pool]", "league.bots=[]", "league.every=5"],
      r"envs.0.opponents: 'pool' .*nothing to sample before its first snapshot"),
     (["optim.lr=.inf"], r"optim.lr: expected a finite number, got inf"),
     (["optim.lr=nan"], r"optim.lr: expected a finite number, got nan"),
@@ -225,12 +225,12 @@ def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path):
 
 
 def test_on_and_off_are_choices_not_booleans(tmp_path):
-    """YAML 1.1 reads a bare `off` as false; `algorithm.value=off` means the choice 'off'."""
-    assert from_dict(ENV, ["algorithm.value=off"]).algorithm.value == "off"
-    assert from_dict(ENV, ["algorithm.value=on"]).algorithm.value == "on"
+    """YAML 1.1 reads a bare `off` as false; `critic.enabled=off` means the choice 'off'."""
+    assert from_dict(ENV, ["critic.enabled=off"]).critic.enabled == "off"
+    assert from_dict(ENV, ["critic.enabled=on"]).critic.enabled == "on"
     path = tmp_path / "c.yaml"
-    path.write_text("envs: [{name: tictactoe}]\nalgorithm: {value: off}\n")
-    assert load_config(path).algorithm.value == "off"
+    path.write_text("envs: [{name: tictactoe}]\ncritic: {enabled: off}\n")
+    assert load_config(path).critic.enabled == "off"
     with pytest.raises(ConfigError, match="lora.enabled: expected true or false"):
         from_dict(ENV, ["lora.enabled=maybe"])  # a bool field is still a bool
 
@@ -265,9 +265,9 @@ def test_resume_overrides_that_change_the_model_are_refused():
                       (["model.name=smollm2"], "model.name"),
                       (["lora.enabled=true"], "lora.enabled"),
                       (["lora.r=4"], "lora.r"),
-                      (["algorithm.value_hidden=8"], "algorithm.value_hidden"),
+                      (["critic.hidden=8"], "critic.hidden"),
                       (["algorithm.kl.reference=magnet"], "algorithm.kl.reference"),
-                      (["rollout.pool_bots=[minimax]"], "rollout.pool_bots"),
+                      (["league.bots=[minimax]"], "league.bots"),
                       (["model.trust_remote_code=true"], "model.trust_remote_code")):
         with pytest.raises(ConfigError, match=rf"^{key}: cannot change on --resume"):
             check_resume_overrides(saved, from_dict(ENV, args))

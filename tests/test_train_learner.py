@@ -190,8 +190,7 @@ def test_magnet_reference_is_an_ema_of_the_weights(device):
 def test_value_head_reads_the_last_hidden_state_and_learns_returns(device):
     batch, _ = ragged_batch()
     model = th.tiny_qwen(7).to(device)
-    cfg = make_cfg(algorithm__estimator="test_centered_v", algorithm__value_coef=1.0,
-                   optim__lr=1e-2)
+    cfg = make_cfg(algorithm__estimator="test_centered_v", critic__coef=1.0, optim__lr=1e-2)
     assert Learner(th.tiny_qwen(7), cfg).critic is None  # 'auto': nobody asked for values
     learner = Learner(model, cfg, needs={"values"})
     assert learner.critic is not None  # 'auto': the stage says the estimator needs values
@@ -260,7 +259,7 @@ def test_separate_critic_leaves_the_policy_alone():
     batch, _ = ragged_batch()
     model = th.tiny_qwen(10)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    learner = Learner(model, make_cfg(algorithm__value="on", algorithm__critic="separate",
+    learner = Learner(model, make_cfg(critic__enabled="on", critic__kind="separate",
                                       optim__lr=1e-2))
     body0 = {k: v.clone() for k, v in learner.critic.body.state_dict().items()}
     zero = torch.zeros(batch.input_ids.shape)  # no policy gradient, only the value loss

@@ -12,7 +12,7 @@ from pathlib import Path
 STEPS = 8
 ARGS = ["configs/default.yaml", "model.options={hidden_size: 32, num_layers: 1, num_heads: 2, "
         "num_kv_heads: 2, intermediate_size: 64}", "rollout.episodes_per_step=24",
-        "envs.0.group_size=4", "rollout.pool_every=2", f"train.steps={STEPS}", "train.epochs=1",
+        "envs.0.group_size=4", "league.every=2", f"train.steps={STEPS}", "train.epochs=1",
         "checkpoint.every=2", "eval.every=3", "eval.games=8", "logging.progress=false"]
 ROOT = Path(__file__).parents[1]
 VOLATILE = ("time/", "throughput/")
@@ -64,7 +64,7 @@ def test_a_relative_run_folder_moved_elsewhere_resumes_from_another_directory(tm
 
     small = ["model.options={hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_heads: 2, "
              "intermediate_size: 64}", "rollout.episodes_per_step=8", "envs.0.group_size=4",
-             "envs.0.opponents=[pool]", "rollout.pool_every=1", "train.epochs=1",
+             "envs.0.opponents=[pool]", "league.every=1", "train.epochs=1",
              "eval.games=2", "eval.at_start=false", "logging.progress=false",
              "checkpoint.every=1"]
     monkeypatch.chdir(tmp_path)

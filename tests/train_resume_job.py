@@ -26,8 +26,8 @@ STEPS = 8
 THREADS = 1
 CONFIG = {
     "algorithm": {"estimator": "test_centered", "objective": "test_clip", "entropy_coef": 0.01,
-                  "kl": {"coef": 0.05, "reference": "magnet", "magnet_rate": 0.1},
-                  "value": "on", "value_coef": 0.5},
+                  "kl": {"coef": 0.05, "reference": "magnet", "magnet_rate": 0.1}},
+    "critic": {"enabled": "on", "coef": 0.5},
     "optim": {"lr": 3e-3, "schedule": "cosine", "warmup_steps": 2},
     "train": {"steps": STEPS, "epochs": 2, "minibatch_size": 8, "microbatch_size": 4, "seed": 11},
     "checkpoint": {"every": 2, "keep": 2},

@@ -8,7 +8,7 @@ policy gradient that gives every token of a turn the critic's utterance advantag
 The critic (`UtteranceCritic`): twin Q heads read the last hidden state at the turn's last
 action token (the state and the whole utterance), twin V heads at the last prompt token
 (the state before the first action token); each head is a `ValueHead` MLP. Its body is the
-policy's trunk (``algorithm.critic=head``) or its own copy of the initial model
+policy's trunk (``critic.kind=head``) or its own copy of the initial model
 (``separate``). A target copy follows the online critic by Polyak averaging after every
 critic update: ``target <- (1 - tau) target + tau online``.
 
@@ -29,8 +29,8 @@ for the estimator. Shapes: per turn ``[n]``.
 Our reading / simplifications of the paper: (1) the V target takes ``a`` as the action the
 newest step's policy sampled (V is fitted on the newest step's turns only, so ``a ~ pi``
 up to the one update in between), rather than sampling a fresh utterance inside the
-learner; Q is fitted off-policy on the whole buffer. (2) With ``critic=head`` the heads read
-the policy's hidden state detached: the critic loss trains the heads only, the trunk is
+learner; Q is fitted off-policy on the whole buffer. (2) With ``critic.kind=head`` the heads
+read the policy's hidden state detached: the critic loss trains the heads only, the trunk is
 trained by the policy loss (one optimizer per weight). (3) Both twins share one TD target
 built from ``min`` of the twin target V's.
 """
@@ -77,19 +77,19 @@ Features = tuple[Tensor, Tensor]  # (h_v, h_q) [k, H]: hidden at the last prompt
 class Archer:
     """The critic, its target copy, replay buffer and optimizer of one ArCHer run.
 
-    With ``critic=head`` the features of every buffered turn are computed once per step
-    (the trunk does not change during the critic updates), so the ``updates`` critic steps
-    cost only the heads. With ``separate`` each update runs the online body (with grad) on
+    With ``critic.kind=head`` the features of every buffered turn are computed once per
+    step (the trunk does not change during the critic updates), so the ``updates`` critic
+    steps cost only the heads. With ``separate`` each update runs the online body (with grad) on
     the sampled turns and the target body on them and their next turns. Forwards go in
     chunks of ``train.microbatch_size`` rows (64 when 0), sorted by length and trimmed to
     each chunk's longest row.
     """
 
     def __init__(self, policy: nn.Module, cfg: Config):
-        a, o = cfg.algorithm, cfg.optim
-        self.cfg, self.ac, self.policy = cfg, a.archer, policy
+        c, o = cfg.critic, cfg.optim
+        self.cfg, self.ac, self.policy = cfg, c.archer, policy
         self.device = next(policy.parameters()).device
-        self.online = UtteranceCritic(policy, a.critic, a.value_hidden).to(self.device)
+        self.online = UtteranceCritic(policy, c.kind, c.hidden).to(self.device)
         self.target = copy.deepcopy(self.online).eval()
         self.target.requires_grad_(False)
         self.replay = TurnReplay(self.ac.buffer_steps)

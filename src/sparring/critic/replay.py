@@ -116,6 +116,6 @@ class TurnReplay:
     def load_state_dict(self, st: dict[str, Any]) -> None:
         if int(st["steps"]) != self.steps:
             raise ValueError(f"the checkpoint's replay buffer keeps {st['steps']} steps, this "
-                             f"run's algorithm.archer.buffer_steps is {self.steps}")
+                             f"run's critic.archer.buffer_steps is {self.steps}")
         self.tokens = st["tokens"].long()
         self.rows = {k: st["rows"][k].to(dt) for k, dt in _ROW_FIELDS.items()}

@@ -5,8 +5,8 @@ Per step, each env spec of ``cfg.envs`` gets ``weight``-proportional episodes
 
 * ``self``: self-play, the training policy in every seat (each seat's turns are its own agent);
 * ``pool``: the learner in a rotating seat against the opponent pool (bots of
-  ``rollout.pool_bots`` and past snapshots of the policy, one added every
-  ``rollout.pool_every`` steps, kept under ``RUN_DIR/pool``; see `Rollouts` for what stays
+  ``league.bots`` and past snapshots of the policy, one added every
+  ``league.every`` steps, kept under ``RUN_DIR/pool``; see `Rollouts` for what stays
   on disk);
 * a bot name (`sparring.envs.bots.BOTS`): the learner in a rotating seat against that bot
   (`sparring.rollout.seating`).
@@ -16,7 +16,7 @@ seat ``s`` of an env is played by the policy ``seats[s]`` names (a `ModelPlayer`
 after it, so `sparring.data.collate` records the policy of every row): in every seat for
 ``self``, in the rotating seat against a bot. The arena batches each turn's generations
 per policy. Against ``pool`` each policy has a pool of its own (the same bots, its own
-snapshots ``RUN_DIR/pool/step-NNNNNN.NAME``, ``pool_max`` of them): the rotating seat is
+snapshots ``RUN_DIR/pool/step-NNNNNN.NAME``, ``league.max`` of them): the rotating seat is
 played by its policy and every other seat by a draw from the pool of that seat's policy.
 
 Rollouts are deterministic in (``train.seed``, step), group by group: a step is a list of
@@ -118,9 +118,9 @@ class Rollouts:
     to the run folder (``pool/step-NNNNNN``), so a run folder can be moved or resumed from
     another working directory. Disk: at the start of each step (the state a checkpoint or
     a crash checkpoint of the previous step saves) every snapshot the pool no longer holds
-    is deleted, except those the pool of a kept checkpoint holds (the ``pool_max`` newest
+    is deleted, except those the pool of a kept checkpoint holds (the ``league.max`` newest
     before the oldest checkpoint in ``RUN_DIR/checkpoints``, and any later one), so every
-    kept checkpoint can resume; at most ``pool_max + 1`` (the one the newest snapshot
+    kept checkpoint can resume; at most ``league.max + 1`` (the one the newest snapshot
     replaced) plus those. Temporaries of a snapshot write that was killed (``*.tmp``) are
     removed on the first step, when the run folder is locked by the training loop.
 
@@ -133,7 +133,7 @@ class Rollouts:
 
     Several policies: ``pools`` holds a pool per policy (one policy: ``{'': pool}``), each
     snapshot of policy P is ``pool/step-NNNNNN.P`` (its pool entry ``ckpt-N.P``), every
-    ``pool_every`` steps each policy takes one; the rules above hold per policy, and
+    ``league.every`` steps each policy takes one; the rules above hold per policy, and
     ``pool`` is the first policy's pool.
     """
 
@@ -142,7 +142,7 @@ class Rollouts:
         self.policies = dict(policy) if isinstance(policy, Mapping) else {}
         self.policy = next(iter(self.policies.values())) if self.policies else policy
         self.cfg, self.run_dir = cfg, Path(run_dir)
-        r = cfg.rollout
+        r, lg = cfg.rollout, cfg.league
         self.arena = make_arena(r)
         self.learner = ModelPlayer(self.policy, name="learner", train=True)
         players = {n: ModelPlayer(p, name=n, train=True) for n, p in self.policies.items()}
@@ -150,21 +150,21 @@ class Rollouts:
         # per env spec, the player of each seat (several policies), else None
         self.seat_players = [[players[n] for n in s.seats] if players else None
                              for s in cfg.envs]
-        snapshot_sampling = (replace(self.arena.sampling, temperature=r.pool_temperature)
-                             if r.pool_temperature else None)  # None: the arena's
+        snapshot_sampling = (replace(self.arena.sampling, temperature=lg.temperature)
+                             if lg.temperature else None)  # None: the arena's
         # a pool per policy ('' for the one policy of a run), the same bots in each
-        self.pools = {n: OpponentPool(mode=r.pool_mode, max_checkpoints=r.pool_max,
+        self.pools = {n: OpponentPool(mode=lg.mode, max_checkpoints=lg.max,
                                       seed=cfg.train.seed, loader=self._load_snapshot,
-                                      cache_size=r.pool_cache or r.pool_max,
-                                      explore=r.pool_explore,
-                                      explore_turns=r.pool_explore_turns,
-                                      explore_tactical=r.pool_explore_tactical,
-                                      sampling=snapshot_sampling, power=r.pool_pfsp_power,
-                                      score_rate=r.pool_score_rate)
+                                      cache_size=lg.cache or lg.max,
+                                      explore=lg.explore,
+                                      explore_turns=lg.explore_turns,
+                                      explore_tactical=lg.explore_tactical,
+                                      sampling=snapshot_sampling, power=lg.pfsp_power,
+                                      score_rate=lg.score_rate)
                       for n in (self.policies or [""])}
         self.pool = next(iter(self.pools.values()))
-        check_opponents("rollout.pool_bots", r.pool_bots)
-        self.pool_bots = {name: make_bot(name, cfg.train.seed) for name in r.pool_bots}
+        check_opponents("league.bots", lg.bots)
+        self.pool_bots = {name: make_bot(name, cfg.train.seed) for name in lg.bots}
         for name, bot in self.pool_bots.items():
             for pool in self.pools.values():
                 pool.add_bot(BotPlayer(bot, name=name))
@@ -200,16 +200,16 @@ class Rollouts:
         """The policies' own generators, for backends without per-prompt seeds (their
         samples then depend on the batch; `HFPolicy` takes seeds and does not use these),
         the training players' epsilon (``rollout.explore_schedule``) and the pools' at
-        ``step`` (``rollout.pool_explore_schedule``)."""
+        ``step`` (``league.explore_schedule``)."""
         self._step = step
         self.policy.generator.manual_seed(self.cfg.train.seed * 1_000_003 + step * 7919)
         for name, p in self.policies.items():
             p.generator.manual_seed(stable_seed(self.cfg.train.seed, step, name))
-        r = self.cfg.rollout
-        explore = lr_at(step, lr=r.pool_explore, schedule=r.pool_explore_schedule,
-                        total_steps=self.cfg.train.steps, min_lr_ratio=r.pool_explore_final_ratio)
+        r, lg = self.cfg.rollout, self.cfg.league
+        explore = lr_at(step, lr=lg.explore, schedule=lg.explore_schedule,
+                        total_steps=self.cfg.train.steps, final_ratio=lg.explore_final_ratio)
         own = lr_at(step, lr=r.explore, schedule=r.explore_schedule,
-                    total_steps=self.cfg.train.steps, min_lr_ratio=r.explore_final_ratio)
+                    total_steps=self.cfg.train.steps, final_ratio=r.explore_final_ratio)
         for player in [self.learner, *self.players.values()]:  # their own seats
             player.explore = own
         for pool in self.pools.values():  # snapshots loaded in earlier steps
@@ -218,7 +218,7 @@ class Rollouts:
                 player.policy.generator.manual_seed(self._snapshot_seed(path))
 
     def _snapshot(self, step: int) -> None:
-        every = self.cfg.rollout.pool_every
+        every = self.cfg.league.every
         if not every or step == 0 or step % every or not any(
                 "pool" in s.opponents for s in self.cfg.envs):
             return

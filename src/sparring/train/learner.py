@@ -99,7 +99,7 @@ class Learner:
     def __init__(self, model: nn.Module, cfg: Config, *, needs: Collection[str] = (),
                  temperature: float | None = None, adapter: str | None = None):
         """``needs``: what the advantage stage asks the learner to supply
-        (`AdvantageStage.needs`): ``values`` builds a critic (unless ``algorithm.value`` is
+        (`AdvantageStage.needs`): ``values`` builds a critic (unless ``critic.enabled`` is
         off), ``utterance_critic`` ArCHer's twin Q/V critic; see `annotate`. ``adapter``:
         the one LoRA adapter of a multi-adapter PEFT ``model`` this learner trains."""
         self.model, self.cfg, self.adapter = model, cfg, adapter
@@ -109,7 +109,7 @@ class Learner:
         self.trained = {n for n, p in model.named_parameters() if p.requires_grad
                         and (adapter is None or is_adapter_weight(n, adapter))}
         self.device = next(model.parameters()).device
-        a, o = cfg.algorithm, cfg.optim
+        a, c, o = cfg.algorithm, cfg.critic, cfg.optim
         self.temperature = cfg.rollout.temperature if temperature is None else temperature
         _load_objectives()
         self.objective = OBJECTIVES.get(a.objective)
@@ -122,10 +122,10 @@ class Learner:
                 p.requires_grad_(False)
         # ArCHer's utterance critic has its own optimizer (sparring.critic.archer)
         self.archer = (Archer(model, cfg) if "utterance_critic" in self.needs
-                       and a.value != "off" else None)
+                       and c.enabled != "off" else None)
         self.critic: Critic | None = None
         if self.archer is None and self._wants_values():
-            self.critic = Critic(model, a.critic, a.value_hidden).to(self.device)
+            self.critic = Critic(model, c.kind, c.hidden).to(self.device)
         params = [p for n, p in model.named_parameters() if n in self.trained]
         if self.critic is not None:
             params += [p for p in self.critic.parameters() if p.requires_grad]
@@ -134,7 +134,7 @@ class Learner:
                                            weight_decay=o.weight_decay)
         self.schedule = LRSchedule(self.optimizer, lr=o.lr, schedule=o.schedule,
                                    warmup_steps=o.warmup_steps, total_steps=cfg.train.steps,
-                                   min_lr_ratio=o.min_lr_ratio)
+                                   final_ratio=o.lr_final_ratio)
         self.gen = torch.Generator().manual_seed(cfg.train.seed)
         self.consecutive_skips = 0
         self.total_skips = 0
@@ -147,10 +147,10 @@ class Learner:
         m = ``entropy_final_ratio``, no warm-up), counted in the lr schedule's updates."""
         a = self.cfg.algorithm
         return lr_at(self.schedule.step_count, lr=a.entropy_coef, schedule=a.entropy_schedule,
-                     total_steps=self.cfg.train.steps, min_lr_ratio=a.entropy_final_ratio)
+                     total_steps=self.cfg.train.steps, final_ratio=a.entropy_final_ratio)
 
     def _wants_values(self) -> bool:
-        mode = self.cfg.algorithm.value
+        mode = self.cfg.critic.enabled
         return mode == "on" or (mode == "auto" and "values" in self.needs)
 
     def _ref_context(self):
@@ -248,7 +248,7 @@ class Learner:
     def values(self, batch: TurnBatch) -> Tensor:
         """Critic values on the action tokens ``[n, T]`` (for estimators that need them)."""
         if self.critic is None:
-            raise ValueError("this learner has no critic (algorithm.value is off)")
+            raise ValueError("this learner has no critic (critic.enabled is off)")
         return self._per_row(batch, "values")
 
     def policy_logprobs(self, batch: TurnBatch) -> Tensor:
@@ -278,7 +278,7 @@ class Learner:
         if "utterance_critic" in needs:
             if self.archer is None:
                 raise ValueError("the estimator needs ArCHer's utterance critic, but this "
-                                 "learner has none (algorithm.value is off)")
+                                 "learner has none (critic.enabled is off)")
             metrics.update(self.archer.observe(batch))
             batch, td = self.archer.annotate(batch)
             metrics.update(td)
@@ -354,15 +354,15 @@ class Learner:
         if a.entropy_coef > 0:
             total = total - self.entropy_coef() * agg(ent)
         if values is not None:
-            if a.value_target == "returns":
+            if self.cfg.critic.target == "returns":
                 target = batch.returns[rows, None].to(values.dtype).expand_as(values)
             else:
                 if batch.values is None:
-                    raise ValueError("value_target=advantages_plus_values needs batch.values")
+                    raise ValueError("critic.target=advantages_plus_values needs batch.values")
                 target = adv_r + batch.values[rows, :L]
             vl = agg(0.5 * (values - target) ** 2)
             stats["value_loss"] += float(vl.detach())
-            total = total + a.value_coef * vl
+            total = total + self.cfg.critic.coef * vl
         stats["loss"] += float(total.detach())
         return total
 

@@ -3,7 +3,7 @@
 * ``constant``: lr
 * ``warmup``:   lr * min(1, (s + 1) / W)
 * ``cosine``:   warm-up as above, then lr * (m + (1 - m) * (1 + cos(pi * p)) / 2) with
-  p = (s - W) / (S - W) the progress after warm-up and m = ``min_lr_ratio``
+  p = (s - W) / (S - W) the progress after warm-up and m = ``final_ratio``
 
 ``s`` counts updates from 0, ``W`` = warm-up steps, ``S`` = total steps.
 """
@@ -19,7 +19,7 @@ SCHEDULES = ("constant", "warmup", "cosine")
 
 
 def lr_at(step: int, *, lr: float, schedule: str, warmup_steps: int = 0, total_steps: int = 1,
-          min_lr_ratio: float = 0.0) -> float:
+          final_ratio: float = 0.0) -> float:
     """The learning rate of update number ``step`` (0-based)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; known: {', '.join(SCHEDULES)}")
@@ -30,7 +30,7 @@ def lr_at(step: int, *, lr: float, schedule: str, warmup_steps: int = 0, total_s
         return lr * warm
     span = max(total_steps - warmup_steps, 1)
     p = min(max(step - warmup_steps, 0) / span, 1.0)
-    return lr * (min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * p)))
+    return lr * (final_ratio + (1 - final_ratio) * 0.5 * (1 + math.cos(math.pi * p)))
 
 
 class LRSchedule:

@@ -1,6 +1,6 @@
 """The bot registry: a bot's name -> a factory ``fn(seed) -> Bot``.
 
-Configs (``envs[].opponents``, ``rollout.pool_bots``, ``eval.opponents``) and
+Configs (``envs[].opponents``, ``league.bots``, ``eval.opponents``) and
 ``sparring eval --vs`` name bots; `make_bot` builds one, `sparring list bots` lists them.
 ``needs``: what the bot asks of the game (``clone``: search from copies of the state;
 ``game_tree``: the env declares its exact tree, see `sparring.envs.base.TreeGame`).

@@ -12,8 +12,9 @@ Several policies: ``policies`` names them (`PolicySpec`: the keys of ``model``, 
 `policy_config(cfg, name)` is the config a policy's model and learner are built from.
 
 The package: `schema` (the dataclasses and their constructors), `checks` (`validate`,
-`config_warnings`), `overlay` (`policy_config`), `resume` (`check_resume_overrides`) and
-`files` (recipes and YAML files). Everything is imported from here.
+`config_warnings`), `overlay` (`policy_config`), `resume` (`check_resume_overrides`),
+`aliases` (old key names, still read) and `files` (recipes and YAML files). Everything is
+imported from here.
 """
 
 from sparring.train.config.checks import config_warnings, validate
@@ -31,10 +32,12 @@ from sparring.train.config.schema import (
     ArcherConfig,
     CheckpointConfig,
     Config,
+    CriticConfig,
     DistributedConfig,
     EnvSpec,
     EvalConfig,
     KLConfig,
+    LeagueConfig,
     LoggingConfig,
     LoraConfig,
     ModelConfig,
@@ -51,9 +54,9 @@ from sparring.train.config.schema import (
 from sparring.train.overrides import ConfigError, apply_override
 
 __all__ = ["MAX_CONFIG_VALUES", "AlgorithmConfig", "ArcherConfig", "CheckpointConfig", "Config",
-           "ConfigError", "DistributedConfig", "EnvSpec", "EvalConfig", "KLConfig",
-           "LoggingConfig", "LoraConfig", "ModelConfig", "OptimConfig", "PolicySpec",
-           "RolloutConfig", "TrainConfig", "apply_override", "check_resume_overrides",
+           "ConfigError", "CriticConfig", "DistributedConfig", "EnvSpec", "EvalConfig",
+           "KLConfig", "LeagueConfig", "LoggingConfig", "LoraConfig", "ModelConfig",
+           "OptimConfig", "PolicySpec", "RolloutConfig", "TrainConfig", "apply_override", "check_resume_overrides",
            "commented_yaml", "config_warnings", "find_recipe", "from_dict", "load_config",
            "opt", "policy_config", "read_yaml", "recipe_dirs", "save_config", "to_dict",
            "validate"]

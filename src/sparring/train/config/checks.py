@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from sparring.train.config.schema import (
         AlgorithmConfig,
         Config,
+        CriticConfig,
         DistributedConfig,
         EnvSpec,
         ModelConfig,
@@ -73,10 +74,11 @@ def _options_check(kind: str, name: str, options: dict[str, Any], key: str) -> N
 def validate(cfg: Config) -> Config:
     """Cross-field checks, registry names and their options; returns ``cfg``."""
     _algorithm_check(cfg.algorithm, cfg.envs, "algorithm", cfg.rollout.explore)
+    _critic_check(cfg.critic, cfg.algorithm.estimator, "critic")
     for i, env in enumerate(cfg.envs):
         _registry_check("env", env.name, f"envs.{i}.name")
         game = _env_options_check(i, env)
-        if cfg.rollout.pool_explore_tactical and "pool" in env.opponents:
+        if cfg.league.explore_tactical and "pool" in env.opponents:
             _lookahead_check(i, game)
     _betas_check(cfg.optim.betas, "optim.betas")
     if cfg.train.microbatch_size and cfg.train.minibatch_size \
@@ -105,8 +107,8 @@ def validate(cfg: Config) -> Config:
 def _algorithm_check(a: AlgorithmConfig, envs: list[EnvSpec], key: str,
                      explore: float = 0.0) -> None:
     """Registry names and keyword options of ``a`` (``algorithm``, or a policy's own at
-    ``key``), the estimator's options of every env spec, a critic where the estimator
-    needs one, recomputed old log-probs where ``rollout.explore`` > 0."""
+    ``key``), the estimator's options of every env spec, recomputed old log-probs where
+    ``rollout.explore`` > 0."""
     if explore > 0 and not a.recompute_old_logp:
         raise ConfigError(f"rollout.explore: {explore} plays moves the sampler did not sample, "
                           "so they have no sampler log-probs; set "
@@ -130,10 +132,15 @@ def _algorithm_check(a: AlgorithmConfig, envs: list[EnvSpec], key: str,
         raise ConfigError(f"{key}.sampler_correction: {a.sampler_correction!r} compares the "
                           "sampler's log-probs with the learner's recomputation; set "
                           f"{key}.recompute_old_logp=true too")
+
+
+def _critic_check(c: CriticConfig, estimator: str, key: str) -> None:
+    """A critic where ``estimator`` needs one (``c``: ``critic``, or a policy's own at
+    ``key``)."""
     from sparring.advantages import ESTIMATORS
-    critic_needs = {"values", "utterance_critic"} & set(ESTIMATORS.get(a.estimator).needs)
-    if critic_needs and a.value == "off":
-        raise ConfigError(f"{key}.value: estimator {a.estimator!r} needs "
+    critic_needs = {"values", "utterance_critic"} & set(ESTIMATORS.get(estimator).needs)
+    if critic_needs and c.enabled == "off":
+        raise ConfigError(f"{key}.enabled: estimator {estimator!r} needs "
                           f"{' and '.join(sorted(critic_needs))} from a critic the learner "
                           "trains; set it to auto or on")
 
@@ -174,6 +181,8 @@ def _policies_check(cfg: Config) -> None:
         if cfg.policies[n].algorithm:
             _algorithm_check(pc.algorithm, cfg.envs, f"policies.{n}.algorithm",
                              cfg.rollout.explore)
+        if cfg.policies[n].algorithm or cfg.policies[n].critic:
+            _critic_check(pc.critic, pc.algorithm.estimator, f"policies.{n}.critic")
         _betas_check(pc.optim.betas, f"policies.{n}.optim.betas")
         if cfg.lora.shared_base and cfg.policies[n].model:
             raise ConfigError(f"policies.{n}.model: with lora.shared_base every policy is an "
@@ -354,18 +363,18 @@ def _env_options_check(i: int, env: EnvSpec) -> Any:
 
 
 def _lookahead_check(i: int, game: Any) -> None:
-    """``rollout.pool_explore_tactical``: the pool's game ``envs.i`` can be searched by
+    """``league.explore_tactical``: the pool's game ``envs.i`` can be searched by
     copies with nothing hidden (`sparring.envs.lookahead.check_lookahead`)."""
     from sparring.envs.lookahead import check_lookahead
     try:
         check_lookahead(game)
     except ValueError as e:
-        raise ConfigError(f"rollout.pool_explore_tactical: {e} (envs.{i} plays the pool)") \
+        raise ConfigError(f"league.explore_tactical: {e} (envs.{i} plays the pool)") \
             from None
 
 
 def _opponents_check(cfg: Config) -> None:
-    """Bot names of ``envs.*.opponents``, ``rollout.pool_bots``, ``eval.opponents``; a
+    """Bot names of ``envs.*.opponents``, ``league.bots``, ``eval.opponents``; a
     'pool' opponent needs a pool that is not empty at step 0."""
     from sparring.envs.bots import check_opponents
     special = ("self", "pool")
@@ -376,18 +385,18 @@ def _opponents_check(cfg: Config) -> None:
         except ValueError as e:
             raise ConfigError(str(e)) from None
 
-    names("rollout.pool_bots", cfg.rollout.pool_bots)
+    names("league.bots", cfg.league.bots)
     names("eval.opponents", cfg.eval.opponents)
     for i, env in enumerate(cfg.envs):
         names(f"envs.{i}.opponents", env.opponents, special)
-        if "pool" in env.opponents and not cfg.rollout.pool_bots:
+        if "pool" in env.opponents and not cfg.league.bots:
             raise ConfigError(
-                f"envs.{i}.opponents: 'pool' samples from rollout.pool_bots and snapshots "
-                "of the policy, but rollout.pool_bots is empty, so the pool has nothing to "
+                f"envs.{i}.opponents: 'pool' samples from league.bots and snapshots "
+                "of the policy, but league.bots is empty, so the pool has nothing to "
                 "sample before its first snapshot"
-                + (" (and rollout.pool_every is 0: it never takes one)"
-                   if not cfg.rollout.pool_every else "")
-                + "; add a bot to rollout.pool_bots")
+                + (" (and league.every is 0: it never takes one)"
+                   if not cfg.league.every else "")
+                + "; add a bot to league.bots")
 
 
 def _minimax_check(cfg: Config) -> None:
@@ -398,10 +407,10 @@ def _minimax_check(cfg: Config) -> None:
     from sparring.envs import make
     from sparring.envs.bots.minimax import forget, minimax_value
     for i, spec in enumerate(cfg.envs):
-        pool = cfg.rollout.pool_bots if "pool" in spec.opponents else []
+        pool = cfg.league.bots if "pool" in spec.opponents else []
         keys = [k for k, names in (("eval.opponents", cfg.eval.opponents),
                                    (f"envs.{i}.opponents", spec.opponents),
-                                   ("rollout.pool_bots", pool)) if "minimax" in names]
+                                   ("league.bots", pool)) if "minimax" in names]
         env = make(spec.name, **spec.options) if keys else None
         if env is None or (keys == ["eval.opponents"] and env.num_seats < 2):
             continue  # (the evaluation plays bots in games only)

@@ -24,8 +24,8 @@ def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 def policy_config(cfg: Config, name: str) -> Config:
     """``cfg`` as policy ``name`` of ``policies`` sees it: ``model``, ``optim``, ``lora``,
-    ``algorithm`` and then ``algorithm.kl`` with the policy's keys over the top-level ones
-    (mappings such as ``model.options`` merged key by key). A copy; errors name
+    ``algorithm``, then ``algorithm.kl``, and ``critic`` with the policy's keys over the
+    top-level ones (mappings such as ``model.options`` merged key by key). A copy; errors name
     ``policies.NAME.<section>``."""
     if name not in cfg.policies:
         raise ConfigError(f"policies: no policy {name!r}{did_you_mean(name, list(cfg.policies))}"
@@ -38,4 +38,6 @@ def policy_config(cfg: Config, name: str) -> Config:
     out.algorithm = build(type(cfg.algorithm), _merged(asdict(cfg.algorithm), spec.algorithm),
                           f"{key}.algorithm")
     out.algorithm.kl = build(type(out.algorithm.kl), _merged(asdict(out.algorithm.kl), spec.kl), f"{key}.kl")
+    out.critic = build(type(cfg.critic), _merged(asdict(cfg.critic), spec.critic),
+                       f"{key}.critic")
     return out

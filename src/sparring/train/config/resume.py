@@ -12,8 +12,8 @@ if TYPE_CHECKING:
     from sparring.train.config.schema import Config
 
 
-_RESUME_FIXED = ("model", "lora", "algorithm.value", "algorithm.critic",
-                 "algorithm.value_hidden", "algorithm.kl.reference", "rollout.pool_bots")
+_RESUME_FIXED = ("model", "lora", "critic.enabled", "critic.kind", "critic.hidden",
+                 "algorithm.kl.reference", "league.bots")
 _RESUME_FREE = ("model.device",)
 
 
@@ -31,8 +31,10 @@ def check_resume_overrides(saved: Config, resumed: Config) -> None:
     """Raise `ConfigError` naming the first key whose change a checkpoint cannot follow:
     the model's shape (``model.*`` but ``model.device``, ``lora.*``), the critic and the
     KL reference (their weights are in the checkpoint), the pool's bots (its saved state
-    names them), the set of ``policies`` and their own ``model``, ``lora`` and
-    ``kl.reference``. ``trust_remote_code`` goes on the command line (``--trust-remote-code``)."""
+    names them), the set of ``policies`` and their own ``model``, ``lora``, ``critic`` and
+    ``kl.reference``. ``trust_remote_code`` goes on the command line
+    (``--trust-remote-code``). Old key names (`aliases`) are renamed before a `Config` is
+    built, so a run saved with them compares as with the new ones."""
     if list(saved.policies) != list(resumed.policies):
         raise ConfigError(f"policies: cannot change on --resume (the checkpoint holds "
                           f"{list(saved.policies) or 'one policy'}); start a new run for that")

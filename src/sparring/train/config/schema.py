@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 import yaml
 
+from sparring.train.config.aliases import translate, translate_overrides
 from sparring.train.config.checks import validate
 from sparring.train.config.files import find_recipe, read_yaml
 from sparring.train.overrides import ConfigError, apply_override, build
@@ -127,17 +128,6 @@ class RolloutConfig:
     invalid_penalty: float = opt(-1.0, "reward added to a turn with an invalid action")
     max_retries: int = opt(2, "retries per move with invalid_action=retry", ge=0)
     max_turns: int = opt(200, "turn budget per episode (truncated beyond)", ge=1)
-    pool_every: int = opt(
-        0, "add a snapshot of the policy to the opponent pool every N steps (0: never)", ge=0)
-    pool_max: int = opt(
-        5, "past snapshots kept in the pool (the newest); RUN_DIR/pool holds at most "
-        "pool_max + 1 of them plus those taken since the oldest kept checkpoint's pool "
-        "(so every kept checkpoint can resume); older ones are deleted", ge=1)
-    pool_cache: int = opt(
-        0, "pool snapshots kept loaded in memory, the most recently drawn (0: all pool_max; "
-        "fewer saves memory with large models but reloads a snapshot from disk each time "
-        "a draw misses)", ge=0)
-    pool_bots: list[str] = opt(["random"], "bots in the opponent pool besides snapshots")
     explore: float = opt(
         0.0, "epsilon of the training policy's own seats: at each of its turns it plays a "
         "uniformly random legal move with this probability, and that move is a training row "
@@ -150,37 +140,52 @@ class RolloutConfig:
     explore_final_ratio: float = opt(
         0.0, "final epsilon of the cosine explore_schedule as a fraction of explore",
         ge=0, le=1)
-    pool_explore: float = opt(
+
+
+@dataclass
+class LeagueConfig:
+    every: int = opt(
+        0, "add a snapshot of the policy to the opponent pool every N steps (0: never)", ge=0)
+    max: int = opt(
+        5, "past snapshots kept in the pool (the newest); RUN_DIR/pool holds at most "
+        "league.max + 1 of them plus those taken since the oldest kept checkpoint's pool "
+        "(so every kept checkpoint can resume); older ones are deleted", ge=1)
+    cache: int = opt(
+        0, "pool snapshots kept loaded in memory, the most recently drawn (0: all league.max; "
+        "fewer saves memory with large models but reloads a snapshot from disk each time "
+        "a draw misses)", ge=0)
+    bots: list[str] = opt(["random"], "bots in the opponent pool besides snapshots")
+    explore: float = opt(
         0.0, "epsilon of the pool's snapshots: at each of their moves they play a uniformly "
         "random legal move with this probability (opponent exploration: the learner meets "
         "positions its past selves would not reach, then their follow-up play)", ge=0, le=1)
-    pool_explore_schedule: Literal["constant", "cosine"] = opt(
-        "constant", "pool_explore over train.steps: constant, or a cosine from pool_explore "
-        "down to pool_explore_final_ratio * pool_explore (wide coverage early; late, "
+    explore_schedule: Literal["constant", "cosine"] = opt(
+        "constant", "explore over train.steps: constant, or a cosine from explore "
+        "down to explore_final_ratio * explore (wide coverage early; late, "
         "opponents that punish the moves which only pay against a random mover)")
-    pool_explore_final_ratio: float = opt(
-        0.0, "final epsilon of the cosine pool_explore_schedule as a fraction of "
-        "pool_explore", ge=0, le=1)
-    pool_explore_turns: int = opt(
+    explore_final_ratio: float = opt(
+        0.0, "final epsilon of the cosine explore_schedule as a fraction of explore",
+        ge=0, le=1)
+    explore_turns: int = opt(
         0, "a snapshot explores only at its first N turns of an episode (0: at every turn); "
         "its later moves are its policy's, so a line opened at random is followed up well",
         ge=0)
-    pool_explore_tactical: bool = opt(
+    explore_tactical: bool = opt(
         False, "a snapshot's random move is drawn among the moves a two-ply lookahead keeps "
         "(a win in one if there is one, else none that lets the next mover win at once): new "
         "positions without gifts, so a move that only pays against an opponent who misses a "
         "block stops paying (needs a game with clone() and no hidden chance)")
-    pool_temperature: float = opt(
+    temperature: float = opt(
         0.0, "sampling temperature of the pool's snapshots (0: rollout.temperature); above "
         "it, opponents that spread their play over the moves they rate well", ge=0)
-    pool_mode: Literal["uniform", "recency", "pfsp"] = opt(
+    mode: Literal["uniform", "recency", "pfsp"] = opt(
         "recency", "how the pool samples: uniformly, favouring recent snapshots, or 'pfsp' "
-        "(prioritised fictitious self-play): entry weight (1 - x) ** pool_pfsp_power, x the "
+        "(prioritised fictitious self-play): entry weight (1 - x) ** pfsp_power, x the "
         "learner's recent score against it (win 1, draw 1/2, loss 0), so the opponents it "
         "still loses to are met most")
-    pool_pfsp_power: float = opt(
-        2.0, "pool_mode=pfsp: the power p of (1 - x) ** p (larger: harder opponents only)", gt=0)
-    pool_score_rate: float = opt(
+    pfsp_power: float = opt(
+        2.0, "mode=pfsp: the power p of (1 - x) ** p (larger: harder opponents only)", gt=0)
+    score_rate: float = opt(
         0.5, "how fast the learner's score against a pool entry follows each step's games "
         "(exponential average; 1: the last step's only)", gt=0, le=1)
 
@@ -232,16 +237,6 @@ class AlgorithmConfig:
         "entropy_final_ratio * entropy_coef over train.steps (explore early, settle late)")
     entropy_final_ratio: float = opt(0.0, "final entropy bonus of the cosine schedule as a "
                                      "fraction of entropy_coef", ge=0, le=1)
-    value: Literal["auto", "on", "off"] = opt(
-        "auto", "train a value function: 'auto' when the estimator needs values (for "
-        "archer_targets: ArCHer's utterance critic)")
-    critic: Literal["head", "separate"] = opt(
-        "head", "'head': a small MLP on the policy's last hidden state; 'separate': a copy "
-        "of the initial model with its own head")
-    value_coef: float = opt(0.5, "weight of the value loss", ge=0)
-    value_target: Literal["returns", "advantages_plus_values"] = opt(
-        "returns", "value regression target: the row's final return, or A + V (GAE returns)")
-    value_hidden: int = opt(64, "hidden width of the value MLP", ge=1)
     recompute_old_logp: bool = opt(
         False, "recompute old log-probs with the current model before the update (with "
         "train.epochs 1 and one minibatch, the loss's own forward gives them)")
@@ -252,6 +247,20 @@ class AlgorithmConfig:
         "the same weights (vLLM, another precision; sparring.importance)")
     sampler_correction_clip: float = opt(2.0, "truncation c of sampler_correction's weights",
                                          gt=0)
+
+
+@dataclass
+class CriticConfig:
+    enabled: Literal["auto", "on", "off"] = opt(
+        "auto", "train a value function: 'auto' when algorithm.estimator needs values (for "
+        "archer_targets: ArCHer's utterance critic)")
+    kind: Literal["head", "separate"] = opt(
+        "head", "'head': a small MLP on the policy's last hidden state; 'separate': a copy "
+        "of the initial model with its own head")
+    hidden: int = opt(64, "hidden width of the value MLP", ge=1)
+    coef: float = opt(0.5, "weight of the value loss", ge=0)
+    target: Literal["returns", "advantages_plus_values"] = opt(
+        "returns", "value regression target: the row's final return, or A + V (GAE returns)")
     archer: ArcherConfig = opt(ArcherConfig(), "ArCHer's utterance critic: twin Q/V heads, "
                                "target copies, replay (used with estimator archer_targets)")
 
@@ -264,10 +273,10 @@ class OptimConfig:
     weight_decay: float = opt(0.0, "AdamW weight decay", ge=0)
     schedule: Literal["constant", "warmup", "cosine"] = opt(
         "constant", "'constant'; 'warmup': linear warm-up then constant; "
-        "'cosine': linear warm-up then cosine decay to min_lr_ratio * lr")
+        "'cosine': linear warm-up then cosine decay to lr_final_ratio * lr")
     warmup_steps: int = opt(0, "warm-up length in training steps", ge=0)
-    min_lr_ratio: float = opt(0.0, "final lr of the cosine schedule as a fraction of lr",
-                              ge=0, le=1)
+    lr_final_ratio: float = opt(0.0, "final lr of the cosine schedule as a fraction of lr",
+                                ge=0, le=1)
     max_grad_norm: float | None = opt(1.0, "gradient clipping norm (null: no clipping)", gt=0)
 
 
@@ -317,10 +326,11 @@ class PolicySpec:
     lora: dict[str, Any] = opt({}, "keys of `lora` that differ (e.g. {r: 4})")
     algorithm: dict[str, Any] = opt(
         {}, "keys of `algorithm` that differ: estimator and its options, objective, "
-        "entropy bonus, critic, ... (e.g. {entropy_coef: 0.05}); the estimator's row layout "
+        "entropy bonus, ... (e.g. {entropy_coef: 0.05}); the estimator's row layout "
         "(turn or trajectory) must be the same for every policy")
     kl: dict[str, Any] = opt({}, "keys of `algorithm.kl` that differ (e.g. {coef: 0.05}); "
                              "over those of `algorithm`")
+    critic: dict[str, Any] = opt({}, "keys of `critic` that differ (e.g. {kind: separate})")
 
 
 @dataclass
@@ -404,7 +414,11 @@ class Config:
         "metrics (policy/NAME/...); envs[].seats says who plays which seat. {}: one policy "
         "plays every seat (self-play)")
     rollout: RolloutConfig = opt(RolloutConfig(), "rollout collection")
+    league: LeagueConfig = opt(
+        LeagueConfig(), "the opponent pool ('pool' in envs[].opponents): bots and past "
+        "snapshots of the policy, how they are kept, drawn and explore")
     algorithm: AlgorithmConfig = opt(AlgorithmConfig(), "estimator, objective, regularisers")
+    critic: CriticConfig = opt(CriticConfig(), "the value function (critic) the learner trains")
     optim: OptimConfig = opt(OptimConfig(), "optimizer and learning-rate schedule")
     train: TrainConfig = opt(TrainConfig(), "steps, epochs, batch sizes, seed")
     lora: LoraConfig = opt(LoraConfig(), "LoRA adapters")
@@ -433,10 +447,12 @@ def to_dict(cfg: Config) -> dict[str, Any]:
 
 def from_dict(data: dict[str, Any] | None, overrides: list[str] | tuple[str, ...] = (),
               check: bool = True) -> Config:
+    """Defaults <- ``data`` <- ``overrides``, old keys renamed (`aliases`); validated unless
+    ``check=False``."""
     if data is not None and not isinstance(data, dict):
         raise ConfigError(f"a config file must hold a mapping, got {type(data).__name__}")
-    cfg = build(Config, data or {})
-    for item in overrides:
+    cfg = build(Config, translate(data or {}))
+    for item in translate_overrides(overrides):
         apply_override(cfg, item)
     from sparring.plugins import PluginError, import_plugins
     try:
