@@ -103,7 +103,6 @@ def translate_overrides(items: list[str] | tuple[str, ...]) -> list[str]:
         new = _renamed(key) if eq else key
         if new != key:
             moved[new] = key
-            _warn(key, new)
             item = f"{new}={value}"
         out.append(item)
         given.add(key)
@@ -111,4 +110,5 @@ def translate_overrides(items: list[str] | tuple[str, ...]) -> list[str]:
         for key in given:
             if key == new or key.startswith(new + ".") or new.startswith(key + "."):
                 raise _both(old, key)
+        _warn(old, new)
     return out
