@@ -487,3 +487,19 @@ def test_strict_format_counts_only_an_answer_that_is_exactly_the_format():
         assert len(bad.turns) == 1 and bad.returns[0] == -1.0
         lenient = play(answer, False)
         assert "forfeit" not in lenient.info
+
+
+def test_a_wrapped_generate_decides_seeds_for_its_own_instance_only():
+    """Whether per-prompt seeds are passed is read per instance: wrapping one policy's
+    ``generate`` (as a test or a user's instrumentation may) once switched seeds off for
+    every policy of its class for the rest of the process, so rollouts no longer split."""
+    from sparring.rollout.arena import _takes_seeds
+
+    class Seeded:
+        def generate(self, prompts, sampling, allowed=None, seeds=None):
+            return []
+
+    wrapped, plain = Seeded(), Seeded()
+    wrapped.generate = lambda prompts, *a, **kw: []  # no `seeds` parameter of its own
+    assert _takes_seeds(wrapped) is False
+    assert _takes_seeds(plain) is True

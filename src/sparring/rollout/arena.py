@@ -326,15 +326,13 @@ class Arena:
         s.ep.info["env_returns"] = [float(x) for x in s.env.returns()]
 
 
-_SEEDS: dict[type, bool] = {}
-
-
 def _takes_seeds(policy: Any) -> bool:
-    """Whether ``policy.generate`` takes per-prompt ``seeds`` (`HFPolicy` does)."""
-    kind = type(policy)
-    if kind not in _SEEDS:
-        try:
-            _SEEDS[kind] = "seeds" in inspect.signature(policy.generate).parameters
-        except (TypeError, ValueError):
-            _SEEDS[kind] = False
-    return _SEEDS[kind]
+    """Whether ``policy.generate`` takes per-prompt ``seeds`` (`HFPolicy` does). Read from
+    the instance's own ``generate`` every time, not cached per class: an instance whose
+    ``generate`` is wrapped must not decide for every other one (a class-wide cache did,
+    and a wrapped policy in one test turned off per-prompt seeds for the rest of the
+    process)."""
+    try:
+        return "seeds" in inspect.signature(policy.generate).parameters
+    except (TypeError, ValueError):
+        return False
