@@ -280,8 +280,9 @@ def test_pfsp_with_workers_is_the_single_process_run(local_ray, tmp_path):
 def test_two_policies_on_workers_are_the_single_process_run(local_ray, tmp_path, shared):
     """Two policies (a speaker and a listener, each its own seat) on two sync workers: the
     workers mirror every policy's weights (two models, or one base with an adapter each)
-    and the pools of both, so the run's metrics are the single-process run's, per policy."""
-    from sparring.train.config import from_dict
+    and the pools of both, so the run's metrics are the single-process run's, per policy.
+    Then async (shared base): each policy's importance weights against its own learner."""
+    from sparring.train.config import from_dict, to_dict
 
     def cfg(workers):
         data = {"model": {"name": "tiny", "options": {
@@ -306,6 +307,22 @@ def test_two_policies_on_workers_are_the_single_process_run(local_ray, tmp_path,
     _assert_same_metrics(alone, rows)
     assert any(k.startswith("policy/listener/") for k in rows[-1])
     assert alone[-1]["policy/speaker/policy_loss"] != alone[0]["policy/speaker/policy_loss"]
+    if not shared:
+        return
+    # async: each policy's samples are reweighted against its own learner, the staleness
+    # is the step's (both policies' weights go out together, one version a step)
+    data = to_dict(cfg(2))
+    data["train"]["steps"] = 3
+    data["distributed"].update(mode="async", max_staleness=1, correction="turn",
+                               correction_clip=1.5)
+    rows = _train(from_dict(data), tmp_path / "async")
+    assert [r["distributed/staleness_max"] for r in rows] == [0.0, 1.0, 1.0]
+    for name in ("speaker", "listener"):
+        weights = [r[f"policy/{name}/distributed/is_weight_mean"] for r in rows]
+        assert weights[0] == pytest.approx(1.0, abs=1e-4)  # step 1: the learner's own samples
+        assert all(0 < w <= 1.5 for w in weights)
+        assert all(math.isfinite(r[f"policy/{name}/loss"]) for r in rows)
+    assert "distributed/is_weight_mean" not in rows[-1]  # only under each policy's name
 
 
 def test_async_workers_log_staleness_and_the_importance_correction(local_ray, tmp_path):

@@ -302,10 +302,14 @@ def test_best_mode_max_and_a_metric_never_logged(tmp_path):
 
 
 def test_the_loop_uses_the_hooks_a_rollout_source_offers(tmp_path):
-    """A source with `league_metrics` and `correct` (sparring.rollout.source) has its league
-    row logged and its correction applied (here: advantages zeroed, so the update moves
-    nothing); a plain function offers neither."""
-    from sparring.rollout.source import CorrectsStaleSamples, ReportsLeague
+    """A source with `league_metrics`, `rollout_metrics` and `correct`
+    (sparring.rollout.source) has its rows logged and its correction applied (here:
+    advantages zeroed, so the update moves nothing); a plain function offers none."""
+    from sparring.rollout.source import (
+        CorrectsStaleSamples,
+        ReportsLeague,
+        ReportsRolloutMetrics,
+    )
 
     model = th.tiny_qwen(0)
     sampler = th.Sampler(1)
@@ -317,11 +321,15 @@ def test_the_loop_uses_the_hooks_a_rollout_source_offers(tmp_path):
         def league_metrics(self):
             return {"league/score/test_bot": 0.25}
 
-        def correct(self, step, episodes, batch, adv, learner):
+        def rollout_metrics(self):
+            return {"distributed/test_workers": 2.0}
+
+        def correct(self, step, batch, adv, learner):
             return batch, adv * 0, {"distributed/test_hook": float(step)}
 
-    assert isinstance(Source(), CorrectsStaleSamples) and isinstance(Source(), ReportsLeague)
-    assert not isinstance(lambda step: [], ReportsLeague | CorrectsStaleSamples)
+    hooks = (CorrectsStaleSamples, ReportsLeague, ReportsRolloutMetrics)
+    assert all(isinstance(Source(), h) for h in hooks)
+    assert not any(isinstance(lambda step: [], h) for h in hooks)
     cfg = from_dict({"algorithm": {"estimator": "test_centered", "objective": "test_clip"},
                      "optim": {"lr": 1e-2, "weight_decay": 0.0}, "train": {"steps": 2},
                      "checkpoint": {"every": 0}, "eval": {"every": 0},
@@ -331,4 +339,5 @@ def test_the_loop_uses_the_hooks_a_rollout_source_offers(tmp_path):
     rows = read_metrics(tmp_path)
     assert [r["league/score/test_bot"] for r in rows] == [0.25, 0.25]
     assert [r["distributed/test_hook"] for r in rows] == [0.0, 1.0]
+    assert [r["distributed/test_workers"] for r in rows] == [2.0, 2.0]
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())

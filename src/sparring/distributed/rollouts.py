@@ -16,9 +16,10 @@ Every group is seeded from (seed, step, env, opponent kind, group index) alone
 (`sparring.rollout.schedule`), so in ``sync`` mode the episodes, hence the metrics, are
 those of the single-process run. In ``async`` mode the driver keeps the next
 ``max_staleness`` steps queued: step ``s + k``'s shares are queued at step ``s`` with the
-weights of version ``s``, and the workers play them while the learner updates; `correct`
-(called by the training loop after the advantage stage) logs the staleness and applies the
-truncated importance weights of `sparring.importance`.
+weights of version ``s``, and the workers play them while the learner updates; the step's
+metrics give the staleness, and `correct` (called by the training loop after the advantage
+stage, once per policy) applies the truncated importance weights of `sparring.importance`
+against that policy's learner.
 
 Faults: a worker that dies (its process killed, its node lost) fails the futures of its
 queue; the driver starts a replacement (with a collective weight group: replacements for
@@ -172,6 +173,10 @@ class RayRollouts:
         self.metrics = {"distributed/restarts": float(restarts),
                         "time/weight_sync": t1 - t0,
                         "time/worker_play_max": max(play_s, default=0.0)}
+        if self.mode == "async":  # updates between an episode's weights and this step's
+            stale = [step - int(ep.info.get("weights_version", step)) for ep in episodes]
+            self.metrics["distributed/staleness_mean"] = sum(stale) / max(len(stale), 1)
+            self.metrics["distributed/staleness_max"] = float(max(stale, default=0))
         return episodes
 
     def _publish(self, version: int) -> None:
@@ -234,24 +239,24 @@ class RayRollouts:
 
     # ------------------------------------------------------------------ the loop's hook
 
-    def correct(self, step: int, episodes: list[Episode], batch: TurnBatch, adv: Tensor,
+    def rollout_metrics(self) -> dict[str, float]:
+        """The step's worker metrics (restarts, weight sync and play times) and, in async
+        mode, the staleness of its episodes (read by the training loop)."""
+        return dict(self.metrics)
+
+    def correct(self, step: int, batch: TurnBatch, adv: Tensor,
                 learner: Any) -> tuple[TurnBatch, Tensor, dict[str, float]]:
-        """Called by the training loop after the advantage stage: this step's worker
-        metrics and, in async mode, the staleness and the importance correction."""
-        metrics = dict(self.metrics)
-        if self.mode == "sync":
-            return batch, adv, metrics
-        stale = [step - int(ep.info.get("weights_version", step)) for ep in episodes]
-        metrics["distributed/staleness_mean"] = sum(stale) / max(len(stale), 1)
-        metrics["distributed/staleness_max"] = float(max(stale, default=0))
+        """Called by the training loop after the advantage stage, once per policy (its rows,
+        its learner): in async mode with ``distributed.correction``, the truncated
+        importance weights of the rows against that learner's policy before its update."""
         d = self.cfg.distributed
-        if d.correction == "off" or not batch.n_rows:
-            return batch, adv, metrics
+        if self.mode == "sync" or d.correction == "off" or not batch.n_rows:
+            return batch, adv, {}
         # the learner's policy before this update (the proximal policy of decoupled PPO)
         logp_old = learner.policy_logprobs(batch)
         weights, stats = importance_weights(logp_old, batch.old_logp, batch.action_mask,
                                             level=d.correction, clip=d.correction_clip)
-        metrics.update({f"distributed/is_{k}": v for k, v in stats.items()})
+        metrics = {f"distributed/is_{k}": v for k, v in stats.items()}
         return batch.with_fields(old_logp=logp_old), adv * weights.to(adv.device), metrics
 
     # ------------------------------------------------------------------ state, shutdown

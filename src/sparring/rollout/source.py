@@ -2,9 +2,12 @@
 and the two hooks a source may also offer, each a `typing.Protocol` the loop checks with
 ``isinstance``:
 
-- `CorrectsStaleSamples`: ``correct(step, episodes, batch, advantages, learner)`` after the
-  advantage stage, returning the batch, the advantages and metrics (rollout workers: the
-  worker metrics and, in async mode, staleness and the truncated importance weights);
+- `CorrectsStaleSamples`: ``correct(step, batch, advantages, learner)`` after the advantage
+  stage, once per policy with that policy's rows and learner, returning its batch,
+  advantages and the correction's metrics (async rollout workers: the truncated
+  importance weights of samples drawn with older weights);
+- `ReportsRolloutMetrics`: ``rollout_metrics()`` after each rollout, the step's metrics of
+  the rollout machinery (rollout workers: restarts, weight sync and play times, staleness);
 - `ReportsLeague`: ``league_metrics()`` after each step (the opponent pool's scores).
 
 A plain function is a source with neither hook. `sparring.rollout.schedule.Rollouts`
@@ -30,9 +33,17 @@ class RolloutSource(Protocol):
 
 @runtime_checkable
 class CorrectsStaleSamples(Protocol):
-    def correct(self, step: int, episodes: list[Episode], batch: TurnBatch, adv: Tensor,
+    def correct(self, step: int, batch: TurnBatch, adv: Tensor,
                 learner: Any) -> tuple[TurnBatch, Tensor, dict[str, float]]:
-        """``(batch, advantages, metrics)`` for the update, after the advantage stage."""
+        """``(batch, advantages, metrics)`` for one policy's update (its rows, its
+        learner), after the advantage stage."""
+        ...
+
+
+@runtime_checkable
+class ReportsRolloutMetrics(Protocol):
+    def rollout_metrics(self) -> dict[str, float]:
+        """The rollout machinery's metrics of the step just played."""
         ...
 
 

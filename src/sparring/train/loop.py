@@ -9,9 +9,9 @@
 3. ``adv, keep = stage(batch)``: reward shapers, estimator, advantage shapers and keep
    filters, per environment (`sparring.advantages.stage.AdvantageStage`),
 4. ``learner.update(batch, adv, keep)``; before it, a ``rollout_fn`` with a method
-   ``correct(step, episodes, batch, adv, learner) -> (batch, adv, metrics)`` (the Ray
-   rollout workers, `sparring.distributed.RayRollouts`) may reweight samples drawn by
-   older weights and adds its metrics,
+   ``correct(step, batch, adv, learner) -> (batch, adv, metrics)`` (the Ray rollout
+   workers, `sparring.distributed.RayRollouts`) may reweight each policy's samples drawn
+   by older weights, and one with ``rollout_metrics() -> dict`` adds its own metrics,
 5. metrics to ``metrics.jsonl`` (and, from a ``rollout_fn`` with a method
    ``league_metrics() -> dict``, the opponent pool's scores: `sparring.rollout.schedule`);
    evaluation every ``eval.every`` steps and at the end;
@@ -59,7 +59,12 @@ from torch import Tensor
 from sparring.advantages.stage import AdvantageStage
 from sparring.data import Episode, TurnBatch, collate
 from sparring.eval.periodic import EvalFn
-from sparring.rollout.source import CorrectsStaleSamples, ReportsLeague, RolloutSource
+from sparring.rollout.source import (
+    CorrectsStaleSamples,
+    ReportsLeague,
+    ReportsRolloutMetrics,
+    RolloutSource,
+)
 from sparring.segments import segment_first
 from sparring.train.best import BestCheckpoint
 from sparring.train.checkpoint import (
@@ -245,6 +250,8 @@ class _Run:
         # the rollout source's optional hooks (sparring.rollout.source)
         self.correct = rollout_fn.correct if isinstance(rollout_fn, CorrectsStaleSamples) else None
         self.league = rollout_fn.league_metrics if isinstance(rollout_fn, ReportsLeague) else None
+        self.rollout_metrics = (rollout_fn.rollout_metrics
+                                if isinstance(rollout_fn, ReportsRolloutMetrics) else None)
         self.own = {p.key(k) for p in policies for k in ("learner", "stage")}
         self.objects: dict[str, Any] = {p.key(k): getattr(p, k) for p in policies
                                         for k in ("learner", "stage")}
@@ -278,11 +285,13 @@ class _Run:
         # log-probs), then its advantages and keep flags
         shares = [_share(p, batch) for p in self.policies]
         off_policy: dict[str, float] = {}
-        if self.correct is not None:  # e.g. async rollout workers: stale samples reweighted
-            sh = shares[0]  # (one policy: several are refused with rollout workers)
-            sh.batch, sh.adv, off_policy = self.correct(i, episodes, sh.batch, sh.adv,
-                                                        sh.policy.learner)
+        for sh in shares if self.correct is not None else ():  # e.g. async rollout workers:
+            # stale samples reweighted, each policy's against its own learner
+            sh.batch, sh.adv, corrected = self.correct(i, sh.batch, sh.adv, sh.policy.learner)
+            off_policy.update(sh.policy.metrics(corrected))
         metrics = self.batch_metrics(episodes, batch, shares)
+        if self.rollout_metrics is not None:  # e.g. rollout workers: restarts, staleness
+            metrics.update(self.rollout_metrics())
         metrics.update(off_policy)
         if self.league is not None:  # the opponent pool's scores (sparring.rollout.schedule)
             metrics.update(self.league())

@@ -156,7 +156,7 @@ _POLICY_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 def _policies_check(cfg: Config) -> None:
     """``policies`` and ``envs[].seats``: names that can name files and metrics, overrides
     that build, every env mapping each of its seats to a defined policy, every policy
-    playing some seat; what several policies do not support yet (async rollout workers, the
+    playing some seat; what several policies do not support yet (the
     vLLM backend without ``lora.shared_base``, the opponent pool with it) is refused;
     ``lora.shared_base`` needs LoRA and one model."""
     if cfg.lora.shared_base and not cfg.lora.enabled:
@@ -223,10 +223,6 @@ def _policies_check(cfg: Config) -> None:
     if idle:
         raise ConfigError(f"policies.{idle[0]}: no env seat plays it (envs[].seats), so it "
                           "would never train")
-    if cfg.distributed.rollout_workers and cfg.distributed.mode != "sync":
-        raise ConfigError("distributed.mode: async rollout workers do not support several "
-                          "policies yet (the importance correction is one learner's); use "
-                          "distributed.mode=sync or drop `policies`")
     if cfg.model.backend != "hf" and not cfg.lora.shared_base:
         raise ConfigError(f"model.backend: {cfg.model.backend} serves several policies as "
                           "LoRA adapters of one base model; set lora.shared_base=true (and "
