@@ -13,7 +13,7 @@
    rollout workers, `sparring.distributed.RayRollouts`) may reweight samples drawn by
    older weights and adds its metrics,
 5. metrics to ``metrics.jsonl`` (and, from a ``rollout_fn`` with a method
-   ``league_metrics() -> dict``, the opponent pool's scores: `sparring.rollout.schedule`);
+   ``league_metrics() -> dict``, the opponent pool's scores: `sparring.rollout.league`);
    evaluation every ``eval.every`` steps and at the end;
    a checkpoint every ``checkpoint.every`` steps, at the end, and at each step where
    ``checkpoint.best_metric`` improves (kept apart from ``checkpoint.keep``;
@@ -284,7 +284,7 @@ class _Run:
                                                         sh.policy.learner)
         metrics = self.batch_metrics(episodes, batch, shares)
         metrics.update(off_policy)
-        if self.league is not None:  # the opponent pool's scores (sparring.rollout.schedule)
+        if self.league is not None:  # the opponent pool's scores (sparring.rollout.league)
             metrics.update(self.league())
         # 4. the update: each policy on its own rows
         for sh in shares:
