@@ -280,9 +280,9 @@ def test_each_policy_snapshots_itself_and_its_pool_keeps_league_max(tmp_path):
 
 
 def test_against_the_pool_each_seat_is_a_snapshot_of_its_own_policy(tmp_path, monkeypatch):
-    from sparring.rollout.schedule import Rollouts
+    from sparring.rollout.snapshots import SnapshotStore
 
-    original = Rollouts._load_snapshot
+    original = SnapshotStore.load
     played: dict[str, int] = {}  # snapshot folder -> prompts it generated for
 
     def load(self, path):
@@ -296,7 +296,7 @@ def test_against_the_pool_each_seat_is_a_snapshot_of_its_own_policy(tmp_path, mo
         pol.generate = counting
         return pol
 
-    monkeypatch.setattr(Rollouts, "_load_snapshot", load)
+    monkeypatch.setattr(SnapshotStore, "load", load)
     parts = build(_pool_cfg(), tmp_path)
     roll = parts.rollout_fn
     roll(0)

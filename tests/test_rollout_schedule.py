@@ -177,13 +177,13 @@ def test_each_pool_snapshot_is_loaded_once_while_the_pool_holds_it(tmp_path, mon
     """The soak recipe (league.max=3) spent a quarter of its time reloading snapshots: the
     pool kept 2 loaded and drew among 3. By default every held snapshot stays loaded;
     ``league.cache`` bounds that (each miss is a load)."""
-    from sparring.rollout.schedule import Rollouts
+    from sparring.rollout.snapshots import SnapshotStore
 
-    original = Rollouts._load_snapshot
+    original = SnapshotStore.load
 
     def steps_loaded(cache: int) -> list[str]:
         loads: list[str] = []
-        monkeypatch.setattr(Rollouts, "_load_snapshot",
+        monkeypatch.setattr(SnapshotStore, "load",
                             lambda self, path: loads.append(path) or original(self, path))
         roll = build(_cfg(["league.every=1", "league.max=3",
                            f"league.cache={cache}", "envs.0.opponents=[pool]"]),
@@ -237,7 +237,7 @@ def test_a_pool_snapshot_is_checked_against_its_manifest_when_loaded(damage, tmp
     harm, why = SNAPSHOT_DAMAGE[damage]
     harm(snap)
     with pytest.raises(CheckpointError, match=f"{snap}/{re.escape(why)}"):
-        roll._load_snapshot("pool/step-000001")
+        roll.snapshots.load("pool/step-000001")
 
 
 def test_a_snapshot_written_before_manifests_loads_with_a_warning(tmp_path, caplog):
@@ -245,7 +245,7 @@ def test_a_snapshot_written_before_manifests_loads_with_a_warning(tmp_path, capl
     roll(0), roll(1)
     snap = tmp_path / "pool" / "step-000001"
     (snap / "manifest.json").unlink(), (snap / "snapshot.json").unlink()
-    assert roll._load_snapshot("pool/step-000001").name == "step-000001"
+    assert roll.snapshots.load("pool/step-000001").name == "step-000001"
     assert f"{snap} has no manifest.json (written by an older sparring)" in caplog.text
 
 
@@ -304,7 +304,7 @@ def test_a_lora_policys_pool_snapshot_plays_as_the_policy_did(tmp_path):
             if "lora_B" in n:
                 p.add_(0.5 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
     parts.rollout_fn(1)  # takes the snapshot of step 1
-    snap = parts.rollout_fn._load_snapshot("pool/step-000001")
+    snap = parts.rollout_fn.snapshots.load("pool/step-000001")
     ids = torch.tensor([[3, 6, 77, 76, 6, 5]])
     with torch.no_grad():
         want = parts.policy.model(input_ids=ids).logits

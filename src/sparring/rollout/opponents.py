@@ -21,7 +21,7 @@ Probabilities are the weights normalised. ``max_checkpoints`` keeps only the new
 ones (a dropped one also leaves the cache). Checkpoints are folders loaded on demand by ``loader(path) -> policy`` (default
 `HFPolicy.from_pretrained`; the path is passed as recorded, so a run's rollouts record
 paths relative to the run folder and their loader resolves them there, see
-`sparring.rollout.schedule.Rollouts`), keeping the ``cache_size`` most recently used in memory, and
+`sparring.rollout.snapshots`), keeping the ``cache_size`` most recently used in memory, and
 play as ``ModelPlayer(train=False, explore=explore, explore_turns=explore_turns)`` (their
 turns are context, not training rows; ``explore`` = epsilon: each of their moves, or of their
 first ``explore_turns`` moves, is uniformly random with probability epsilon, among the

@@ -6,8 +6,8 @@ Per step, each env spec of ``cfg.envs`` gets ``weight``-proportional episodes
 * ``self``: self-play, the training policy in every seat (each seat's turns are its own agent);
 * ``pool``: the learner in a rotating seat against the opponent pool (bots of
   ``league.bots`` and past snapshots of the policy, one added every
-  ``league.every`` steps, kept under ``RUN_DIR/pool``; see `Rollouts` for what stays
-  on disk);
+  ``league.every`` steps, kept under ``RUN_DIR/pool``; see `sparring.rollout.snapshots`
+  for what stays on disk);
 * a bot name (`sparring.envs.bots.BOTS`): the learner in a rotating seat against that bot
   (`sparring.rollout.seating`).
 
@@ -35,17 +35,12 @@ the reset seed too (`sparring.envs.wrappers.SymmetricViews`); see `training_env`
 from __future__ import annotations
 
 import copy
-import json
 import random
-import re
-import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-from safetensors import SafetensorError
 
 from sparring.data import Episode
 from sparring.envs import env_entry, make
@@ -55,21 +50,14 @@ from sparring.envs.wrappers import RandomOpening, SymmetricViews
 from sparring.policy.hf import HFPolicy
 from sparring.policy.sampling import SamplingParams
 from sparring.rollout.arena import Arena
+from sparring.rollout.league import league_metrics, record_scores
 from sparring.rollout.opponents import OpponentPool
 from sparring.rollout.plan import GroupTask, group_tasks
 from sparring.rollout.players import BotPlayer, ModelPlayer
 from sparring.rollout.prompts import PromptConfig
 from sparring.rollout.seating import learner_seat, rotating
+from sparring.rollout.snapshots import SnapshotStore, run_relative
 from sparring.seeding import stable_seed
-from sparring.train.atomic import atomic_write_text
-from sparring.train.checkpoint import (
-    FORMAT,
-    step_dirs,
-    storage_error,
-    verify_folder,
-    write_manifest,
-)
-from sparring.train.lora import is_peft, merged_state
 from sparring.train.schedule import lr_at
 
 if TYPE_CHECKING:
@@ -77,8 +65,6 @@ if TYPE_CHECKING:
     from sparring.train.config import Config, EnvSpec, RolloutConfig
 
 SPECIAL_OPPONENTS = ("self", "pool")  # opponent kinds besides the bots of BOTS
-_SNAPSHOT_RE = re.compile(r"^step-(\d+)(?:\.([A-Za-z][\w-]*))?$")  # .NAME: policy NAME's
-SNAPSHOT_FILE = "snapshot.json"  # {"format", "step"}: says the snapshot has a manifest
 
 
 def training_env(name: str, spec: EnvSpec, **options: Any) -> Env:
@@ -112,28 +98,11 @@ def make_arena(r: RolloutConfig) -> Arena:
 
 class Rollouts:
     """The rollout function of one run, ``rollouts(step) -> episodes``, and its state (the
-    opponent pool, checkpointed through `state_dict`).
+    opponent pools, checkpointed through `state_dict`). It plays a step's groups; the
+    pools' snapshots on disk are ``snapshots`` (`sparring.rollout.snapshots.SnapshotStore`)
+    and the learner's scores against the pools are `sparring.rollout.league`'s.
 
-    Pool snapshots live in ``RUN_DIR/pool/step-NNNNNN`` and the pool records them relative
-    to the run folder (``pool/step-NNNNNN``), so a run folder can be moved or resumed from
-    another working directory. Disk: at the start of each step (the state a checkpoint or
-    a crash checkpoint of the previous step saves) every snapshot the pool no longer holds
-    is deleted, except those the pool of a kept checkpoint holds (the ``league.max`` newest
-    before the oldest checkpoint in ``RUN_DIR/checkpoints``, and any later one), so every
-    kept checkpoint can resume; at most ``league.max + 1`` (the one the newest snapshot
-    replaced) plus those. Temporaries of a snapshot write that was killed (``*.tmp``) are
-    removed on the first step, when the run folder is locked by the training loop.
-
-    A snapshot is checked like a checkpoint (`sparring.train.checkpoint.verify_folder`): it
-    holds ``manifest.json`` (size and sha256 of each file, written last) and
-    ``snapshot.json``, which says it has one; loading a snapshot with a file missing,
-    truncated or garbled, or its manifest missing or malformed, is a `CheckpointError`
-    naming the file and the problem. (A snapshot without ``snapshot.json``, written before
-    snapshots had manifests, loads with a warning.)
-
-    Several policies: ``pools`` holds a pool per policy (one policy: ``{'': pool}``), each
-    snapshot of policy P is ``pool/step-NNNNNN.P`` (its pool entry ``ckpt-N.P``), every
-    ``league.every`` steps each policy takes one; the rules above hold per policy, and
+    Several policies: ``pools`` holds a pool per policy (one policy: ``{'': pool}``), and
     ``pool`` is the first policy's pool.
     """
 
@@ -150,11 +119,12 @@ class Rollouts:
         # per env spec, the player of each seat (several policies), else None
         self.seat_players = [[players[n] for n in s.seats] if players else None
                              for s in cfg.envs]
+        self.snapshots = SnapshotStore(cfg, self.run_dir, self.policies or {"": self.policy})
         snapshot_sampling = (replace(self.arena.sampling, temperature=lg.temperature)
                              if lg.temperature else None)  # None: the arena's
         # a pool per policy ('' for the one policy of a run), the same bots in each
         self.pools = {n: OpponentPool(mode=lg.mode, max_checkpoints=lg.max,
-                                      seed=cfg.train.seed, loader=self._load_snapshot,
+                                      seed=cfg.train.seed, loader=self.snapshots.load,
                                       cache_size=lg.cache or lg.max,
                                       explore=lg.explore,
                                       explore_turns=lg.explore_turns,
@@ -174,34 +144,13 @@ class Rollouts:
                      for name in s.opponents if name in BOTS}
         self.env_names = [env_entry(s.name).name for s in cfg.envs]  # canonical, per spec
         self.num_seats = [make(s.name, **s.options).num_seats for s in cfg.envs]  # per spec
-        self._step = 0
-        self._tidied = False
-
-    def _load_snapshot(self, path: str) -> HFPolicy:
-        match = _SNAPSHOT_RE.match(Path(path).name)
-        owner = match.group(2) if match and self.policies else None  # several: its policy
-        m = self.cfg.model
-        if owner is not None:
-            from sparring.train.config import policy_config
-
-            m = policy_config(self.cfg, owner).model
-        verify_folder(self.run_dir / path, SNAPSHOT_FILE)  # CheckpointError if damaged
-        p = HFPolicy.from_pretrained(self.run_dir / path, device=m.device, dtype=m.dtype,
-                                     seed=self._snapshot_seed(path), name=Path(path).name)
-        p.tokenizer = (self.policies[owner] if owner is not None else self.policy).tokenizer
-        return p
-
-    def _snapshot_seed(self, path: str) -> int:
-        """A snapshot's sampling seed depends only on (step, snapshot), not on when it was
-        loaded, so a resumed run (empty snapshot cache) samples as an uninterrupted one."""
-        return stable_seed(self.cfg.train.seed, self._step, Path(path).name)
 
     def _reseed(self, step: int) -> None:
         """The policies' own generators, for backends without per-prompt seeds (their
         samples then depend on the batch; `HFPolicy` takes seeds and does not use these),
         the training players' epsilon (``rollout.explore_schedule``) and the pools' at
         ``step`` (``league.explore_schedule``)."""
-        self._step = step
+        self.snapshots.step = step  # what seeds the snapshots loaded during this step
         self.policy.generator.manual_seed(self.cfg.train.seed * 1_000_003 + step * 7919)
         for name, p in self.policies.items():
             p.generator.manual_seed(stable_seed(self.cfg.train.seed, step, name))
@@ -215,67 +164,7 @@ class Rollouts:
         for pool in self.pools.values():  # snapshots loaded in earlier steps
             pool.set_explore(explore)
             for path, player in pool._cache.items():
-                player.policy.generator.manual_seed(self._snapshot_seed(path))
-
-    def _snapshot(self, step: int) -> None:
-        every = self.cfg.league.every
-        if not every or step == 0 or step % every or not any(
-                "pool" in s.opponents for s in self.cfg.envs):
-            return
-        for name, pool in self.pools.items():
-            policy = self.policies[name] if name else self.policy
-            suffix = f".{name}" if name else ""
-            folder = self.run_dir / "pool" / f"step-{step:06d}{suffix}"
-            tmp = folder.with_name(folder.name + ".tmp")  # written whole, then renamed: a
-            shutil.rmtree(tmp, ignore_errors=True)        # kill mid-save leaves no half one
-            model = policy.model.get_base_model() if is_peft(policy.model) else policy.model
-            try:  # the weights the policy plays with: LoRA adapters merged into their layers
-                model.save_pretrained(tmp, state_dict=merged_state(model))
-            except SafetensorError as e:  # a full disk: the OSError it stands for
-                raise (storage_error(e, tmp / "model.safetensors") or e) from e
-            policy.tokenizer.save_pretrained(tmp)
-            atomic_write_text(tmp / SNAPSHOT_FILE, json.dumps({"format": FORMAT, "step": step}))
-            write_manifest(tmp)
-            shutil.rmtree(folder, ignore_errors=True)  # a resumed run rewrites its own snapshot
-            tmp.rename(folder)
-            pool.add_checkpoint(folder.relative_to(self.run_dir).as_posix(), step,
-                                f"ckpt-{step}{suffix}")
-
-    def _snapshots(self) -> list[tuple[int, Path]]:
-        """(step, folder) of the snapshots on disk, oldest first."""
-        root = self.run_dir / "pool"
-        found = [(int(m.group(1)), p) for p in root.iterdir()
-                 if p.is_dir() and (m := self._snapshot_match(p.name))] if root.is_dir() else []
-        return sorted(found)
-
-    def _snapshot_match(self, name: str) -> re.Match[str] | None:
-        """The match of a snapshot folder ``name`` of this run's policies (``step-N``, or
-        ``step-N.P`` for policy P of several), else None."""
-        m = _SNAPSHOT_RE.match(name)
-        return m if m and (m.group(2) or "") in self.pools else None
-
-    def _tidy_pool(self) -> None:
-        """Delete killed writes (``*.tmp``) and the snapshots no one can sample (see the
-        class docstring)."""
-        root = self.run_dir / "pool"
-        if not root.is_dir():
-            return
-        if not self._tidied:
-            for p in root.glob("*.tmp"):
-                if not self._snapshot_match(p.name):  # (policy tmp's snapshots stay)
-                    shutil.rmtree(p, ignore_errors=True)
-            self._tidied = True
-        snaps = self._snapshots()
-        live = {Path(c.path).name for pool in self.pools.values() for c in pool.checkpoints}
-        kept = [s for s, _ in step_dirs(self.run_dir)]
-        need_from = None  # snapshots from this step on may be in a kept checkpoint's pool
-        if kept:
-            older = sorted({s for s, _ in snaps if s < kept[0]})  # each policy's, once
-            window = older[-self.pool.max_checkpoints:] if self.pool.max_checkpoints else older
-            need_from = window[0] if window else kept[0]
-        for step, folder in snaps:
-            if folder.name not in live and (need_from is None or step < need_from):
-                shutil.rmtree(folder, ignore_errors=True)
+                player.policy.generator.manual_seed(self.snapshots.seed(path))
 
     def __call__(self, step: int) -> list[Episode]:
         """Step ``step``'s episodes: `begin_step`, every group, then `record`."""
@@ -286,53 +175,19 @@ class Rollouts:
 
     def record(self, episodes: Sequence[Episode]) -> None:
         """The learner's score against each pool entry it met in ``episodes`` (a step's,
-        from any split of its groups), into the pools (`OpponentPool.record`; ``pfsp`` samples
-        by it). In a game against the pool, each opponent seat scores 1 if the learner's game
-        return (``info["env_returns"]``) beats that seat's, 1/2 if equal, 0 if below; with
-        several policies it counts in the pool of the seat's policy."""
-        tasks = {t.group: t for t in group_tasks(self.cfg)}
-        trainers = {self.learner.name, *self.policies}
-        results: dict[str, dict[str, list[float]]] = {n: {} for n in self.pools}
-        for ep in episodes:
-            t = tasks.get(ep.group)
-            spec = self.cfg.envs[t.spec] if t else None
-            if spec is None or (spec.opponents or ["self"])[t.kind] != "pool":
-                continue
-            names, r = ep.info["players"], ep.info["env_returns"]
-            me = next(s for s, n in enumerate(names) if n in trainers)
-            for s, name in enumerate(names):
-                if s != me:
-                    score = 1.0 if r[me] > r[s] else 0.5 if r[me] == r[s] else 0.0
-                    pool = spec.seats[s] if self.policies else ""
-                    results[pool].setdefault(name, []).append(score)
-        for n, pool in self.pools.items():
-            pool.record(results[n])
+        from any split of its groups), into the pools (`sparring.rollout.league.record_scores`)."""
+        record_scores(self.pools, self.cfg, episodes, {self.learner.name, *self.policies})
 
     def league_metrics(self) -> dict[str, float]:
-        """The league as the training loop logs it after each step: per pool bot its score
-        (``league/score/<bot>``) and sampling probability (``league/prob/<bot>``), the mean
-        and the lowest score over the snapshots (``league/score/snapshots_mean``, ``_min``);
-        with several policies ``league/<policy>/...``. Scored entries only."""
-        out: dict[str, float] = {}
-        for n, pool in self.pools.items():
-            key = f"league/{n}/" if n else "league/"
-            probs = dict(zip(pool.names(), pool.probabilities())) if len(pool) else {}
-            for bot in pool.bots:
-                if bot.name in pool.scores:
-                    out[f"{key}score/{bot.name}"] = pool.scores[bot.name]
-                    out[f"{key}prob/{bot.name}"] = probs[bot.name]
-            snaps = [pool.scores[c.name] for c in pool.checkpoints if c.name in pool.scores]
-            if snaps:
-                out[f"{key}score/snapshots_mean"] = sum(snaps) / len(snaps)
-                out[f"{key}score/snapshots_min"] = min(snaps)
-        return out
+        """The league's scores as the loop logs them (`sparring.rollout.league.league_metrics`)."""
+        return league_metrics(self.pools)
 
     def begin_step(self, step: int) -> None:
         """The pool's upkeep at the start of ``step`` (tidy the snapshots, take this step's
         one), done once per step by whoever owns the pool (the driver, with workers)."""
         self._reseed(step)
-        self._tidy_pool()
-        self._snapshot(step)
+        self.snapshots.tidy(self.pools)
+        self.snapshots.write(step, self.pools)
 
     def play(self, step: int, tasks: Sequence[GroupTask]) -> list[Episode]:
         """The episodes of ``tasks`` (groups of `group_tasks`) at ``step``, in task order;
@@ -431,8 +286,5 @@ class Rollouts:
                 pool.load_state_dict(state["pools"][n])
             return
         pool = dict(state["pool"])
-        # runs saved before paths were relative recorded RUN_DIR/pool/step-N as given
-        pool["checkpoints"] = [{**c, "path": f"pool/{Path(c['path']).name}"}
-                               if Path(c["path"]).parent.name == "pool" else c
-                               for c in pool["checkpoints"]]
+        pool["checkpoints"] = run_relative(pool["checkpoints"])  # older runs' records
         self.pool.load_state_dict(pool)

@@ -21,7 +21,7 @@ checkpoint of this format without its manifest is damaged, not "older"; a manife
 not ``{"files": {name: {"bytes": int, "sha256": hex}}}`` is damaged; and only regular files
 directly inside the checkpoint folder are ever opened (`_member`: no absolute or ``../``
 names, no link out of the folder, no device or fifo). Pool snapshots get the same treatment
-(`write_manifest`, `verify_folder`; `sparring.rollout.schedule`).
+(`write_manifest`, `verify_folder`; `sparring.rollout.snapshots`).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@
    workers, `sparring.distributed.RayRollouts`) may reweight each policy's samples drawn
    by older weights, and one with ``rollout_metrics() -> dict`` adds its own metrics,
 5. metrics to ``metrics.jsonl`` (and, from a ``rollout_fn`` with a method
-   ``league_metrics() -> dict``, the opponent pool's scores: `sparring.rollout.schedule`);
+   ``league_metrics() -> dict``, the opponent pool's scores: `sparring.rollout.league`);
    evaluation every ``eval.every`` steps and at the end;
    a checkpoint every ``checkpoint.every`` steps, at the end, and at each step where
    ``checkpoint.best_metric`` improves (kept apart from ``checkpoint.keep``;
@@ -293,7 +293,7 @@ class _Run:
         if self.rollout_metrics is not None:  # e.g. rollout workers: restarts, staleness
             metrics.update(self.rollout_metrics())
         metrics.update(off_policy)
-        if self.league is not None:  # the opponent pool's scores (sparring.rollout.schedule)
+        if self.league is not None:  # the opponent pool's scores (sparring.rollout.league)
             metrics.update(self.league())
         # 4. the update: each policy on its own rows
         for sh in shares:

@@ -1,0 +1,159 @@
+"""The opponent pool's snapshots on disk: one of each policy every ``league.every`` steps,
+loaded and checked when the pool draws it, deleted once no one can need it.
+
+Snapshots live in ``RUN_DIR/pool/step-NNNNNN`` and the pool records them relative to the
+run folder (``pool/step-NNNNNN``), so a run folder can be moved or resumed from another
+working directory (`run_relative` maps the records of older runs). Disk: at the start of
+each step (the state a checkpoint or a crash checkpoint of the previous step saves) every
+snapshot the pool no longer holds is deleted, except those the pool of a kept checkpoint
+holds (the ``league.max`` newest before the oldest checkpoint in ``RUN_DIR/checkpoints``,
+and any later one), so every kept checkpoint can resume; at most ``league.max + 1`` (the
+one the newest snapshot replaced) plus those. Temporaries of a snapshot write that was
+killed (``*.tmp``) are removed on the first step, when the run folder is locked by the
+training loop.
+
+A snapshot is checked like a checkpoint (`sparring.train.checkpoint.verify_folder`): it
+holds ``manifest.json`` (size and sha256 of each file, written last) and ``snapshot.json``,
+which says it has one; loading a snapshot with a file missing, truncated or garbled, or its
+manifest missing or malformed, is a `CheckpointError` naming the file and the problem. (A
+snapshot without ``snapshot.json``, written before snapshots had manifests, loads with a
+warning.)
+
+Several policies: each has a pool of its own; a snapshot of policy P is
+``pool/step-NNNNNN.P`` (its pool entry ``ckpt-N.P``), every ``league.every`` steps each
+policy takes one, and the rules above hold per policy.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from safetensors import SafetensorError
+
+from sparring.policy.hf import HFPolicy
+from sparring.seeding import stable_seed
+from sparring.train.atomic import atomic_write_text
+from sparring.train.checkpoint import (
+    FORMAT,
+    step_dirs,
+    storage_error,
+    verify_folder,
+    write_manifest,
+)
+from sparring.train.lora import is_peft, merged_state
+
+if TYPE_CHECKING:
+    from sparring.rollout.opponents import OpponentPool
+    from sparring.train.config import Config
+
+_SNAPSHOT_RE = re.compile(r"^step-(\d+)(?:\.([A-Za-z][\w-]*))?$")  # .NAME: policy NAME's
+SNAPSHOT_FILE = "snapshot.json"  # {"format", "step"}: says the snapshot has a manifest
+
+
+def run_relative(checkpoints: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A pool state's checkpoint records with their paths relative to the run folder:
+    runs saved before paths were relative recorded RUN_DIR/pool/step-N as given."""
+    return [{**c, "path": f"pool/{Path(c['path']).name}"}
+            if Path(c["path"]).parent.name == "pool" else c for c in checkpoints]
+
+
+class SnapshotStore:
+    """The snapshots of one run's ``policies`` (``{pool name: policy}``, ``{'': policy}``
+    for a run's one policy) under ``RUN_DIR/pool``. ``step``: the step being played, which
+    seeds the snapshots loaded during it (`seed`)."""
+
+    def __init__(self, cfg: Config, run_dir: Path, policies: Mapping[str, HFPolicy]):
+        self.cfg, self.run_dir = cfg, Path(run_dir)
+        self.policies = dict(policies)
+        self.step = 0
+        self._tidied = False
+
+    def load(self, path: str) -> HFPolicy:
+        """The snapshot at ``path`` (relative to the run folder), checked against its
+        manifest, sampling with `seed` and its policy's tokenizer (a pool's ``loader``)."""
+        match = _SNAPSHOT_RE.match(Path(path).name)
+        several = "" not in self.policies
+        owner = match.group(2) if match and several else None  # several: its policy
+        m = self.cfg.model
+        if owner is not None:
+            from sparring.train.config import policy_config
+
+            m = policy_config(self.cfg, owner).model
+        verify_folder(self.run_dir / path, SNAPSHOT_FILE)  # CheckpointError if damaged
+        p = HFPolicy.from_pretrained(self.run_dir / path, device=m.device, dtype=m.dtype,
+                                     seed=self.seed(path), name=Path(path).name)
+        first = next(iter(self.policies.values()))
+        p.tokenizer = (self.policies[owner] if owner is not None else first).tokenizer
+        return p
+
+    def seed(self, path: str) -> int:
+        """A snapshot's sampling seed depends only on (step, snapshot), not on when it was
+        loaded, so a resumed run (empty snapshot cache) samples as an uninterrupted one."""
+        return stable_seed(self.cfg.train.seed, self.step, Path(path).name)
+
+    def write(self, step: int, pools: Mapping[str, OpponentPool]) -> None:
+        """Step ``step``'s snapshot of each policy, added to its pool, when one is due
+        (every ``league.every`` steps from 1, with an env playing the pool)."""
+        every = self.cfg.league.every
+        if not every or step == 0 or step % every or not any(
+                "pool" in s.opponents for s in self.cfg.envs):
+            return
+        for name, policy in self.policies.items():
+            suffix = f".{name}" if name else ""
+            folder = self.run_dir / "pool" / f"step-{step:06d}{suffix}"
+            tmp = folder.with_name(folder.name + ".tmp")  # written whole, then renamed: a
+            shutil.rmtree(tmp, ignore_errors=True)        # kill mid-save leaves no half one
+            model = policy.model.get_base_model() if is_peft(policy.model) else policy.model
+            try:  # the weights the policy plays with: LoRA adapters merged into their layers
+                model.save_pretrained(tmp, state_dict=merged_state(model))
+            except SafetensorError as e:  # a full disk: the OSError it stands for
+                raise (storage_error(e, tmp / "model.safetensors") or e) from e
+            policy.tokenizer.save_pretrained(tmp)
+            atomic_write_text(tmp / SNAPSHOT_FILE, json.dumps({"format": FORMAT, "step": step}))
+            write_manifest(tmp)
+            shutil.rmtree(folder, ignore_errors=True)  # a resumed run rewrites its own snapshot
+            tmp.rename(folder)
+            pools[name].add_checkpoint(folder.relative_to(self.run_dir).as_posix(), step,
+                                       f"ckpt-{step}{suffix}")
+
+    def tidy(self, pools: Mapping[str, OpponentPool]) -> None:
+        """Delete killed writes (``*.tmp``) and the snapshots no one can sample (see the
+        module docstring): ``pools`` hold the live ones."""
+        root = self.run_dir / "pool"
+        if not root.is_dir():
+            return
+        if not self._tidied:
+            for p in root.glob("*.tmp"):
+                if not self._match(p.name):  # (policy tmp's snapshots stay)
+                    shutil.rmtree(p, ignore_errors=True)
+            self._tidied = True
+        snaps = self._on_disk()
+        live = {Path(c.path).name for pool in pools.values() for c in pool.checkpoints}
+        kept = [s for s, _ in step_dirs(self.run_dir)]
+        need_from = None  # snapshots from this step on may be in a kept checkpoint's pool
+        if kept:
+            held = next(iter(pools.values())).max_checkpoints
+            older = sorted({s for s, _ in snaps if s < kept[0]})  # each policy's, once
+            window = older[-held:] if held else older
+            need_from = window[0] if window else kept[0]
+        for step, folder in snaps:
+            if folder.name not in live and (need_from is None or step < need_from):
+                shutil.rmtree(folder, ignore_errors=True)
+
+    def _on_disk(self) -> list[tuple[int, Path]]:
+        """(step, folder) of the snapshots on disk, oldest first."""
+        root = self.run_dir / "pool"
+        found = [(int(m.group(1)), p) for p in root.iterdir()
+                 if p.is_dir() and (m := self._match(p.name))] if root.is_dir() else []
+        return sorted(found)
+
+    def _match(self, name: str) -> re.Match[str] | None:
+        """The match of a snapshot folder ``name`` of this run's policies (``step-N``, or
+        ``step-N.P`` for policy P of several), else None."""
+        m = _SNAPSHOT_RE.match(name)
+        return m if m and (m.group(2) or "") in self.policies else None
