@@ -276,6 +276,29 @@ def test_pfsp_with_workers_is_the_single_process_run(local_ray, tmp_path):
     assert scores[0] == scores[1]
 
 
+def _two_policies(workers, shared, **over):
+    """A speaker and a listener (each its own seat) on the tiny model, ``workers`` workers;
+    ``shared``: adapters on one base."""
+    from sparring.train.config import from_dict
+
+    data = {"model": {"name": "tiny", "options": {
+                "hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 2,
+                "intermediate_size": 64}},
+            "policies": {"speaker": {}, "listener": {"optim": {"lr": 3e-3}}},
+            "envs": [{"name": "signalling", "options": {"k": 3}, "group_size": 4,
+                      "seats": ["speaker", "listener"]}],
+            "rollout": {"episodes_per_step": 8, "max_new_tokens": 8,
+                        "history": "state", "system_prompt": ""},
+            "algorithm": {"estimator": "grpo"}, "optim": {"lr": 1e-2},
+            "train": {"steps": 2, "epochs": 1, "seed": 3},
+            "eval": {"every": 0, "at_start": False},
+            "checkpoint": {"every": 0}, "logging": {"progress": False},
+            "distributed": {"rollout_workers": workers}, **over}
+    if shared:
+        data["lora"] = {"enabled": True, "shared_base": True, "r": 4}
+    return from_dict(data)
+
+
 @pytest.mark.parametrize("shared", [False, True], ids=["two_models", "shared_base"])
 def test_two_policies_on_workers_are_the_single_process_run(local_ray, tmp_path, shared):
     """Two policies (a speaker and a listener, each its own seat) on two sync workers: the
@@ -285,22 +308,7 @@ def test_two_policies_on_workers_are_the_single_process_run(local_ray, tmp_path,
     from sparring.train.config import from_dict, to_dict
 
     def cfg(workers):
-        data = {"model": {"name": "tiny", "options": {
-                    "hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 2,
-                    "intermediate_size": 64}},
-                "policies": {"speaker": {}, "listener": {"optim": {"lr": 3e-3}}},
-                "envs": [{"name": "signalling", "options": {"k": 3}, "group_size": 4,
-                          "seats": ["speaker", "listener"]}],
-                "rollout": {"episodes_per_step": 8, "max_new_tokens": 8,
-                            "history": "state", "system_prompt": ""},
-                "algorithm": {"estimator": "grpo"}, "optim": {"lr": 1e-2},
-                "train": {"steps": 2, "epochs": 1, "seed": 3},
-                "eval": {"every": 0, "at_start": False},
-                "checkpoint": {"every": 0}, "logging": {"progress": False},
-                "distributed": {"rollout_workers": workers}}
-        if shared:
-            data["lora"] = {"enabled": True, "shared_base": True, "r": 4}
-        return from_dict(data)
+        return _two_policies(workers, shared)
 
     alone = _train(cfg(0), tmp_path / "alone")
     rows = _train(cfg(2), tmp_path / "workers")
@@ -323,6 +331,20 @@ def test_two_policies_on_workers_are_the_single_process_run(local_ray, tmp_path,
         assert all(0 < w <= 1.5 for w in weights)
         assert all(math.isfinite(r[f"policy/{name}/loss"]) for r in rows)
     assert "distributed/is_weight_mean" not in rows[-1]  # only under each policy's name
+
+
+def test_a_shared_base_league_on_a_worker_is_the_single_process_run(local_ray, tmp_path):
+    """Issue 29: with lora.shared_base the pool's snapshots are adapters; the worker loads
+    each into its own mirror of the model (and deletes those its pools let go), so its
+    episodes, hence the metrics, are the single process's."""
+    over = {"envs": [{"name": "signalling", "options": {"k": 3}, "group_size": 2,
+                      "seats": ["speaker", "listener"], "opponents": ["self", "pool"]}],
+            "league": {"every": 1, "max": 1}, "train": {"steps": 4, "epochs": 1, "seed": 3}}
+    alone = _train(_two_policies(0, True, **over), tmp_path / "alone")
+    rows = _train(_two_policies(1, True, **over), tmp_path / "worker")
+    _assert_same_metrics(alone, rows)
+    assert {"league/speaker/score/snapshots_mean",  # snapshots were played
+            "league/listener/score/snapshots_mean"} <= set(alone[-1])
 
 
 def test_async_workers_log_staleness_and_the_importance_correction(local_ray, tmp_path):

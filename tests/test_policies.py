@@ -132,9 +132,6 @@ BAD = [
     ({"envs": [{"name": "signalling"}]}, r"envs\.0\.seats: with `policies` every env names"),
     ({"policies": {"speaker": {}, "listener": {}, "idle": {}}},
      r"policies\.idle: no env seat plays it"),
-    ({"envs": [{"name": "signalling", "seats": ["speaker", "listener"],
-                "opponents": ["pool"]}], "lora": {"enabled": True, "shared_base": True}},
-     r"envs\.0\.opponents: 'pool' .* does not support lora\.shared_base"),
     ({"policies": {"speaker": {"optim": {"lrr": 1}}}},
      r"unknown key 'policies\.speaker\.optim\.lrr'; did you mean 'lr'"),
     ({"policies": {"speaker": {"optim": {"lr": -1}}}},
@@ -434,6 +431,117 @@ def test_two_lora_adapters_on_one_base_train_apart_and_leave_the_base_alone(tmp_
         assert set(saved) == set(st) and all(torch.equal(saved[k], st[k]) for k in st)
 
 
+# ---------------------------------------------------------------- a league of adapters
+
+
+SHARED_LORA = {"lora": {"enabled": True, "shared_base": True, "r": 4}}
+
+
+def _shared_pool_cfg(**over):
+    # self-play too: against the pool a group of 2 gives each policy one row (no advantage)
+    return _cfg(**_merge({**SHARED_LORA, "league": {"every": 1, "max": 2},
+                          "envs": [{"name": "signalling", "options": {"k": 3}, "group_size": 2,
+                                    "seats": ["speaker", "listener"],
+                                    "opponents": ["self", "pool"]}]}, over))
+
+
+def _adapter_logprobs(policy, ids):
+    """Log-probs of ``ids`` under ``policy``'s adapter of the shared model."""
+    from sparring.policy.forward import token_logprobs
+
+    policy.activate()
+    with torch.no_grad():
+        return token_logprobs(policy.model, ids, torch.ones_like(ids))[0]
+
+
+def test_a_shared_base_snapshot_is_the_adapter_alone_and_plays_as_the_adapter_did(
+        tmp_path, monkeypatch):
+    """Issue 29: with lora.shared_base a snapshot is its policy's adapter (PEFT's format,
+    LoRA weights only, a fraction of a full snapshot); loaded, it is one more adapter of the
+    run's model whose log-probs are the policy's at the moment of the snapshot. Learners
+    after steps with snapshot play train exactly their own adapter, which gets gradients."""
+    from safetensors.torch import load_file
+
+    from sparring.train.learner import Learner
+
+    cfg = _shared_pool_cfg()
+    parts = build(cfg, tmp_path / "parts")
+    model, roll = parts.model["speaker"], parts.rollout_fn
+    ids = torch.tensor([[3, 40, 41, 42, 7, 12, 50]])
+    at_start: dict[int, dict[str, torch.Tensor]] = {}  # the weights step k's snapshot takes
+
+    def rollouts(step):
+        at_start[step] = {n: _adapter_logprobs(p, ids) for n, p in parts.policies.items()}
+        return roll(step)
+
+    rollouts.league_metrics = roll.league_metrics
+    seen = []  # per optimizer step: its adapter, what requires and has a gradient, its norm
+    guarded = Learner._guarded_step
+
+    def step_and_look(self, grad_norm):
+        params = dict(self.model.named_parameters())
+        seen.append((self.adapter, {n for n, p in params.items() if p.requires_grad},
+                     {n for n, p in params.items() if p.grad is not None}, grad_norm,
+                     any(a.startswith("pool-") for a in self.model.peft_config)))
+        return guarded(self, grad_norm)
+
+    monkeypatch.setattr(Learner, "_guarded_step", step_and_look)
+    train(cfg, parts.model, rollouts, None, parts.stateful, run_dir=tmp_path / "run",
+          pad_id=parts.pad_id)
+    for adapter, grad_on, got_grad, _, _ in seen:  # exactly its own adapter's weights
+        assert grad_on == got_grad == {n for n in dict(model.named_parameters())
+                                       if f".{adapter}." in n}
+    for name in parts.policies:  # after steps with snapshot play, gradients that move them
+        assert any(a == name and norm > 0 and pool for a, _, _, norm, pool in seen)
+    for name, pool in roll.pools.items():
+        assert [c.step for c in pool.checkpoints] == [2, 3]
+        for ck in pool.checkpoints:
+            snap = pool._player(ck).policy
+            assert snap.model is model and snap.adapter == f"pool-step-00000{ck.step}-{name}"
+            torch.testing.assert_close(_adapter_logprobs(snap, ids), at_start[ck.step][name],
+                                       rtol=0, atol=1e-6)
+            assert not any(p.requires_grad for p in model.parameters())  # active, frozen
+        assert not torch.allclose(at_start[2][name], _adapter_logprobs(parts.policies[name], ids))
+    folder = tmp_path / "parts" / "pool" / "step-000003.speaker"
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "adapter_config.json", "adapter_model.safetensors", "manifest.json", "snapshot.json"]
+    weights = load_file(folder / "adapter_model.safetensors")
+    assert weights and all(".lora_A." in k or ".lora_B." in k for k in weights)
+    full = build(_pool_cfg(), tmp_path / "full")  # own models: full snapshots
+    full.rollout_fn(0), full.rollout_fn(1)
+    size = (tmp_path / "full" / "pool" / "step-000001.speaker" / "model.safetensors").stat().st_size
+    assert (folder / "adapter_model.safetensors").stat().st_size * 10 < size
+
+
+def test_a_shared_base_pool_deletes_the_adapters_it_lets_go(tmp_path):
+    """A snapshot adapter dropped from its pool or evicted from its cache (``league.cache``)
+    leaves the model at the next play (the arena may still be playing an evicted one): the
+    model holds the policies' adapters and those of the loaded snapshots only."""
+    from sparring.distributed.weights import weights_to_send
+
+    parts = build(_shared_pool_cfg(league={"cache": 1}), tmp_path)
+    model, roll = parts.model["speaker"], parts.rollout_fn
+    evicted = 0
+    for step in range(6):
+        roll(step)
+        evicted += len(roll.snapshots._unloaded)  # let go during this play
+        roll.snapshots.release(roll.pools)
+        loaded = {p.policy.adapter for pool in roll.pools.values() for p in pool.loaded()}
+        assert set(model.peft_config) == {"speaker", "listener", *loaded}
+        assert len(loaded) <= 2  # a snapshot per pool
+    assert evicted  # (draws of both snapshots of a pool in one play)
+    state = roll.state_dict()
+    for pool in state["pools"].values():
+        pool["checkpoints"] = pool["checkpoints"][-1:]  # a pool that dropped its older one
+    roll.load_state_dict(state)
+    roll.play(6, [])
+    loaded = {p.policy.adapter for pool in roll.pools.values() for p in pool.loaded()}
+    assert loaded and set(model.peft_config) == {"speaker", "listener", *loaded}
+    for first in (True, False):  # Ray workers get the policies' weights, load their own pool
+        sent = weights_to_send(parts.model, first=first)
+        assert sent and not any("pool-" in k for k in sent)
+
+
 # ---------------------------------------------------------------- resume
 
 
@@ -450,6 +558,14 @@ VARIANTS = {
     "pool": {"envs": [{"name": "signalling", "options": {"k": 3}, "group_size": 2,
                        "seats": ["speaker", "listener"], "opponents": ["self", "pool"]}],
              "league": {"every": 1, "max": 2}},
+    # adapters on one base against their past adapters, the listener pulled to a magnet
+    "pool_shared_lora": {**SHARED_LORA,
+                         "envs": [{"name": "signalling", "options": {"k": 3}, "group_size": 2,
+                                   "seats": ["speaker", "listener"],
+                                   "opponents": ["self", "pool"]}],
+                         "league": {"every": 1, "max": 2},
+                         "policies": {"listener": {"kl": {"coef": 0.05, "reference": "magnet",
+                                                          "magnet_rate": 0.1}}}},
 }
 
 
@@ -481,7 +597,7 @@ def test_a_resumed_two_policy_run_repeats_an_uninterrupted_one(variant, tmp_path
     assert "eval/signalling/joint/mean_return_seat0" in a[3]
     assert "eval/policy/listener/signalling/random/win" in a[3]
     ck_a, ck_b = step_dirs(full)[-1][1], step_dirs(cut)[-1][1]
-    kind = "adapter" if variant == "shared_lora" else "model"
+    kind = "adapter" if variant.endswith("shared_lora") else "model"
     names = sorted(p.name for p in ck_a.iterdir() if p.suffix == ".safetensors")
     assert names == [f"{kind}.listener.safetensors", f"{kind}.speaker.safetensors",
                      "state.safetensors"]
@@ -493,7 +609,7 @@ def test_a_resumed_two_policy_run_repeats_an_uninterrupted_one(variant, tmp_path
     if variant == "separate":
         assert "magnet" in state["learner.listener"] and "magnet" not in state["learner.speaker"]
         assert sorted(p.name for p in full.glob("reference*")) == ["reference.speaker.safetensors"]
-    if variant == "pool":  # each policy's pool, and snapshots played in the resumed steps
+    if variant.startswith("pool"):  # each policy's pool, snapshots played in resumed steps
         pools = state["user.rollouts"]["pools"]
         assert {n: [c["path"] for c in p["checkpoints"]] for n, p in pools.items()} == \
             {n: [f"pool/step-000002.{n}", f"pool/step-000003.{n}"]

@@ -30,6 +30,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from sparring.train.lora import frozen_adapters, is_adapter_weight
+
 
 def distinct_models(model: nn.Module | Mapping[str, nn.Module]) -> dict[str, nn.Module]:
     """``{prefix: model}`` of what the workers mirror: ``{'': model}`` for one model; for
@@ -48,15 +50,18 @@ def weights_to_send(model: nn.Module | Mapping[str, nn.Module], first: bool
                     ) -> dict[str, Tensor]:
     """The whole state dict on the first push, else the parameters that train (detached):
     those with ``requires_grad``, and every LoRA weight (PEFT turns ``requires_grad`` off
-    for the adapters of a shared base that are not active). Several policies: each
-    distinct model's, its keys prefixed (`distinct_models`)."""
+    for the adapters of a shared base that are not active). Never the frozen adapters of
+    pool snapshots: a worker loads its own. Several policies: each distinct model's, its
+    keys prefixed (`distinct_models`)."""
     out: dict[str, Tensor] = {}
     for prefix, m in distinct_models(model).items():
+        frozen = frozen_adapters(m)
         if first:
-            out.update({prefix + k: v.detach() for k, v in m.state_dict().items()})
+            items = m.state_dict().items()
         else:
-            out.update({prefix + k: p.detach() for k, p in m.named_parameters()
-                        if p.requires_grad or ".lora_" in k})
+            items = [(k, p) for k, p in m.named_parameters() if p.requires_grad or ".lora_" in k]
+        out.update({prefix + k: v.detach() for k, v in items
+                    if not any(is_adapter_weight(k, a) for a in frozen)})
     return out
 
 

@@ -17,8 +17,8 @@ Precision: every forward runs under the model's `precision.autocast_for` context
 autocast for a ``bf16-mixed`` model, see `sparring.policy.precision`).
 
 ``adapter``: the LoRA adapter of a multi-adapter PEFT ``model`` (several policies on one
-base, ``lora.shared_base``) that this policy is; `activate` (called by ``generate``) makes
-it the active one before the model runs.
+base, ``lora.shared_base``, and the pool's snapshots of them) that this policy is;
+`activate` (called by ``generate``) makes it the active one before the model runs.
 """
 
 from __future__ import annotations
@@ -51,6 +51,17 @@ def resolve_device(device: str | torch.device) -> str | torch.device:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return device
+
+
+def activate_adapter(model: Any, adapter: str) -> None:
+    """Make ``adapter`` the active adapter of the multi-adapter PEFT ``model``. PEFT turns
+    ``requires_grad`` on for its weights and off for every other adapter's; a frozen adapter
+    (loaded for inference: a pool snapshot) has them off too."""
+    model.set_adapter(adapter)
+    if model.peft_config[adapter].inference_mode:
+        for name, p in model.named_parameters():
+            if f".{adapter}." in name:
+                p.requires_grad_(False)
 
 
 class HFPolicy:
@@ -88,7 +99,7 @@ class HFPolicy:
     def activate(self) -> None:
         """Make this policy's adapter the model's active one (nothing without ``adapter``)."""
         if self.adapter is not None and self.model.active_adapter != self.adapter:
-            self.model.set_adapter(self.adapter)
+            activate_adapter(self.model, self.adapter)
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         """New weights from the learner (e.g. between training steps)."""

@@ -21,7 +21,9 @@ Probabilities are the weights normalised. ``max_checkpoints`` keeps only the new
 ones (a dropped one also leaves the cache). Checkpoints are folders loaded on demand by ``loader(path) -> policy`` (default
 `HFPolicy.from_pretrained`; the path is passed as recorded, so a run's rollouts record
 paths relative to the run folder and their loader resolves them there, see
-`sparring.rollout.snapshots`), keeping the ``cache_size`` most recently used in memory, and
+`sparring.rollout.snapshots`), keeping the ``cache_size`` most recently used in memory (each
+one that leaves the cache, evicted or dropped from the pool, goes to ``unloader(path,
+player)`` when given: a snapshot adapter is deleted from its model there), and
 play as ``ModelPlayer(train=False, explore=explore, explore_turns=explore_turns)`` (their
 turns are context, not training rows; ``explore`` = epsilon: each of their moves, or of their
 first ``explore_turns`` moves, is uniformly random with probability epsilon, among the
@@ -62,6 +64,7 @@ class _Checkpoint:
 class OpponentPool:
     def __init__(self, mode: str = "uniform", decay: float = 0.7, max_checkpoints: int = 0,
                  seed: int = 0, loader: Callable[[str], Any] | None = None, cache_size: int = 2,
+                 unloader: Callable[[str, Player], None] | None = None,
                  explore: float = 0.0, explore_turns: int = 0, explore_tactical: bool = False,
                  sampling: SamplingParams | None = None, power: float = 2.0,
                  score_rate: float = 0.5):
@@ -79,6 +82,7 @@ class OpponentPool:
         self.scores: dict[str, float] = {}  # entry name -> the learner's recent score
         self.rng = random.Random(seed)
         self.loader = loader or _load_hf
+        self.unloader = unloader
         self.cache_size = cache_size
         self.explore, self.explore_turns = explore, explore_turns
         self.explore_tactical = explore_tactical
@@ -108,7 +112,7 @@ class OpponentPool:
         their scores."""
         held = {c.path for c in self.checkpoints}
         for path in [p for p in self._cache if p not in held]:
-            del self._cache[path]
+            self._uncache(path)
         names = set(self.names())
         self.scores = {n: x for n, x in self.scores.items() if n in names}
 
@@ -158,8 +162,17 @@ class OpponentPool:
                   if isinstance(p, ModelPlayer) else p)
         self._cache[ck.path] = player
         while len(self._cache) > self.cache_size:
-            self._cache.popitem(last=False)
+            self._uncache(next(iter(self._cache)))
         return player
+
+    def loaded(self) -> list[Player]:
+        """The snapshot players in the cache, least recently drawn first."""
+        return list(self._cache.values())
+
+    def _uncache(self, path: str) -> None:
+        player = self._cache.pop(path)
+        if self.unloader is not None:
+            self.unloader(path, player)
 
     def set_explore(self, explore: float) -> None:
         """Epsilon of the snapshots from now on, those already loaded included."""

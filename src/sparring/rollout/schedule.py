@@ -16,8 +16,9 @@ seat ``s`` of an env is played by the policy ``seats[s]`` names (a `ModelPlayer`
 after it, so `sparring.data.collate` records the policy of every row): in every seat for
 ``self``, in the rotating seat against a bot. The arena batches each turn's generations
 per policy. Against ``pool`` each policy has a pool of its own (the same bots, its own
-snapshots ``RUN_DIR/pool/step-NNNNNN.NAME``, ``league.max`` of them): the rotating seat is
-played by its policy and every other seat by a draw from the pool of that seat's policy.
+snapshots ``RUN_DIR/pool/step-NNNNNN.NAME``, ``league.max`` of them; with
+``lora.shared_base`` adapters of the one model): the rotating seat is played by its policy
+and every other seat by a draw from the pool of that seat's policy.
 
 Rollouts are deterministic in (``train.seed``, step), group by group: a step is a list of
 `GroupTask`s (`group_tasks`), and each group's start state, model samples (one random stream
@@ -125,6 +126,7 @@ class Rollouts:
         # a pool per policy ('' for the one policy of a run), the same bots in each
         self.pools = {n: OpponentPool(mode=lg.mode, max_checkpoints=lg.max,
                                       seed=cfg.train.seed, loader=self.snapshots.load,
+                                      unloader=self.snapshots.unload,
                                       cache_size=lg.cache or lg.max,
                                       explore=lg.explore,
                                       explore_turns=lg.explore_turns,
@@ -194,6 +196,7 @@ class Rollouts:
         the same episodes whichever other groups are played with them. Consecutive groups
         of one (env, opponent kind) share one `Arena.play` (batched generation)."""
         self._reseed(step)
+        self.snapshots.release(self.pools)  # the snapshot adapters the pools let go
         episodes: list[Episode] = []
         run: list[GroupTask] = []
         for t in [*tasks, None]:

@@ -22,6 +22,15 @@ warning.)
 Several policies: each has a pool of its own; a snapshot of policy P is
 ``pool/step-NNNNNN.P`` (its pool entry ``ckpt-N.P``), every ``league.every`` steps each
 policy takes one, and the rules above hold per policy.
+
+What a snapshot holds: the plain model the policy plays with (``model.safetensors``, LoRA
+merged into its layers, and the tokenizer); with ``lora.shared_base`` the policy's adapter
+alone, in PEFT's format (``adapter_config.json``, ``adapter_model.safetensors``: its LoRA
+weights), so a pool costs adapter-sized disk and memory. Such a snapshot loads as one more
+adapter of the run's one model, frozen, named ``pool-step-NNNNNN-P``, and plays as an
+`HFPolicy` on that model with ``adapter=`` its name; once its pool lets it go (dropped, or
+evicted from the cache) the adapter is deleted, at the start of the next play (`release`:
+the arena may still be playing it).
 """
 
 from __future__ import annotations
@@ -45,7 +54,13 @@ from sparring.train.checkpoint import (
     verify_folder,
     write_manifest,
 )
-from sparring.train.lora import is_peft, merged_state
+from sparring.train.lora import (
+    delete_adapter,
+    is_peft,
+    load_frozen_adapter,
+    merged_state,
+    save_adapter,
+)
 
 if TYPE_CHECKING:
     from sparring.rollout.opponents import OpponentPool
@@ -72,6 +87,7 @@ class SnapshotStore:
         self.policies = dict(policies)
         self.step = 0
         self._tidied = False
+        self._unloaded: list[HFPolicy] = []  # snapshot adapters to delete (`release`)
 
     def load(self, path: str) -> HFPolicy:
         """The snapshot at ``path`` (relative to the run folder), checked against its
@@ -79,17 +95,47 @@ class SnapshotStore:
         match = _SNAPSHOT_RE.match(Path(path).name)
         several = "" not in self.policies
         owner = match.group(2) if match and several else None  # several: its policy
+        policy = self.policies[owner] if owner is not None else next(iter(self.policies.values()))
+        verify_folder(self.run_dir / path, SNAPSHOT_FILE)  # CheckpointError if damaged
+        if policy.adapter is not None:
+            return self._load_adapter(path, policy)
         m = self.cfg.model
         if owner is not None:
             from sparring.train.config import policy_config
 
             m = policy_config(self.cfg, owner).model
-        verify_folder(self.run_dir / path, SNAPSHOT_FILE)  # CheckpointError if damaged
         p = HFPolicy.from_pretrained(self.run_dir / path, device=m.device, dtype=m.dtype,
                                      seed=self.seed(path), name=Path(path).name)
-        first = next(iter(self.policies.values()))
-        p.tokenizer = (self.policies[owner] if owner is not None else first).tokenizer
+        p.tokenizer = policy.tokenizer
         return p
+
+    def _load_adapter(self, path: str, policy: HFPolicy) -> HFPolicy:
+        """An adapter snapshot of ``policy`` (module docstring) on its model, whose train or
+        eval mode stays as it was."""
+        model, name = policy.model, "pool-" + Path(path).name.replace(".", "-")
+        training = model.training
+        load_frozen_adapter(model, self.run_dir / path, name, policy.device)
+        p = HFPolicy(model, policy.tokenizer, device=policy.device, seed=self.seed(path),
+                     name=Path(path).name, adapter=name)
+        model.train(training)
+        return p
+
+    def unload(self, path: str, player: Any) -> None:
+        """A snapshot its pool let go (a pool's ``unloader``): an adapter snapshot's adapter
+        is deleted at the next `release` (a full snapshot's model goes with its player)."""
+        policy = getattr(player, "policy", None)
+        if getattr(policy, "adapter", None) is not None:
+            self._unloaded.append(policy)
+
+    def release(self, pools: Mapping[str, OpponentPool]) -> None:
+        """Delete the adapters `unload` was given, but those ``pools`` have loaded again;
+        called before a play draws its snapshots."""
+        loaded = {getattr(p.policy, "adapter", None) for pool in pools.values()
+                  for p in pool.loaded()}
+        for policy in self._unloaded:
+            if policy.adapter not in loaded and policy.adapter in policy.model.peft_config:
+                delete_adapter(policy.model, policy.adapter)
+        self._unloaded.clear()
 
     def seed(self, path: str) -> int:
         """A snapshot's sampling seed depends only on (step, snapshot), not on when it was
@@ -108,18 +154,27 @@ class SnapshotStore:
             folder = self.run_dir / "pool" / f"step-{step:06d}{suffix}"
             tmp = folder.with_name(folder.name + ".tmp")  # written whole, then renamed: a
             shutil.rmtree(tmp, ignore_errors=True)        # kill mid-save leaves no half one
-            model = policy.model.get_base_model() if is_peft(policy.model) else policy.model
-            try:  # the weights the policy plays with: LoRA adapters merged into their layers
-                model.save_pretrained(tmp, state_dict=merged_state(model))
-            except SafetensorError as e:  # a full disk: the OSError it stands for
-                raise (storage_error(e, tmp / "model.safetensors") or e) from e
-            policy.tokenizer.save_pretrained(tmp)
+            self._save(policy, tmp)
             atomic_write_text(tmp / SNAPSHOT_FILE, json.dumps({"format": FORMAT, "step": step}))
             write_manifest(tmp)
             shutil.rmtree(folder, ignore_errors=True)  # a resumed run rewrites its own snapshot
             tmp.rename(folder)
             pools[name].add_checkpoint(folder.relative_to(self.run_dir).as_posix(), step,
                                        f"ckpt-{step}{suffix}")
+
+    @staticmethod
+    def _save(policy: HFPolicy, folder: Path) -> None:
+        """The weights ``policy`` plays with: its adapter alone on a shared base, else the
+        plain model (LoRA adapters merged into their layers) and its tokenizer."""
+        if policy.adapter is not None:
+            save_adapter(policy.model, policy.adapter, folder)
+            return
+        model = policy.model.get_base_model() if is_peft(policy.model) else policy.model
+        try:
+            model.save_pretrained(folder, state_dict=merged_state(model))
+        except SafetensorError as e:  # a full disk: the OSError it stands for
+            raise (storage_error(e, folder / "model.safetensors") or e) from e
+        policy.tokenizer.save_pretrained(folder)
 
     def tidy(self, pools: Mapping[str, OpponentPool]) -> None:
         """Delete killed writes (``*.tmp``) and the snapshots no one can sample (see the

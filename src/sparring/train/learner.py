@@ -450,11 +450,11 @@ class Learner:
         a = self.cfg.algorithm
         if self.ref_model is None or a.kl.reference != "magnet":
             return
-        with torch.no_grad():
-            for (_, pm), (n, p) in zip(self.ref_model.named_parameters(),
-                                       self.model.named_parameters()):
+        ref = dict(self.ref_model.named_parameters())  # by name: the model may have gained
+        with torch.no_grad():                           # adapters since (pool snapshots)
+            for n, p in self.model.named_parameters():
                 if n in self.trained:
-                    pm.lerp_(p.detach(), a.kl.magnet_rate)
+                    ref[n].lerp_(p.detach(), a.kl.magnet_rate)
 
     def update(self, batch: TurnBatch, advantages: Tensor, keep: Tensor | None = None
                ) -> dict[str, float]:

@@ -4,16 +4,28 @@ Several policies on one base (``lora.shared_base``): `shared_adapters` gives one
 with an adapter per policy, named after it; the base stays frozen. Only one adapter is
 active at a time (`use_adapter`), so whatever runs a policy's forward activates its adapter
 first (`sparring.policy.hf.HFPolicy` and `sparring.train.learner.Learner` with ``adapter=``).
+The opponent pool's snapshots of such a policy are adapters too (`save_adapter`, in PEFT's
+format), added to the same model frozen (`load_frozen_adapter`) and deleted when the pool
+drops them (`delete_adapter`). Activating an adapter sets ``requires_grad``: on for the
+active adapter's weights unless it is frozen, off for every other adapter's; adding or
+deleting a snapshot leaves that rule in place, so a learner that activates its adapter
+trains exactly its weights.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from sparring.extras import import_extra
+from sparring.policy.hf import activate_adapter
 from sparring.train.config import LoraConfig
+
+ADAPTER_WEIGHTS = "adapter_model.safetensors"  # PEFT's name, as its loader expects
 
 
 def _peft_config(cfg: LoraConfig):
@@ -45,9 +57,50 @@ def shared_adapters(model: nn.Module, configs: Mapping[str, LoraConfig]) -> nn.M
 
 def use_adapter(model: nn.Module, adapter: str | None) -> None:
     """Make ``adapter`` the active one of ``model`` (None: nothing to do). PEFT also turns
-    ``requires_grad`` on for its weights and off for the other adapters'."""
+    ``requires_grad`` on for its weights (off for a frozen adapter's) and off for the other
+    adapters'."""
     if adapter is not None and model.active_adapter != adapter:
-        model.set_adapter(adapter)
+        activate_adapter(model, adapter)
+
+
+def save_adapter(model: nn.Module, adapter: str, folder: str | Path) -> None:
+    """Adapter ``adapter`` of ``model`` alone, in PEFT's format: ``adapter_config.json`` and
+    ``adapter_model.safetensors`` (its LoRA weights, keys without the adapter's name; a full
+    disk is the `OSError` it stands for)."""
+    from sparring.train.checkpoint import write_tensors
+
+    model.peft_config[adapter].save_pretrained(str(folder))
+    write_tensors(Path(folder) / ADAPTER_WEIGHTS, trainable_state(model, adapter))
+
+
+def load_frozen_adapter(model: nn.Module, folder: str | Path, name: str, device: Any) -> None:
+    """`save_adapter`'s ``folder`` added to ``model`` as adapter ``name`` (one already there
+    replaced), on ``device``, frozen: never trainable, even when active. The active adapter
+    stays active, ``requires_grad`` follows the module docstring's rule, and torch's RNG is
+    left as it was (PEFT draws the new adapter's initial weights before loading it), so a
+    resumed run, which loads snapshots at other times, repeats an uninterrupted one. PEFT
+    puts the model in eval mode: the caller restores the mode it wants."""
+    if name in model.peft_config:
+        delete_adapter(model, name)
+    device = torch.device(device)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        model.load_adapter(str(folder), adapter_name=name, is_trainable=False,
+                           torch_device=str(device))
+    activate_adapter(model, model.active_adapter)  # the rule, whatever PEFT's version did
+
+
+def delete_adapter(model: nn.Module, name: str) -> None:
+    """Delete adapter ``name`` from ``model``, its weights freed; when it is the active one,
+    the model's first other adapter is activated first (`use_adapter`)."""
+    if model.active_adapter == name:
+        activate_adapter(model, next(a for a in model.peft_config if a != name))
+    model.delete_adapter(name)
+
+
+def frozen_adapters(model: nn.Module) -> set[str]:
+    """The adapters of ``model`` that never train (`load_frozen_adapter`'s)."""
+    return {n for n, c in getattr(model, "peft_config", {}).items()
+            if getattr(c, "inference_mode", False)}
 
 
 def is_adapter_weight(param_name: str, adapter: str) -> bool:
@@ -98,8 +151,6 @@ def trainable_state(model: nn.Module, adapter: str | None = None) -> dict[str, T
 def load_parameters(model: nn.Module, values: Mapping[str, Tensor]) -> None:
     """Copy ``values`` into ``model``'s parameters of the same names (e.g. a magnet's EMA of
     the trained ones: `Learner.state_dict`); a name the model lacks is a KeyError."""
-    import torch
-
     params = dict(model.named_parameters())
     unknown = [k for k in values if k not in params]
     if unknown:

@@ -157,8 +157,8 @@ def _policies_check(cfg: Config) -> None:
     """``policies`` and ``envs[].seats``: names that can name files and metrics, overrides
     that build, every env mapping each of its seats to a defined policy, every policy
     playing some seat; what several policies do not support yet (the
-    vLLM backend without ``lora.shared_base``, the opponent pool with it) is refused;
-    ``lora.shared_base`` needs LoRA and one model."""
+    vLLM backend without ``lora.shared_base``) is refused; ``lora.shared_base`` needs LoRA
+    and one model."""
     if cfg.lora.shared_base and not cfg.lora.enabled:
         raise ConfigError("lora.shared_base: policies share a base model as LoRA adapters; "
                           "set lora.enabled=true too")
@@ -213,11 +213,6 @@ def _policies_check(cfg: Config) -> None:
                 raise ConfigError(f"envs.{i}.seats.{j}: unknown policy {seat!r}"
                                   f"{did_you_mean(seat, names)} (defined in policies: "
                                   f"{', '.join(names)})")
-        if "pool" in env.opponents and cfg.lora.shared_base:
-            raise ConfigError(f"envs.{i}.opponents: 'pool' (past snapshots of each policy) "
-                              "does not support lora.shared_base yet (a snapshot would be "
-                              "the shared model's adapters); use self or bots, or set "
-                              "lora.shared_base=false")
         used.update(env.seats)
     idle = [n for n in names if n not in used]
     if idle:

@@ -312,8 +312,8 @@ class LoraConfig:
         ["q_proj", "k_proj", "v_proj", "o_proj"], "module names that get adapters")
     shared_base: bool = opt(
         False, "with several `policies`: every policy is a LoRA adapter of its own on one "
-        "frozen base model (one base in memory; peft multi-adapter); false: each policy has "
-        "its own copy of the model")
+        "frozen base model (one base in memory; peft multi-adapter), and so is each of its "
+        "pool snapshots; false: each policy has its own copy of the model")
 
 
 @dataclass
