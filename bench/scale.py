@@ -1,10 +1,11 @@
-"""Scale-out: training steps/s of the default recipe with 0, 1 and 2 Ray rollout workers.
+"""Scale-out: training steps/s of a recipe with 0, 1 and 2 Ray rollout workers.
 
     PYTHONPATH=src python bench/scale.py             # 2 warm-up + 8 timed steps per setting
     PYTHONPATH=src python bench/scale.py --quick     # 1 + 2 steps, to check the script works
+    PYTHONPATH=src python bench/scale.py --recipe signalling_two_policies   # two policies
 
-Prints, from one run, for configs/default.yaml (evaluation off, no checkpoint but the
-last): steps/s over the timed steps (a step: its rollout and its update, as the training
+Prints, from one run, for configs/default.yaml or ``--recipe`` (evaluation off, no
+checkpoint but the last): steps/s over the timed steps (a step: its rollout and its update, as the training
 loop times them; the workers' start and the warm-up steps are not counted), as a ratio to
 the single-process run, with the rollout and update seconds per step and the rollout
 tokens/s. Settings: 0 workers (rollouts in the training process), 1 and 2 workers
@@ -46,13 +47,14 @@ SETTINGS = [
 ]
 
 
-def run(overrides: list[str], warmup: int, steps: int, folder: Path) -> dict[str, float]:
-    """Train ``warmup + steps`` steps of the default recipe; timings of the last ``steps``."""
-    from sparring.train.config import load_config
+def run(overrides: list[str], warmup: int, steps: int, folder: Path,
+        recipe: str = "default") -> dict[str, float]:
+    """Train ``warmup + steps`` steps of ``recipe``; timings of the last ``steps``."""
+    from sparring.train.config import find_recipe, load_config
     from sparring.train.loop import train
     from sparring.train.setup import build
 
-    cfg = load_config(ROOT / "configs" / "default.yaml", [
+    cfg = load_config(find_recipe(recipe), [
         f"train.steps={warmup + steps}", "eval.at_start=false", "checkpoint.every=0",
         "logging.progress=false", *overrides])
     parts = build(cfg, folder)
@@ -89,6 +91,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps per setting")
     ap.add_argument("--quick", action="store_true", help="1 warm-up and 2 timed steps")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the training process")
+    ap.add_argument("--recipe", default="default",
+                    help="a recipe in configs/ (signalling_two_policies: two policies)")
     args = ap.parse_args()
     warmup, steps = (1, 2) if args.quick else (args.warmup, args.steps)
     if importlib.util.find_spec("ray") is None:
@@ -98,12 +102,12 @@ def main() -> None:
 
     cpus = os.cpu_count() or 1
     torch.set_num_threads(args.threads)
-    print(f"configs/default.yaml, {warmup} warm-up + {steps} timed steps per setting; "
+    print(f"configs/{args.recipe}.yaml, {warmup} warm-up + {steps} timed steps per setting; "
           f"{cpus} CPUs, torch {torch.__version__} ({torch.get_num_threads()} threads in the "
           "training process), Ray", ray.__version__)
     ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
     settings = list(SETTINGS)
-    why_not = vllm_available()
+    why_not = vllm_available() if args.recipe == "default" else "the vLLM rows are the default recipe's"
     if why_not is None:
         # vLLM's CPU attention has no kernel for the default model's head size (16): both
         # backends on the model with 2 heads (head size 32), in one process
@@ -115,7 +119,7 @@ def main() -> None:
     try:
         for k, (name, overrides) in enumerate(settings):
             t = time.perf_counter()
-            res = run(overrides, warmup, steps, tmp / str(k))
+            res = run(overrides, warmup, steps, tmp / str(k), args.recipe)
             res["wall_s"] = time.perf_counter() - t
             results.append((name, res))
             print(f"  done: {name} ({res['wall_s']:.0f} s with start-up)", flush=True)
