@@ -526,7 +526,7 @@ def test_a_shared_base_pool_deletes_the_adapters_it_lets_go(tmp_path):
         roll(step)
         evicted += len(roll.snapshots._unloaded)  # let go during this play
         roll.snapshots.release(roll.pools)
-        loaded = {p.policy.adapter for pool in roll.pools.values() for p in pool.loaded()}
+        loaded = {p.policy.adapter for pool in roll.pools.values() for p in pool.loaded().values()}
         assert set(model.peft_config) == {"speaker", "listener", *loaded}
         assert len(loaded) <= 2  # a snapshot per pool
     assert evicted  # (draws of both snapshots of a pool in one play)
@@ -535,7 +535,7 @@ def test_a_shared_base_pool_deletes_the_adapters_it_lets_go(tmp_path):
         pool["checkpoints"] = pool["checkpoints"][-1:]  # a pool that dropped its older one
     roll.load_state_dict(state)
     roll.play(6, [])
-    loaded = {p.policy.adapter for pool in roll.pools.values() for p in pool.loaded()}
+    loaded = {p.policy.adapter for pool in roll.pools.values() for p in pool.loaded().values()}
     assert loaded and set(model.peft_config) == {"speaker", "listener", *loaded}
     for first in (True, False):  # Ray workers get the policies' weights, load their own pool
         sent = weights_to_send(parts.model, first=first)

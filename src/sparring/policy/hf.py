@@ -53,6 +53,12 @@ def resolve_device(device: str | torch.device) -> str | torch.device:
     return device
 
 
+def is_adapter_weight(param_name: str, adapter: str) -> bool:
+    """Whether ``param_name`` is a LoRA weight of ``adapter`` (``...lora_A.<adapter>.weight``)."""
+    parts = param_name.split(".")
+    return any(p.startswith("lora_") and nxt == adapter for p, nxt in zip(parts, parts[1:]))
+
+
 def activate_adapter(model: Any, adapter: str) -> None:
     """Make ``adapter`` the active adapter of the multi-adapter PEFT ``model``. PEFT turns
     ``requires_grad`` on for its weights and off for every other adapter's; a frozen adapter
@@ -60,7 +66,7 @@ def activate_adapter(model: Any, adapter: str) -> None:
     model.set_adapter(adapter)
     if model.peft_config[adapter].inference_mode:
         for name, p in model.named_parameters():
-            if f".{adapter}." in name:
+            if is_adapter_weight(name, adapter):
                 p.requires_grad_(False)
 
 

@@ -165,9 +165,9 @@ class OpponentPool:
             self._uncache(next(iter(self._cache)))
         return player
 
-    def loaded(self) -> list[Player]:
-        """The snapshot players in the cache, least recently drawn first."""
-        return list(self._cache.values())
+    def loaded(self) -> dict[str, Player]:
+        """The snapshot players in the cache by path, least recently drawn first."""
+        return dict(self._cache)
 
     def _uncache(self, path: str) -> None:
         player = self._cache.pop(path)

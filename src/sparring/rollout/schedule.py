@@ -165,7 +165,7 @@ class Rollouts:
             player.explore = own
         for pool in self.pools.values():  # snapshots loaded in earlier steps
             pool.set_explore(explore)
-            for path, player in pool._cache.items():
+            for path, player in pool.loaded().items():
                 player.policy.generator.manual_seed(self.snapshots.seed(path))
 
     def __call__(self, step: int) -> list[Episode]:

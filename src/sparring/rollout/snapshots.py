@@ -131,7 +131,7 @@ class SnapshotStore:
         """Delete the adapters `unload` was given, but those ``pools`` have loaded again;
         called before a play draws its snapshots."""
         loaded = {getattr(p.policy, "adapter", None) for pool in pools.values()
-                  for p in pool.loaded()}
+                  for p in pool.loaded().values()}
         for policy in self._unloaded:
             if policy.adapter not in loaded and policy.adapter in policy.model.peft_config:
                 delete_adapter(policy.model, policy.adapter)

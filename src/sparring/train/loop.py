@@ -285,10 +285,11 @@ class _Run:
         # log-probs), then its advantages and keep flags
         shares = [_share(p, batch) for p in self.policies]
         off_policy: dict[str, float] = {}
-        for sh in shares if self.correct is not None else ():  # e.g. async rollout workers:
-            # stale samples reweighted, each policy's against its own learner
-            sh.batch, sh.adv, corrected = self.correct(i, sh.batch, sh.adv, sh.policy.learner)
-            off_policy.update(sh.policy.metrics(corrected))
+        if self.correct is not None:  # e.g. async rollout workers: stale samples
+            for sh in shares:           # reweighted, each policy's against its own learner
+                sh.batch, sh.adv, corrected = self.correct(i, sh.batch, sh.adv,
+                                                           sh.policy.learner)
+                off_policy.update(sh.policy.metrics(corrected))
         metrics = self.batch_metrics(episodes, batch, shares)
         if self.rollout_metrics is not None:  # e.g. rollout workers: restarts, staleness
             metrics.update(self.rollout_metrics())

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from sparring.extras import import_extra
-from sparring.policy.hf import activate_adapter
+from sparring.policy.hf import activate_adapter, is_adapter_weight  # noqa: F401 (re-exported)
 from sparring.train.config import LoraConfig
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"  # PEFT's name, as its loader expects
@@ -101,12 +101,6 @@ def frozen_adapters(model: nn.Module) -> set[str]:
     """The adapters of ``model`` that never train (`load_frozen_adapter`'s)."""
     return {n for n, c in getattr(model, "peft_config", {}).items()
             if getattr(c, "inference_mode", False)}
-
-
-def is_adapter_weight(param_name: str, adapter: str) -> bool:
-    """Whether ``param_name`` is a LoRA weight of ``adapter`` (``...lora_A.<adapter>.weight``)."""
-    parts = param_name.split(".")
-    return any(p.startswith("lora_") and nxt == adapter for p, nxt in zip(parts, parts[1:]))
 
 
 def is_peft(model: nn.Module) -> bool:
