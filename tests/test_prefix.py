@@ -1,9 +1,10 @@
-"""Shared-prefix forwards give the same log-probs, entropies and gradients as full rows."""
+"""Shared-prefix forwards give the same log-probs, entropies, hidden states (a value head's
+input) and gradients as full rows."""
 
 import pytest
 import torch
 
-from sparring.policy.forward import token_logprobs
+from sparring.policy.forward import token_logprobs, token_logprobs_and_hidden
 from sparring.policy.prefix import find_prefixes, first_action_positions
 from sparring.policy.tiny import build_tiny_model
 
@@ -103,3 +104,33 @@ def test_shared_prefix_equals_full_forward(temperature, longest, shared, cluster
         z = model(input_ids=ids[:1], attention_mask=att[:1].long()).logits[0, p0 - 1]
         want = torch.log_softmax(z[allowed[0][p0]] / temperature, 0)[0]
     assert float(lp1[0, p0]) == pytest.approx(float(want), abs=1e-5)
+
+
+@pytest.mark.parametrize("longest,shared,cluster", [(6, 0, 0), (1, 0, 0), (6, 12, 10)])
+def test_shared_prefix_hidden_states_equal_full_forward(longest, shared, cluster):
+    """A value head on the policy reads the shared-prefix forward's hidden states: at every
+    action token they equal the full forward's (the state of the context before the token,
+    checked by hand against HF's last hidden state), and so do the gradients through them."""
+    torch.manual_seed(1)
+    model, _ = build_tiny_model(SMALL)
+    model.float()
+    ids, att, amask = _batch(2, longest, shared, cluster)
+    pre = find_prefixes(ids, first_action_positions(amask, att.sum(1)))
+    probe = torch.randn(SMALL["hidden_size"])
+    results = []
+    for prefixes in (None, pre):
+        model.zero_grad()
+        lp, _, h = token_logprobs_and_hidden(model, ids, att, allowed=None, prefixes=prefixes)
+        assert h.shape == (*ids.shape, SMALL["hidden_size"])
+        ((h @ probe + lp) * amask).sum().backward()
+        results.append((h * amask[..., None], [p.grad.clone() for p in model.parameters()]))
+    (h0, g0), (h1, g1) = results
+    torch.testing.assert_close(h0, h1, atol=1e-5, rtol=1e-4)
+    for a, b in zip(g0, g1):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    with torch.no_grad():  # hidden[:, t] is HF's last hidden state at t - 1
+        last = model(input_ids=ids, attention_mask=att.long(),
+                     output_hidden_states=True).hidden_states[-1]
+    want = torch.zeros_like(last)
+    want[:, 1:] = last[:, :-1]
+    torch.testing.assert_close(h1, want * amask[..., None], atol=1e-5, rtol=1e-4)

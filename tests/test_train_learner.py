@@ -401,9 +401,10 @@ def test_sampler_correction_needs_the_recomputed_logprobs():
         make_cfg(algorithm__sampler_correction="token")
 
 
-def shared_prompt_batch(seed=0, prompts=3, samples=4, start=0):
+def shared_prompt_batch(seed=0, prompts=3, samples=4, start=0, repeat=0):
     """GRPO-shaped: each prompt (``start`` common tokens, then 1-3 of its own) sampled
-    ``samples`` times, actions 1-4 tokens."""
+    ``samples`` times, actions 1-4 tokens; the first ``repeat`` episodes once more at the end
+    (equal rows)."""
     g = torch.Generator().manual_seed(seed)
     common = torch.randint(1, th.VOCAB, (start,), generator=g).tolist()
     eps = []
@@ -416,7 +417,7 @@ def shared_prompt_batch(seed=0, prompts=3, samples=4, start=0):
             t = Turn(agent=0, prompt_ids=prompt, action_ids=act, logprobs=old)
             eps.append(Episode(env="toy", seed=k, group=k, num_agents=1, turns=[t],
                                returns=[float(torch.randn(1, generator=g))]))
-    batch = collate(eps)
+    batch = collate(eps + eps[:repeat])
     adv = torch.randn(batch.input_ids.shape, generator=g) * batch.action_mask
     return batch, adv
 
@@ -446,6 +447,38 @@ def test_shared_prompts_give_the_hand_loss_gradient(micro, start, samples):
             assert (calls[0] == (1, 10)) == share
         else:  # the 3 prompts run once (a [3, P] prefill) before the continuations
             assert (calls[0][0] == 3) == (share and micro == 0)
+
+
+def test_value_head_shares_prompts_and_rows_with_the_same_values_and_gradients():
+    """A value head reads the policy's own forward: with train.share_prefix and
+    train.share_rows on (the prompts run once, a repeated row once), the values and the
+    update's gradients (trunk and head) are those of the plain forward, and the forward
+    runs the prompts once (no second, unshared pass for the critic)."""
+    batch, adv = shared_prompt_batch(prompts=3, samples=4, repeat=4)  # 4 rows twice
+    model0 = th.tiny_qwen(4)
+    got = []
+    for share in (False, True):
+        model = copy.deepcopy(model0)
+        cfg = make_cfg(critic__enabled="on", critic__coef=1.0, train__share_prefix=share,
+                       train__share_rows=share)
+        torch.manual_seed(0)  # the same value head
+        learner = Learner(model, cfg)
+        values = learner.values(batch)
+        calls = []
+        hook = model.register_forward_pre_hook(
+            lambda _m, _a, k, seen=calls: seen.append(k["input_ids"].shape), with_kwargs=True)
+        learner.update(batch, adv)
+        hook.remove()
+        got.append((values, first_step_grads(learner), calls))
+    (v0, g0, c0), (v1, g1, c1) = got
+    assert v0.abs().sum() > 0
+    torch.testing.assert_close(v1, v0, atol=1e-5, rtol=1e-4)
+    assert len(g0) == len(g1)
+    for a, b in zip(g0, g1):
+        torch.testing.assert_close(b, a, atol=2e-6, rtol=1e-4)
+    assert c0[0][0] == 16 and c1[0][0] == 3  # plain: 16 rows; shared: the 3 prompts once
+    assert len(c1) == 2  # prompts, then the 12 distinct continuations: one forward in all
+    assert c1[1][0] == 12
 
 
 def test_share_rows_runs_each_distinct_row_once_with_the_same_logprobs_and_gradients():

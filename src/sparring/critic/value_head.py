@@ -6,8 +6,9 @@
   also trains the trunk).
 * ``separate``: a copy of the initial model with its own MLP head (no shared weights).
 
-The last hidden state is read with a forward pre-hook on the model's output embedding
-(the input of ``lm_head``), so the policy forward used for log-probs is not changed.
+The last hidden state is the input of the model's ``lm_head`` (`sparring.policy.hidden`); the
+head reads the policy's own forward (`token_logprobs_and_hidden`, shared prompts and all),
+so it costs no second pass.
 Alignment matches `token_logprobs`: ``values[:, t] = V(context ids[<t])``, the value of
 the state in which token ``t`` was generated; ``values[:, 0] = 0``.
 """
@@ -15,11 +16,11 @@ the state in which token ``t`` was generated; ``values[:, 0] = 0``.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
+
+from sparring.policy.hidden import capture_hidden, output_embedding
 
 
 class ValueHead(nn.Module):
@@ -31,26 +32,6 @@ class ValueHead(nn.Module):
 
     def forward(self, hidden: Tensor) -> Tensor:
         return self.net(hidden.float()).squeeze(-1)
-
-
-def output_embedding(model: nn.Module) -> nn.Module:
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if head is None:
-        raise ValueError(f"{type(model).__name__} has no output embedding (lm_head) "
-                         "to read the last hidden state from")
-    return head
-
-
-@contextmanager
-def capture_hidden(model: nn.Module) -> Iterator[list[Tensor]]:
-    """Collect the input of ``model``'s lm_head (the last hidden state) during forwards."""
-    store: list[Tensor] = []
-    handle = output_embedding(model).register_forward_pre_hook(
-        lambda _m, args: store.append(args[0]))
-    try:
-        yield store
-    finally:
-        handle.remove()
 
 
 def shift_values(v: Tensor) -> Tensor:
@@ -90,9 +71,13 @@ class Critic(nn.Module):
         self.head = ValueHead(output_embedding(policy).in_features, width)
 
     def values_from_hidden(self, hidden: Tensor) -> Tensor:
-        return shift_values(self.head(hidden))
+        """Values ``[n, T]`` from the hidden states of
+        `sparring.policy.forward.token_logprobs_and_hidden` (``hidden[:, t]``: the state of
+        the context before token ``t``); ``values[:, 0] = 0``."""
+        v = self.head(hidden)
+        return torch.cat([torch.zeros_like(v[:, :1]), v[:, 1:]], 1)
 
     def separate_values(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """Values from the separate model (``kind='separate'`` only)."""
         assert self.body is not None
-        return self.values_from_hidden(last_hidden(self.body, input_ids, attention_mask))
+        return shift_values(self.head(last_hidden(self.body, input_ids, attention_mask)))

@@ -9,15 +9,21 @@ Constrained decoding: ``allowed`` (``TurnBatch.allowed``) gives, per row, a dict
 ``{position t: allowed token ids}``; at those positions the distribution is renormalised
 over the allowed ids only, ``log p(x) = z_x - logsumexp_{y in allowed} z_y`` (and the
 entropy is that of the restricted distribution), exactly what the sampler recorded.
+
+A value head (`sparring.critic.value_head`) reads the same forward's last hidden states
+(`token_logprobs_and_hidden`), so a critic on the policy costs no second pass and shares its
+prompts as the log-probs do.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 
 import torch
 from torch import Tensor
 
+from sparring.policy.hidden import capture_hidden
 from sparring.policy.prefix import Prefixes, shared_prefix_logits, to_rows
 
 Allowed = Sequence[dict[int, list[int]] | None]
@@ -84,10 +90,37 @@ def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Te
     (``TurnBatch.allowed``), or None. ``prefixes``: `prefix.find_prefixes` of the rows to run
     each distinct prefix once (`prefix.shared_prefix_logits`); positions before a row's
     prefix end then get 0 (they are never action tokens)."""
+    lp, ent, _ = _forward(model, input_ids, attention_mask, temperature, with_entropy,
+                          allowed, prefixes, keep_hidden=False)
+    return lp, ent
+
+
+def token_logprobs_and_hidden(model: torch.nn.Module, input_ids: Tensor,
+                              attention_mask: Tensor, temperature: float = 1.0,
+                              with_entropy: bool = False, allowed: Allowed | None = None,
+                              prefixes: Prefixes | None = None
+                              ) -> tuple[Tensor, Tensor | None, Tensor]:
+    """`token_logprobs` and the hidden states ``[n, T, H]`` they were computed from:
+    ``hidden[:, t]`` is the last hidden state of the context ``ids[<t]`` (the state in which
+    token ``t`` is predicted; 0 at t = 0 and, with ``prefixes``, before the row's prefix end)."""
+    return _forward(model, input_ids, attention_mask, temperature, with_entropy, allowed,
+                    prefixes, keep_hidden=True)
+
+
+def _forward(model, input_ids, attention_mask, temperature, with_entropy, allowed, prefixes,
+             keep_hidden: bool) -> tuple[Tensor, Tensor | None, Tensor | None]:
     if prefixes is None:
-        out = model(input_ids=input_ids, attention_mask=attention_mask.long(), use_cache=False)
-        return logprobs_from_logits(out.logits, input_ids, temperature, with_entropy, allowed)
-    logits, targets, pos = shared_prefix_logits(model, input_ids, attention_mask, prefixes)
+        with capture_hidden(model) if keep_hidden else nullcontext([]) as hs:
+            out = model(input_ids=input_ids, attention_mask=attention_mask.long(),
+                        use_cache=False)
+        lp, ent = logprobs_from_logits(out.logits, input_ids, temperature, with_entropy, allowed)
+        hidden = None
+        if keep_hidden:  # hs[-1][:, t] predicts token t + 1
+            hidden = torch.zeros_like(hs[-1])
+            hidden[:, 1:] = hs[-1][:, :-1]
+        return lp, ent, hidden
+    logits, targets, pos, h = shared_prefix_logits(model, input_ids, attention_mask, prefixes,
+                                                   keep_hidden=keep_hidden)
     shifted = None
     if allowed is not None:  # position t of row i -> t - plen_i + 1 of the shared logits
         pl = prefixes.plen.tolist()
@@ -95,4 +128,7 @@ def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Te
                    for i, d in enumerate(allowed)]
     lp, ent = logprobs_from_logits(logits, targets, temperature, with_entropy, shifted)
     T = input_ids.shape[1]
-    return to_rows(lp, pos, T), None if ent is None else to_rows(ent, pos, T)
+    hidden = None
+    if h is not None:  # h[:, s] predicts the token at plen + s, i.e. logits' layout shifted
+        hidden = to_rows(torch.cat([torch.zeros_like(h[:, :1]), h[:, :-1]], 1), pos, T)
+    return (to_rows(lp, pos, T), None if ent is None else to_rows(ent, pos, T), hidden)

@@ -18,11 +18,14 @@ Shapes: ``ids``, ``att`` ``[n, T]`` right-padded; ``plen [n]`` the prefix length
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from sparring.policy.hidden import capture_hidden
 
 
 @dataclass
@@ -201,23 +204,29 @@ class _Extension:
 
 
 def shared_prefix_logits(model: torch.nn.Module, ids: Tensor, att: Tensor, pre: Prefixes,
-                         pad_id: int = 0) -> tuple[Tensor, Tensor, Tensor]:
-    """(logits ``[n, 1 + C, V]``, targets ``[n, 1 + C]``, positions ``[n, C]``).
+                         pad_id: int = 0, keep_hidden: bool = False
+                         ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """(logits ``[n, 1 + C, V]``, targets ``[n, 1 + C]``, positions ``[n, C]``, hidden).
 
     ``logits[:, s]`` (s < C) predicts the token at original position ``plen + s`` of the row,
     which is ``targets[:, s + 1]`` (``targets[:, 0]`` and ``logits[:, C]`` are placeholders);
     so `logprobs_from_logits(logits, targets)` gives at ``[:, s + 1]`` the log-prob of the
     row's token at ``plen + s``. ``positions[:, s] = plen + s`` (``T`` where the row has
     ended); C = the longest ``len - plen``. A row's last token is never an input (nothing
-    after it is scored), so the continuation pass runs C - 1 positions.
+    after it is scored), so the continuation pass runs C - 1 positions. ``keep_hidden``:
+    ``hidden [n, 1 + C, H]``, the lm_head inputs those logits came from (same layout), else
+    None.
     """
     n, T = ids.shape
     dev = ids.device
     lens = att.sum(1)
     plen = pre.plen.to(dev)
     # 1. the distinct prefixes (their common start once), left-padded to end together
-    cache, last, pre_att, _ = run_prompts(model, pre.tokens, pad_id, dev, pre.common)
+    with capture_hidden(model) if keep_hidden else nullcontext([]) as hs:
+        cache, last, pre_att, _ = run_prompts(model, pre.tokens, pad_id, dev, pre.common)
     last = last[pre.inverse]  # [n, V]: predicts the token at plen
+    # run_prompts' last pass holds every prompt, its lm_head input their final hidden states
+    h_parts = [hs[-1][:, -1][pre.inverse][:, None]] if keep_hidden else []
     C = int((lens - plen).max()) if n else 0
     pos = plen[:, None] + torch.arange(max(C, 1), device=dev)
     valid = pos < lens[:, None]
@@ -227,19 +236,27 @@ def shared_prefix_logits(model: torch.nn.Module, ids: Tensor, att: Tensor, pre: 
         cache = select_rows(cache, pre.inverse)  # differentiable: gradients add per prefix
         inp_valid = valid[:, 1:C]  # input at plen + s is needed iff a token follows it
         full_att = torch.cat([pre_att[pre.inverse], inp_valid], 1).long()
-        out2 = model(input_ids=targets[:, :C - 1], attention_mask=full_att,
-                     position_ids=pos[:, :C - 1].clamp(max=T - 1), past_key_values=cache,
-                     use_cache=True)
+        with capture_hidden(model) if keep_hidden else nullcontext([]) as hs:
+            out2 = model(input_ids=targets[:, :C - 1], attention_mask=full_att,
+                         position_ids=pos[:, :C - 1].clamp(max=T - 1), past_key_values=cache,
+                         use_cache=True)
         parts.append(out2.logits)
+        h_parts += hs[-1:]
     parts.append(torch.zeros_like(last)[:, None])  # placeholder, sliced off by the caller
+    hidden = None
+    if keep_hidden:
+        h_parts.append(torch.zeros_like(h_parts[0]))
+        hidden = torch.cat(h_parts, 1)
     pad = torch.full((n, 1), pad_id, dtype=ids.dtype, device=dev)
     return torch.cat(parts, 1), torch.cat([pad, targets], 1), \
-        torch.where(valid, pos, T)[:, :max(C, 0)]
+        torch.where(valid, pos, T)[:, :max(C, 0)], hidden
 
 
 def to_rows(x: Tensor, positions: Tensor, T: int) -> Tensor:
-    """Continuation values ``x [n, 1 + C]`` (from `logprobs_from_logits` on the shared
-    logits) back to the rows' positions ``[n, T]``; 0 elsewhere. Differentiable in ``x``."""
+    """Continuation values ``x [n, 1 + C, ...]`` (from `logprobs_from_logits` on the shared
+    logits) back to the rows' positions ``[n, T, ...]``; 0 elsewhere. Differentiable in
+    ``x``."""
     n = x.shape[0]
-    out = torch.zeros(n, T + 1, dtype=x.dtype, device=x.device)
-    return out.scatter(1, positions, x[:, 1:])[:, :T]
+    idx = positions.reshape(*positions.shape, *([1] * (x.dim() - 2))).expand_as(x[:, 1:])
+    out = torch.zeros(n, T + 1, *x.shape[2:], dtype=x.dtype, device=x.device)
+    return out.scatter(1, idx, x[:, 1:])[:, :T]

@@ -45,14 +45,14 @@ from torch import Tensor, nn
 
 from sparring.aggregation import aggregate, count_seqs, count_tokens
 from sparring.critic.archer import Archer
-from sparring.critic.value_head import Critic, capture_hidden
+from sparring.critic.value_head import Critic
 from sparring.data import TurnBatch
 from sparring.importance import importance_weights
 from sparring.kl import kl_estimate
 from sparring.objectives import OBJECTIVES
 from sparring.objectives import _load_families as _load_objectives
 from sparring.objectives import compute as objective_compute
-from sparring.policy.forward import token_logprobs
+from sparring.policy.forward import token_logprobs, token_logprobs_and_hidden
 from sparring.policy.precision import autocast_for
 from sparring.policy.prefix import (
     SHARED_PREFIX_MIN,
@@ -176,8 +176,8 @@ class Learner:
         ``amask``: their action masks (to share prompts, see `_prefixes`). With
         ``train.share_rows`` a row repeated in the batch runs once (indexing is
         differentiable: its gradient is the sum over the rows that repeat it)."""
-        shared = with_values and self.critic is not None and self.critic.kind == "head"
-        if self.cfg.train.share_rows and not shared and ids.shape[0] > 1:
+        head = with_values and self.critic is not None and self.critic.kind == "head"
+        if self.cfg.train.share_rows and ids.shape[0] > 1:
             first, inverse = distinct_rows(ids, att, allowed)
             if len(first) < ids.shape[0]:  # run each distinct row once, then index out
                 f = torch.as_tensor(first, device=ids.device)
@@ -187,16 +187,19 @@ class Learner:
                                     amask=None if amask is None else amask[f])
                 inv = torch.as_tensor(inverse, device=ids.device)
                 return tuple(None if x is None else x[inv] for x in out)
-        ctx = capture_hidden(self.model) if shared else nullcontext([])
-        pre = None if shared else self._prefixes(ids, att, amask)
-        with ctx as hs, autocast_for(self.model):
-            logp, ent = token_logprobs(self.model, ids, att, self.temperature, with_entropy=True,
-                                       allowed=allowed, prefixes=pre)
+        pre = self._prefixes(ids, att, amask)
         values = None
-        if with_values and self.critic is not None:
-            with autocast_for(self.model):
-                values = (self.critic.values_from_hidden(hs[-1]) if shared
-                          else self.critic.separate_values(ids, att))
+        with autocast_for(self.model):
+            if head:  # the value head reads this forward's hidden states
+                logp, ent, hidden = token_logprobs_and_hidden(
+                    self.model, ids, att, self.temperature, with_entropy=True,
+                    allowed=allowed, prefixes=pre)
+                values = self.critic.values_from_hidden(hidden)
+            else:
+                logp, ent = token_logprobs(self.model, ids, att, self.temperature,
+                                           with_entropy=True, allowed=allowed, prefixes=pre)
+                if with_values and self.critic is not None:
+                    values = self.critic.separate_values(ids, att)
         return logp, ent, values
 
     def _micro_slices(self, batch: TurnBatch, rows: Tensor) -> tuple[Tensor, Tensor, int]:
@@ -234,13 +237,11 @@ class Learner:
                             allowed=self._allowed(batch, rows),
                             prefixes=self._prefixes(ids, att, batch.action_mask[rows, :L])
                         )[0].float()
-                elif what == "values":
-                    out[rows, :L] = self._forward(ids, att, with_values=True)[2].float()
                 else:
-                    logp, ent, _ = self._forward(
-                        ids, att, with_values=False, allowed=self._allowed(batch, rows),
-                        amask=batch.action_mask[rows, :L])
-                    out[rows, :L] = (ent if what == "entropy" else logp).float()
+                    logp, ent, values = self._forward(
+                        ids, att, with_values=what == "values",
+                        allowed=self._allowed(batch, rows), amask=batch.action_mask[rows, :L])
+                    out[rows, :L] = {"values": values, "entropy": ent, "policy": logp}[what].float()
         finally:
             self.model.train(was_training)
         return out * batch.action_mask
