@@ -261,3 +261,15 @@ def test_action_probabilities_sum_to_one_when_rounding_drifts(tmp_path, monkeypa
     assert sum(got.values()) == pytest.approx(1.0, abs=1e-12)
     value = exploitability("kuhn_poker", lambda info, acts: got)
     assert 0.0 <= value <= 2.0
+
+
+def test_seat_players_and_profile():
+    """Who plays a game in `sparring eval` and the periodic evaluation: one policy (or a
+    game that names no seats) in every seat; else each policy that owns seats, in its own."""
+    from sparring.eval.periodic import seat_players, seat_profile
+
+    assert seat_players([""], []) == [("", None)]
+    assert seat_players(["a", "b"], []) == [("a", None), ("b", None)]
+    assert seat_players(["b", "a", "c"], ["a", "b", "a"]) == [("b", [1]), ("a", [0, 2])]
+    assert seat_profile({"a": 1, "b": 2}, ["b", "a", "b"]) == [2, 1, 2]
+    assert seat_profile({"": 7}, []) == 7

@@ -260,15 +260,19 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from sparring.envs import env_entry, has_game_tree
-    from sparring.envs.bots import BOTS, check_opponents, make_bot
+    from sparring.envs.bots import BOTS, check_opponents
     from sparring.eval.games import (
-        evaluate_vs_bot,
         policy_conversion_vs_minimax,
         policy_exploitability,
         policy_strategy,
-        policy_vs_minimax,
     )
-    from sparring.eval.periodic import env_options, env_seats
+    from sparring.eval.periodic import (
+        against_bots,
+        env_options,
+        env_seats,
+        seat_players,
+        seat_profile,
+    )
     from sparring.registry import UnknownNameError
     from sparring.rollout.schedule import make_arena, rollout_sampling
     from sparring.train.restore import check_policy_name, load_policies
@@ -297,23 +301,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
     blunders: list = []  # (env, policy, Blunder) against minimax
     converted: list = []  # (env, policy, [WonPosition]) against minimax
     for env in envs:
-        opts, seats = env_options(cfg, env), env_seats(cfg, env)
-        for name in chosen:
-            # a policy plays its own seats of the run's games (all seats of another game)
-            mine = [s for s, n in enumerate(seats) if n == name] or None
-            if several and seats and mine is None:
-                continue  # it plays no seat of this game
+        opts, seats = env_options(cfg, env), env_seats(cfg, env) if several else []
+        # a policy plays its own seats of the run's games (all seats of another game)
+        for name, mine in seat_players(chosen, seats):
+            res = against_bots(arena, policies[name], env, opts, args.vs, games=args.games,
+                               sampling=sampling, bot_seed=args.seed, game_seed=args.seed,
+                               seats=mine, exact_minimax=True, greedy=not args.sample)
             for bot in args.vs:
-                r = evaluate_vs_bot(arena, policies[name], sampling, env, opts,
-                                    make_bot(bot, args.seed), args.games, seed=args.seed,
-                                    seats=mine)
+                r = res[bot]
                 table.add_row(env, *((name,) if several else ()), bot,
                               *(f"{r[k]:.3f} [{r[k + '_lo']:.3f}, {r[k + '_hi']:.3f}]"
                                 for k in ("win", "draw", "loss", "non_loss")),
                               f"{r['forfeit_rate']:.3f}", f"{r['invalid_rate']:.3f}")
                 if bot == "minimax":  # the same match without sampling error
-                    exact = policy_vs_minimax(arena, policies[name], env, opts, not args.sample,
-                                              mine or range(2))
+                    exact = res["minimax_exact"]
                     x = exact.rates()
                     table.add_row(env, *((name,) if several else ()), "minimax (exact)",
                                   *(f"{x[k]:.3f}" for k in ("win", "draw", "loss", "non_loss")),
@@ -322,8 +323,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                     converted.append((env, name, policy_conversion_vs_minimax(
                         arena, policies[name], env, opts, not args.sample, mine or range(2))))
         if has_game_tree(env):
-            profile = ([policies[n] for n in seats] if several and seats
-                       else policies[chosen[0]])
+            profile = seat_profile(policies if seats else {"": policies[chosen[0]]}, seats)
             console.print(f"{env} exploitability: "
                           f"{policy_exploitability(arena, profile, env, opts):.4f}")
             if args.strategy:

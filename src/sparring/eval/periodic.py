@@ -1,4 +1,5 @@
-"""The evaluation of a training run, every ``eval.every`` steps (and at the start and end).
+"""The evaluation of a training run, every ``eval.every`` steps (and at the start and end);
+its pieces (`seat_players`, `seat_profile`, `against_bots`) are also `sparring eval`'s.
 
 ``make_eval_fn(cfg, arena, policy)`` gives ``eval_fn(step, learner) -> metrics``. For every
 game of the run (an env spec with two or more seats; an alias counts as its canonical
@@ -23,7 +24,8 @@ games, keys ``<game>/joint/<metric>`` as below.
 
 Several policies (``policy`` a ``{name: policy}`` mapping, ``learner`` a ``{name: Learner}``
 mapping; the seats of a game are those of its first env spec): each policy plays the bots
-in its own seats only, keys ``policy/<name>/<game>/<bot>/<metric>``; the policies together,
+in its own seats only, keys ``policy/<name>/<game>/<bot>/<metric>`` (the exact rates of its
+magnet too, ``policy/<name>/<game>/minimax_exact_average/<metric>``); the policies together,
 each in its seats, play ``eval.games`` games, keys ``<game>/joint/<metric>``
 (`sparring.eval.games.evaluate_together`: mean score per seat -- the success rate of a
 cooperative game --, forfeit and invalid rates); exploitability is that of the profile
@@ -32,7 +34,7 @@ cooperative game --, forfeit and invalid rates); exploitability is that of the p
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sparring.envs import env_entry, has_game_tree, make
@@ -68,6 +70,37 @@ def env_seats(cfg: Config, name: str) -> list[str]:
     return next((list(s.seats) for s in cfg.envs if env_entry(s.name) is entry), [])
 
 
+def seat_players(names: Iterable[str], seats: Sequence[str]) -> list[tuple[str, list[int] | None]]:
+    """Who plays a game and in which seats: with no ``seats`` (a run with one policy, or a game
+    whose spec names none) each of ``names`` in every seat (None); else each name that owns
+    seats, in its own (``names``' order)."""
+    if not seats:
+        return [(n, None) for n in names]
+    return [(n, [s for s, owner in enumerate(seats) if owner == n]) for n in names if n in seats]
+
+
+def seat_profile(policies: Mapping[str, HFPolicy], seats: Sequence[str]) -> Any:
+    """The policy of every seat (a list by seat) when the game names its seats' policies,
+    else the one policy (in every seat)."""
+    return [policies[n] for n in seats] if seats else next(iter(policies.values()))
+
+
+def against_bots(arena: Arena, policy: HFPolicy, game: str, options: dict[str, Any],
+                 bots: Sequence[str], *, games: int, sampling: Any, bot_seed: int,
+                 game_seed: int, seats: Sequence[int] | None = None, exact_minimax: bool = False,
+                 greedy: bool = True) -> dict[str, Any]:
+    """``policy`` in ``seats`` (default: every seat, rotating) against each bot of ``bots``:
+    ``{bot: evaluate_vs_bot's rates}``; with ``exact_minimax`` and minimax among them, also
+    ``"minimax_exact"``: `policy_vs_minimax`'s result (exact rates and blunders)."""
+    out: dict[str, Any] = {
+        bot: evaluate_vs_bot(arena, policy, sampling, game, options, make_bot(bot, bot_seed),
+                             games, seed=game_seed, seats=seats) for bot in bots}
+    if exact_minimax and "minimax" in bots:
+        out["minimax_exact"] = policy_vs_minimax(arena, policy, game, options, greedy,
+                                                 range(2) if seats is None else seats)
+    return out
+
+
 def magnet_policy(cfg: Config, policy: HFPolicy, learner: Any) -> HFPolicy | None:
     """The learner's magnet as a policy (``algorithm.kl.reference=magnet``), else None."""
     if learner is None or learner.ref_model is None \
@@ -86,65 +119,46 @@ def make_eval_fn(cfg: Config, arena: Arena, policy: HFPolicy | Mapping[str, HFPo
     sampling = rollout_sampling(cfg.rollout, greedy=e.greedy)
     games = list(dict.fromkeys(env_entry(s.name).name for s in cfg.envs
                                if make(s.name, **s.options).num_seats >= 2))
-    policies = dict(policy) if isinstance(policy, Mapping) else None
+    several = isinstance(policy, Mapping)
+    policies: dict[str, HFPolicy] = dict(policy) if several else {"": policy}
+    exact = e.exact_vs_minimax and "minimax" in e.opponents
 
-    def vs_bots(p: HFPolicy, name: str, options: dict[str, Any], step: int,
-                seats: list[int] | None = None) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for opp in e.opponents:
-            res = evaluate_vs_bot(arena, p, sampling, name, options, make_bot(opp, 10_000 + step),
-                                  e.games, seed=cfg.train.seed + 1_000_000, seats=seats)
-            out.update({f"{name}/{opp}/{k}": v for k, v in res.items()})
-        if e.exact_vs_minimax and "minimax" in e.opponents:
-            res = policy_vs_minimax(arena, p, name, options, e.greedy,
-                                    range(2) if seats is None else seats).rates()
-            out.update({f"{name}/minimax_exact/{k}": v for k, v in res.items()})
-        return out
-
-    def eval_one(step: int, learner: Any) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for name in games:
-            options = env_options(cfg, name)
-            out.update(vs_bots(policy, name, options, step))
-            magnet = magnet_policy(cfg, policy, learner) if e.average else None
-            if e.exact_vs_minimax and "minimax" in e.opponents and magnet is not None:
-                res = policy_vs_minimax(arena, magnet, name, options, e.greedy, range(2)).rates()
-                out.update({f"{name}/minimax_exact_average/{k}": v for k, v in res.items()})
-            if e.self_play:
-                res = evaluate_together(arena, [policy] * make(name, **options).num_seats,
-                                        sampling, name, options, e.games,
-                                        seed=cfg.train.seed + 1_000_000)
-                out.update({f"{name}/joint/{k}": v for k, v in res.items()})
-            if e.exploitability and has_game_tree(name):
-                out[f"{name}/exploitability"] = policy_exploitability(arena, policy, name, options)
-                if magnet is not None:
-                    out[f"{name}/exploitability_average"] = policy_exploitability(
-                        arena, magnet, name, options)
-        return out
-
-    def eval_several(step: int, learners: Mapping[str, Any] | None) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for name in games:
-            options, seats = env_options(cfg, name), env_seats(cfg, name)
-            for pname in dict.fromkeys(seats):
-                mine = [s for s, n in enumerate(seats) if n == pname]
-                res = vs_bots(policies[pname], name, options, step, mine)
-                out.update({f"policy/{pname}/{k}": v for k, v in res.items()})
-            profile = [policies[n] for n in seats]
-            res = evaluate_together(arena, profile, sampling, name, options, e.games,
-                                    seed=cfg.train.seed + 1_000_000)
-            out.update({f"{name}/joint/{k}": v for k, v in res.items()})
-            if e.exploitability and has_game_tree(name):
-                out[f"{name}/exploitability"] = policy_exploitability(arena, profile, name,
-                                                                      options)
-                magnets = {n: magnet_policy(cfg, policies[n], (learners or {}).get(n))
-                           for n in dict.fromkeys(seats)}
-                if e.average and all(m is not None for m in magnets.values()):
-                    out[f"{name}/exploitability_average"] = policy_exploitability(
-                        arena, [magnets[n] for n in seats], name, options)
-        return out
+    def key(name: str, rest: str) -> str:  # one policy's keys carry no policy/<name>/
+        return f"policy/{name}/{rest}" if several else rest
 
     def eval_fn(step: int, learner: Any = None) -> dict[str, Any]:
-        return eval_one(step, learner) if policies is None else eval_several(step, learner)
+        learners = learner if several else {"": learner}
+        out: dict[str, Any] = {}
+        for game in games:
+            options, seats = env_options(cfg, game), env_seats(cfg, game) if several else []
+            names = dict.fromkeys(seats or policies)  # the policies that play this game
+            magnets = {n: magnet_policy(cfg, policies[n], (learners or {}).get(n))
+                       if e.average else None for n in names}
+            for name, mine in seat_players(names, seats):
+                res = against_bots(arena, policies[name], game, options, e.opponents,
+                                   games=e.games, sampling=sampling, bot_seed=10_000 + step,
+                                   game_seed=cfg.train.seed + 1_000_000, seats=mine,
+                                   exact_minimax=exact, greedy=e.greedy)
+                for bot, r in res.items():
+                    rates = r.rates() if bot == "minimax_exact" else r
+                    out.update({key(name, f"{game}/{bot}/{k}"): v for k, v in rates.items()})
+                if exact and magnets[name] is not None:
+                    rates = policy_vs_minimax(arena, magnets[name], game, options, e.greedy,
+                                              range(2) if mine is None else mine).rates()
+                    out.update({key(name, f"{game}/minimax_exact_average/{k}"): v
+                                for k, v in rates.items()})
+            profile = seat_profile(policies, seats)
+            if several or e.self_play:
+                res = evaluate_together(
+                    arena, profile if seats else [profile] * make(game, **options).num_seats,
+                    sampling, game, options, e.games, seed=cfg.train.seed + 1_000_000)
+                out.update({f"{game}/joint/{k}": v for k, v in res.items()})
+            if e.exploitability and has_game_tree(game):
+                out[f"{game}/exploitability"] = policy_exploitability(arena, profile, game,
+                                                                      options)
+                if all(m is not None for m in magnets.values()):
+                    out[f"{game}/exploitability_average"] = policy_exploitability(
+                        arena, seat_profile(magnets, seats), game, options)
+        return out
 
     return eval_fn
