@@ -20,7 +20,7 @@ import copy
 import torch
 from torch import Tensor, nn
 
-from sparring.policy.hidden import capture_hidden, output_embedding
+from sparring.policy.hidden import capture_hidden, output_embedding, shift_right
 
 
 class ValueHead(nn.Module):
@@ -32,13 +32,6 @@ class ValueHead(nn.Module):
 
     def forward(self, hidden: Tensor) -> Tensor:
         return self.net(hidden.float()).squeeze(-1)
-
-
-def shift_values(v: Tensor) -> Tensor:
-    """``v[:, t]`` computed at position t -> value of the context before token ``t + 1``."""
-    out = torch.zeros_like(v)
-    out[:, 1:] = v[:, :-1]
-    return out
 
 
 def critic_body(policy: nn.Module, kind: str) -> nn.Module | None:
@@ -80,4 +73,4 @@ class Critic(nn.Module):
     def separate_values(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """Values from the separate model (``kind='separate'`` only)."""
         assert self.body is not None
-        return shift_values(self.head(last_hidden(self.body, input_ids, attention_mask)))
+        return shift_right(self.head(last_hidden(self.body, input_ids, attention_mask)))

@@ -23,7 +23,7 @@ from contextlib import nullcontext
 import torch
 from torch import Tensor
 
-from sparring.policy.hidden import capture_hidden
+from sparring.policy.hidden import capture_hidden, shift_right
 from sparring.policy.prefix import Prefixes, shared_prefix_logits, to_rows
 
 Allowed = Sequence[dict[int, list[int]] | None]
@@ -114,11 +114,7 @@ def _forward(model, input_ids, attention_mask, temperature, with_entropy, allowe
             out = model(input_ids=input_ids, attention_mask=attention_mask.long(),
                         use_cache=False)
         lp, ent = logprobs_from_logits(out.logits, input_ids, temperature, with_entropy, allowed)
-        hidden = None
-        if keep_hidden:  # hs[-1][:, t] predicts token t + 1
-            hidden = torch.zeros_like(hs[-1])
-            hidden[:, 1:] = hs[-1][:, :-1]
-        return lp, ent, hidden
+        return lp, ent, shift_right(hs[-1]) if keep_hidden else None  # hs[-1][:, t]: token t + 1
     logits, targets, pos, h = shared_prefix_logits(model, input_ids, attention_mask, prefixes,
                                                    keep_hidden=keep_hidden)
     shifted = None
@@ -130,5 +126,5 @@ def _forward(model, input_ids, attention_mask, temperature, with_entropy, allowe
     T = input_ids.shape[1]
     hidden = None
     if h is not None:  # h[:, s] predicts the token at plen + s, i.e. logits' layout shifted
-        hidden = to_rows(torch.cat([torch.zeros_like(h[:, :1]), h[:, :-1]], 1), pos, T)
+        hidden = to_rows(shift_right(h), pos, T)
     return (to_rows(lp, pos, T), None if ent is None else to_rows(ent, pos, T), hidden)

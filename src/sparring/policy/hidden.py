@@ -30,3 +30,9 @@ def capture_hidden(model: torch.nn.Module) -> Iterator[list[Tensor]]:
         yield store
     finally:
         handle.remove()
+
+
+def shift_right(x: Tensor) -> Tensor:
+    """``x [n, T, ...]`` moved one position along dim 1, 0 first: what position ``t`` computed
+    (about the token after it) is filed under token ``t + 1``, as log-probs and values are."""
+    return torch.cat([torch.zeros_like(x[:, :1]), x[:, :-1]], 1)
