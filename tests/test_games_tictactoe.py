@@ -139,3 +139,29 @@ def test_compact_observation_is_mark_and_cells_in_order():
     env.step("1")
     assert env.observation(0) == "X O...X...."
     assert "Waiting for X" in env.observation(1)  # the seat not to move sees the full text
+
+
+def test_numbered_observation_writes_each_free_cell_as_its_answer():
+    from sparring.envs import make
+
+    env = make("tictactoe", numbered=True)
+    env.reset(0)
+    for cell in ("1", "5", "2"):
+        env.step(cell)
+    # X on 1 and 2, O on 5: O blocks with the number written in the top row
+    assert env.observation(1) == "X X 3\n4 O 6\n7 8 9\nYou are O. Your move."
+    assert "An empty cell shows its number." in env.system_prompt(1)
+    assert "empty cell" not in make("tictactoe").system_prompt(1)
+    # canonical: numbered in the view's own order, so a number names the cell a reply names
+    turned, canon = (make("tictactoe", numbered=True, canonical=True) for _ in range(2))
+    for game, moves in ((canon, ("1", "5", "2")), (turned, ("9", "5", "8"))):  # 180 degrees
+        game.reset(0)
+        for cell in moves:
+            game.env.step(cell)  # board cells (the wrapper's step takes the mover's view)
+    assert canon.observation(1) == turned.observation(1) == "1 2 3\n4 O 6\n7 X X\nYou are O. Your move."
+    for game, block in ((canon, "3"), (turned, "7")):
+        assert game.parse(1, "<answer>7</answer>").action == "7"
+        game.step("7")
+        assert game.env.board[int(block) - 1] == "O"
+    with pytest.raises(ValueError, match="'compact' and 'numbered'"):
+        make("tictactoe", numbered=True, compact=True)

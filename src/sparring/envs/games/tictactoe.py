@@ -39,8 +39,12 @@ class TicTacToe(TwoPlayerBoardGame):
     num_seats = 2
     ALL_ACTIONS = CELLS
 
-    def __init__(self, compact: bool = False) -> None:
+    def __init__(self, compact: bool = False, numbered: bool = False) -> None:
+        if compact and numbered:
+            raise ValueError("tictactoe: options 'compact' and 'numbered' exclude each other "
+                             "(compact shows the mover only its mark and the cells in a row)")
         self.compact = bool(compact)
+        self.numbered = bool(numbered)
         self.reset(0)
 
     def reset(self, seed: int = 0) -> None:
@@ -61,8 +65,10 @@ class TicTacToe(TwoPlayerBoardGame):
         """The rules, the same text for both seats (the observation names the seat), so a
         batch's prompts share it and it runs once (`sparring.policy.prefix`)."""
         self._check_seat(seat)
+        empty = "An empty cell shows its number. " if self.numbered else ""
         return ("Tic-tac-toe. X moves first. Cells are numbered\n"
-                "123\n456\n789\nGet three in a row. Reply with one cell, e.g. <answer>5</answer>.")
+                f"123\n456\n789\nGet three in a row. {empty}"
+                "Reply with one cell, e.g. <answer>5</answer>.")
 
     def symmetries(self) -> int:
         """How many views `observation` and `view_action` / `board_action` know (8)."""
@@ -82,12 +88,18 @@ class TicTacToe(TwoPlayerBoardGame):
         b = "".join(self.board[i] for i in VIEWS[view])
         if self.compact and not self.done and seat == self.turn:
             return f"{MARKS[seat]} {b}"  # the mover's mark, then cells 1-9 in order
-        rows = f"{b[0:3]}\n{b[3:6]}\n{b[6:9]}\n"
+        if self.numbered:  # "X 2 3\n4 O 6\n7 8 9\n": a free cell reads as the answer that takes it
+            cells = [c if c != "." else CELLS[i] for i, c in enumerate(b)]
+            rows = "".join(" ".join(cells[r:r + 3]) + "\n" for r in (0, 3, 6))
+        else:
+            rows = f"{b[0:3]}\n{b[3:6]}\n{b[6:9]}\n"
         if self.done:
             end = "Draw." if self.winner is None else f"{MARKS[self.winner]} wins."
             return rows + f"You are {MARKS[seat]}. Game over: {end}"
         if seat != self.turn:
             return rows + f"You are {MARKS[seat]}. Waiting for {MARKS[self.turn]}."
+        if self.numbered:  # the numbers on the board are the legal moves
+            return rows + f"You are {MARKS[seat]}. Your move."
         legal = sorted(self.view_action(a, view) for a in self.legal_actions(seat))
         return rows + f"You are {MARKS[seat]}. Legal: {' '.join(legal)}"
 
@@ -107,10 +119,14 @@ class TicTacToe(TwoPlayerBoardGame):
 
 @register_env("tictactoe", family="game", source="classic; rules as OpenSpiel tic_tac_toe",
               aliases=("tic_tac_toe",))
-def make_tictactoe(compact: bool = False, canonical: bool = False) -> Env:
+def make_tictactoe(compact: bool = False, canonical: bool = False,
+                   numbered: bool = False) -> Env:
     """Tic-tac-toe; ``compact``: the mover sees only its mark and cells 1-9 in order
-    (``"O X...O.X.."``), for tiny models; ``canonical``: every seat sees the board in the
+    (``"O X...O.X.."``), for tiny models; ``numbered``: an empty cell shows its number
+    (``"X 2 3"``) and the legal list is left out, so the move that completes or blocks a
+    line is the number written in it (as TextArena's board, which SPIRAL trains on);
+    ``canonical``: every seat sees the board in the
     orientation of the square whose text sorts first, and names its cells in it
     (`sparring.envs.wrappers.CanonicalViews`: the four corner openings read as one)."""
-    game = TicTacToe(compact=compact)
+    game = TicTacToe(compact=compact, numbered=numbered)
     return CanonicalViews(game) if canonical else game
