@@ -14,7 +14,7 @@ import importlib
 from typing import Any
 
 _EXPORTS = {"Config": "config", "ConfigError": "config", "load_config": "config",
-            "Learner": "learner", "NonFiniteError": "learner",
+            "Learner": "learner", "NonFiniteError": "guarded_step",
             "resume": "loop", "train": "loop"}
 __all__ = sorted(_EXPORTS)
 

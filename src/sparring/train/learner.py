@@ -7,9 +7,10 @@ Per mini-batch (one optimizer step) the loss is
 
 where ``agg`` is `sparring.aggregation.aggregate` with the token / sequence counts of the
 whole mini-batch, so the accumulated gradient over micro-batches does not depend on the
-micro-batch size. The reference is the frozen initial model (with LoRA: the base model
-with adapters disabled) or a "magnet": an EMA of the policy's weights, updated after each
-optimizer step (regularised self-play, R-NaD / magnetic mirror descent).
+micro-batch size. The reference (`sparring.train.reference`) is the frozen initial model
+(with LoRA: the base model with adapters disabled) or a "magnet": an EMA of the policy's
+weights, updated after each optimizer step (regularised self-play, R-NaD / magnetic mirror
+descent).
 With ``adapter=NAME`` (several policies as LoRA adapters on one base, ``lora.shared_base``)
 the learner trains only that adapter's weights and activates it before every forward; a
 magnet then copies the whole model (base included) once per such learner.
@@ -26,18 +27,17 @@ batch shapes only) and larger where the sampler is another engine or another pre
 truncated importance weight min(pi_learner / pi_sampler, c) (`sparring.importance`), and
 ``sampler/is_weight`` (its mean over the tokens) and ``sampler/is_weight_max`` are logged.
 A non-finite loss or gradient skips the optimizer step with a warning, and so does a step
-that would leave a weight or an optimizer moment non-finite (it is undone, bit for bit);
+that would leave a weight or an optimizer moment non-finite (it is undone, bit for bit:
+`sparring.train.guarded_step`);
 after ``max_skipped_updates`` consecutive skips `NonFiniteError` is raised.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 from collections import defaultdict
 from collections.abc import Collection
-from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -62,7 +62,9 @@ from sparring.policy.prefix import (
     first_action_positions,
 )
 from sparring.train.config import Config
-from sparring.train.lora import is_adapter_weight, is_peft, load_parameters, use_adapter
+from sparring.train.guarded_step import NonFiniteError, guarded_step
+from sparring.train.lora import is_adapter_weight, use_adapter
+from sparring.train.reference import Reference
 from sparring.train.schedule import LRSchedule, lr_at
 
 log = logging.getLogger(__name__)
@@ -70,21 +72,6 @@ log = logging.getLogger(__name__)
 # per-row batch fields an objective may ask for in its ``needs`` (passed as options)
 _ROW_OPTIONS = {"group": "group", "rewards": "returns", "agent": "agent", "episode": "episode",
                 "turn": "turn", "length": "length"}
-
-
-def _amax(ts: list[Tensor]) -> float:
-    """``max |x|`` over all the tensors ``ts`` (NaN if one holds a NaN), one device sync."""
-    if not ts:
-        return 0.0
-    if ts[0].is_cuda and hasattr(torch.nn.utils, "get_total_norm"):  # fused, torch >= 2.6
-        return float(torch.nn.utils.get_total_norm(ts, math.inf))
-    # on CPU the inf-norm is ~10x slower than aminmax
-    return float(torch.stack([torch.stack(torch.aminmax(t.detach())).float() for t in ts])
-                 .abs().max())
-
-
-class NonFiniteError(RuntimeError):
-    """Too many consecutive updates had a non-finite loss, gradient or updated weight."""
 
 
 def _keep_max(stats: dict[str, float], name: str, value: float) -> None:
@@ -115,11 +102,8 @@ class Learner:
         self.objective = OBJECTIVES.get(a.objective)
         self.needs_ref = (a.kl.coef > 0 or "ref_logp" in self.objective.needs
                           or "ref_logp" in self.needs)
-        self.ref_model: nn.Module | None = None
-        if self.needs_ref and (a.kl.reference == "magnet" or not is_peft(model)):
-            self.ref_model = copy.deepcopy(model).eval()
-            for p in self.ref_model.parameters():
-                p.requires_grad_(False)
+        self.reference = (Reference(model, a.kl.reference, a.kl.magnet_rate, self.trained)
+                          if self.needs_ref else None)
         # ArCHer's utterance critic has its own optimizer (sparring.critic.archer)
         self.archer = (Archer(model, cfg) if "utterance_critic" in self.needs
                        and c.enabled != "off" else None)
@@ -153,10 +137,11 @@ class Learner:
         mode = self.cfg.critic.enabled
         return mode == "on" or (mode == "auto" and "values" in self.needs)
 
-    def _ref_context(self):
-        if self.ref_model is None and is_peft(self.model):
-            return self.model.disable_adapter()
-        return nullcontext()
+    @property
+    def ref_model(self) -> nn.Module | None:
+        """The reference's own copy (a magnet, or a full model's frozen start), else None
+        (no KL reference, or the LoRA model's base with its adapters disabled)."""
+        return None if self.reference is None else self.reference.copy
 
     def _prefixes(self, ids: Tensor, att: Tensor, amask: Tensor | None) -> Prefixes | None:
         """The rows' prompts, to run each distinct one and their common start once, when
@@ -230,8 +215,8 @@ class Learner:
             for rows in self._chunks(batch.n_rows):
                 ids, att, L = self._micro_slices(batch, rows)
                 if what == "ref":
-                    model = self.ref_model if self.ref_model is not None else self.model
-                    with self._ref_context(), autocast_for(model):
+                    model = self.reference.model
+                    with self.reference.context(), autocast_for(model):
                         out[rows, :L] = token_logprobs(
                             model, ids, att, self.temperature,
                             allowed=self._allowed(batch, rows),
@@ -379,83 +364,10 @@ class Learner:
                 f"stopping (limit train.max_skipped_updates={limit}). Lower optim.lr, check "
                 f"rewards/advantages for NaN or inf, or raise optim.max_grad_norm clipping.")
 
-    def _step_stays_finite(self, grad_norm: float) -> bool:
-        """True when this AdamW step provably leaves every weight and moment finite, from
-        maxima of the tensors it reads (no copies). With ``G = grad_norm >= max|g|`` (the
-        gradients' norm before clipping), per parameter group: the new first moment is a
-        convex mix of the old one and the gradient, ``|m'| <= M = max(max|m|, G)``; the step
-        is ``p' = p (1 - lr wd) - lr / (1 - b1^t) m' / (sqrt(v'_hat) + eps)``, so
-        ``|p'| <= max|p| |1 - lr wd| + lr M / ((1 - b1) eps)``; and ``v' <= max v + G^2``.
-        These bounds and the step size ``lr / (1 - b1^t)`` must stay under a quarter of the
-        weights' largest float (room for rounding); a NaN or inf anywhere fails the test."""
-        if type(self.optimizer) is not torch.optim.AdamW:
-            return False
-        for group in self.optimizer.param_groups:
-            ps = [p for p in group["params"] if p.grad is not None]
-            if not ps:
-                continue
-            lr, wd, (b1, _), eps = (float(group["lr"]), group["weight_decay"], group["betas"],
-                                    group["eps"])
-            states = [self.optimizer.state.get(p, {}) for p in ps]
-            p_max = _amax(ps)
-            m_max = _amax([s["exp_avg"] for s in states if "exp_avg" in s])
-            v_max = _amax([s["exp_avg_sq"] for s in states if "exp_avg_sq" in s])
-            if not (all(map(math.isfinite, (p_max, m_max, v_max, grad_norm, lr)))
-                    and eps > 0 and 0 <= b1 < 1):
-                return False
-            M = max(m_max, grad_norm)
-            p_bound = p_max * abs(1 - lr * wd) + lr * M / ((1 - b1) * eps)
-            v_bound = v_max + grad_norm**2
-            limit = min(torch.finfo(p.dtype).max for p in ps) / 4
-            if not (p_bound < limit and v_bound < limit and lr / (1 - b1) < limit):
-                return False
-        return True
-
     def _guarded_step(self, grad_norm: float) -> bool:
-        """``optimizer.step()``, unless it makes a weight or a moment non-finite: then the
-        weights and the optimizer are put back bit for bit and the result is False. When
-        `_step_stays_finite` proves the step safe (any sane learning rate) no copy is made;
-        otherwise the parameters and their optimizer state are copied first (and put back
-        too if the step raises, e.g. torch's overflow error for a step size beyond float32)."""
-        if self._step_stays_finite(grad_norm):
-            self.optimizer.step()
-            return True
-        params = [p for g in self.optimizer.param_groups for p in g["params"]
-                  if p.grad is not None]
-        saved = [(p, p.detach().clone(), {k: v.clone() if isinstance(v, Tensor) else v
-                                          for k, v in self.optimizer.state.get(p, {}).items()})
-                 for p in params]
-
-        def put_back() -> None:
-            with torch.no_grad():
-                for p, weights, state in saved:
-                    p.copy_(weights)
-                    if state:
-                        self.optimizer.state[p] = state
-                    else:  # its first step: AdamW had no state for it
-                        self.optimizer.state.pop(p, None)
-
-        try:
-            self.optimizer.step()
-        except BaseException:
-            put_back()
-            raise
-        after = [t for p in params for t in (p, *self.optimizer.state[p].values())
-                 if isinstance(t, Tensor) and t.is_floating_point()]
-        if all(bool(torch.isfinite(t).all()) for t in after):
-            return True
-        put_back()
-        return False
-
-    def _magnet_step(self) -> None:
-        a = self.cfg.algorithm
-        if self.ref_model is None or a.kl.reference != "magnet":
-            return
-        ref = dict(self.ref_model.named_parameters())  # by name: the model may have gained
-        with torch.no_grad():                           # adapters since (pool snapshots)
-            for n, p in self.model.named_parameters():
-                if n in self.trained:
-                    ref[n].lerp_(p.detach(), a.kl.magnet_rate)
+        """The optimizer step, undone if it leaves a weight non-finite
+        (`sparring.train.guarded_step`)."""
+        return guarded_step(self.optimizer, grad_norm)
 
     def update(self, batch: TurnBatch, advantages: Tensor, keep: Tensor | None = None
                ) -> dict[str, float]:
@@ -522,7 +434,8 @@ class Learner:
                     continue
                 self.optimizer.zero_grad(set_to_none=True)
                 self.consecutive_skips = 0
-                self._magnet_step()
+                if self.reference is not None:
+                    self.reference.pull()
                 grad_norms.append(gn)
                 steps += 1
         out = {"lr": self.schedule.current()}
@@ -553,9 +466,9 @@ class Learner:
             st["critic"] = self.critic.state_dict()
         if self.archer is not None:
             st["archer"] = self.archer.state_dict()
-        if self.ref_model is not None and self.cfg.algorithm.kl.reference == "magnet":
-            st["magnet"] = {k: p for k, p in self.ref_model.named_parameters()
-                            if k in self.trained}
+        magnet = None if self.reference is None else self.reference.magnet_state()
+        if magnet is not None:
+            st["magnet"] = magnet
         return st
 
     def load_state_dict(self, st: dict[str, Any]) -> None:
@@ -571,17 +484,15 @@ class Learner:
                 raise KeyError("this run trains ArCHer's critic but the checkpoint holds none")
             self.archer.load_state_dict(st["archer"])
         if "magnet" in st:
-            if self.ref_model is None:
+            if self.reference is None:
                 raise KeyError("checkpoint has magnet weights but this run has no magnet")
-            load_parameters(self.ref_model, st["magnet"])
+            self.reference.load_magnet_state(st["magnet"])
 
     def reference_state(self) -> dict[str, Tensor] | None:
         """Weights of a frozen 'initial' reference copy (saved once per run), else None."""
-        if self.ref_model is None or self.cfg.algorithm.kl.reference != "initial":
-            return None
-        return self.ref_model.state_dict()
+        return None if self.reference is None else self.reference.frozen_state()
 
     def load_reference_state(self, state: dict[str, Tensor]) -> None:
-        if self.ref_model is None:
+        if self.reference is None:
             raise KeyError("this run has no frozen reference model")
-        self.ref_model.load_state_dict(state)
+        self.reference.load_frozen_state(state)

@@ -1,0 +1,76 @@
+"""The reference model of the KL term, ``algorithm.kl.reference``:
+
+* ``initial``: the frozen starting model. A full model is copied once; a LoRA model needs
+  no copy, since its base with the adapters disabled is the starting model.
+* ``magnet``: a copy whose trained weights follow the policy's after every optimizer step,
+  ``m <- m + rate (w - m)`` (an exponential moving average: the "magnet" of regularised
+  self-play, R-NaD / magnetic mirror descent), so the KL pulls towards a slowly moving
+  average of the policy rather than its start.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Collection
+from contextlib import AbstractContextManager, nullcontext
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from sparring.train.lora import is_peft, load_parameters
+
+
+class Reference:
+    """The reference of the policy ``model`` whose weights ``trained`` are trained."""
+
+    def __init__(self, model: nn.Module, kind: Literal["initial", "magnet"], rate: float,
+                 trained: Collection[str]):
+        self.policy, self.kind, self.rate, self.trained = model, kind, rate, trained
+        self.copy: nn.Module | None = None
+        if kind == "magnet" or not is_peft(model):
+            self.copy = copy.deepcopy(model).eval()
+            for p in self.copy.parameters():
+                p.requires_grad_(False)
+
+    @property
+    def model(self) -> nn.Module:
+        """The module to run for reference log-probs (under `context`)."""
+        return self.copy if self.copy is not None else self.policy
+
+    def context(self) -> AbstractContextManager:
+        """What a reference forward runs under: the adapters disabled when the reference
+        is the LoRA model's own base, else nothing."""
+        return self.policy.disable_adapter() if self.copy is None else nullcontext()
+
+    @torch.no_grad()
+    def pull(self) -> None:
+        """After an optimizer step: the magnet moves towards the policy's trained weights
+        (paired by name: the model may have gained adapters since, pool snapshots)."""
+        if self.kind != "magnet":
+            return
+        ref = dict(self.copy.named_parameters())
+        for n, p in self.policy.named_parameters():
+            if n in self.trained:
+                ref[n].lerp_(p.detach(), self.rate)
+
+    def magnet_state(self) -> dict[str, Tensor] | None:
+        """The magnet's trained weights (a checkpoint's), else None."""
+        if self.kind != "magnet":
+            return None
+        return {k: p for k, p in self.copy.named_parameters() if k in self.trained}
+
+    def load_magnet_state(self, state: dict[str, Tensor]) -> None:
+        if self.kind != "magnet":
+            raise KeyError("checkpoint has magnet weights but this run has no magnet")
+        load_parameters(self.copy, state)
+
+    def frozen_state(self) -> dict[str, Tensor] | None:
+        """Weights of a frozen ``initial`` copy (saved once per run), else None."""
+        return self.copy.state_dict() if self.kind == "initial" and self.copy is not None \
+            else None
+
+    def load_frozen_state(self, state: dict[str, Tensor]) -> None:
+        if self.kind != "initial" or self.copy is None:
+            raise KeyError("this run has no frozen reference model")
+        self.copy.load_state_dict(state)
