@@ -18,9 +18,11 @@ Rows (all at the old Kuhn recipe's batch, 32 episodes a step, where the ratio is
 - ``kuhn free decoding``: configs/smollm2_kuhn_free.yaml (stop string, bf16, one micro-batch);
 - ``kuhn``: configs/smollm2_kuhn.yaml, the new default (legal moves, magnet, bf16);
 - ``kuhn float32``: the same in float32 (what a device without bf16 runs);
-- ``tictactoe before`` / ``tictactoe``: configs/smollm2_tictactoe.yaml in float32 and as shipped;
-- ``tictactoe critic``: the same with RAGEN's bi-level GAE (``turn_gae``), whose value head
-  reads the policy's own forward (what a critic on the policy adds to a step).
+- ``tictactoe before`` / ``tictactoe``: configs/smollm2_tictactoe.yaml in float32 and as
+  shipped (RAGEN's bi-level GAE, ``turn_gae``, whose value head reads the policy's own
+  forward);
+- ``tictactoe no critic``: the same with per-(group, seat) returns-to-go (``turn_rtg``, the
+  recipe before session 19), so the two rows show what the critic adds to a step.
 
 ``--random-weights DIR``: where SmolLM2's weights cannot travel (the lent GPU), DIR holds
 its ``config.json`` and tokenizer files only, and every row runs a model of that shape with
@@ -67,8 +69,9 @@ ROWS = {
     "kuhn float32": ("smollm2_kuhn", [BATCH, "model.precision=float32"]),
     "tictactoe before": ("smollm2_tictactoe", [BATCH, "model.precision=float32"]),
     "tictactoe": ("smollm2_tictactoe", [BATCH]),
-    "tictactoe critic": ("smollm2_tictactoe", [BATCH, "algorithm.estimator=turn_gae",
-                                               "algorithm.estimator_options={}"]),
+    "tictactoe no critic": ("smollm2_tictactoe", [
+        BATCH, "algorithm.estimator=turn_rtg",
+        "algorithm.estimator_options={scope: group_agent, std: false}"]),
 }
 
 
