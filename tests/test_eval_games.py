@@ -218,7 +218,7 @@ def test_with_an_answer_prefix_the_exact_evaluation_scores_what_follows_it(tmp_p
     each move as the model writes it after the prefix ("bet</answer>"): the softmax over
     the moves' first characters after the prompt plus '<answer>' (one plain forward, by
     hand). A prefix that does not start the format is refused by name."""
-    from sparring.eval.games import _probabilities_at
+    from sparring.eval.games import probabilities_at
     from sparring.rollout.prompts import PromptBuilder, PromptConfig
 
     parts = build(_cfg(["rollout.answer_prefix=<answer>",
@@ -227,7 +227,7 @@ def test_with_an_answer_prefix_the_exact_evaluation_scores_what_follows_it(tmp_p
     tok = policy.tokenizer
     env = make("kuhn_poker")
     env.reset(0)
-    got = _probabilities_at(policy, arena, [(env, 0)])[0]
+    got = probabilities_at(policy, arena, [(env, 0)])[0]
     plain = PromptBuilder(tok, PromptConfig(history="state", max_prompt_tokens=0,
                                             system_prompt=arena.prompt.system_prompt))
     ids = plain.build(env.system_prompt(0), [], env.observation(0)).ids

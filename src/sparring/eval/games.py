@@ -189,7 +189,7 @@ def action_probabilities(policy: HFPolicy, prompts: list[list[int]],
     return [{a: p / z for a, p in row.items()} for row, z in zip(out, totals)]
 
 
-def _probabilities_at(policy: HFPolicy, arena: Arena, positions: Sequence[tuple[Any, int]]
+def probabilities_at(policy: HFPolicy, arena: Arena, positions: Sequence[tuple[Any, int]]
                       ) -> list[dict[str, float]]:
     """`action_probabilities` of ``policy`` at each (env, seat), the prompt being the seat's
     current observation only (and the arena's system prompt), 256 positions a batch."""
@@ -215,7 +215,7 @@ def policy_strategy(arena: Arena, policy: HFPolicy | Sequence[HFPolicy], env: st
     table: dict[str, dict[str, float]] = {}
     for p in dict.fromkeys(per_seat or [policy]):  # each distinct policy, on its own seats
         keys = [k for k, (seat, _) in points.items() if per_seat is None or per_seat[seat] is p]
-        probs = _probabilities_at(p, arena, [(points[k][1], points[k][0]) for k in keys])
+        probs = probabilities_at(p, arena, [(points[k][1], points[k][0]) for k in keys])
         table.update(zip(keys, probs))
     return {k: table[k] for k in points}
 
@@ -234,7 +234,7 @@ def policy_vs_minimax(arena: Arena, policy: HFPolicy, env: str, options: dict[st
     current observation only, as in `policy_exploitability`."""
     return exact_vs_minimax(
         lambda: make(env, **options),
-        lambda envs, seat: _probabilities_at(policy, arena, [(e, seat) for e in envs]),
+        lambda envs, seat: probabilities_at(policy, arena, [(e, seat) for e in envs]),
         seats, greedy)
 
 
@@ -247,5 +247,5 @@ def policy_conversion_vs_minimax(arena: Arena, policy: HFPolicy, env: str,
     `policy_vs_minimax`)."""
     return conversion_vs_minimax(
         lambda: make(env, **options),
-        lambda envs, seat: _probabilities_at(policy, arena, [(e, seat) for e in envs]),
+        lambda envs, seat: probabilities_at(policy, arena, [(e, seat) for e in envs]),
         seats, greedy, plies)

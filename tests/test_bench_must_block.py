@@ -1,0 +1,24 @@
+"""bench/must_block.py's position list, checked on boards worked out by hand."""
+
+from tests.helpers import load_bench
+
+must_block = load_bench("must_block")
+
+
+def test_must_block_positions_by_hand():
+    found = {"".join(b): (seat, cell) for b, seat, cell in must_block.must_block_positions()}
+    # X on 1 and 2, O on 5: O must take 3 (index 2)
+    assert found["XX..O...."] == (1, 2)
+    # O on 5 and 8 threatens 2; X on 3 and 7 has no open line of two: X must take 2
+    assert found["..X.O.XO."] == (0, 1)
+    # a fork (X1 O5 X2 O9 X4: X threatens 3 and 7): no move saves O, so not listed
+    assert "XX.XO...O" not in found
+    # X to move can win at 3: not listed although O threatens 6
+    assert "XX.OO...." not in found
+    # unreachable (O ahead of X) and finished boards are not listed
+    assert "OO.O....X" not in found and "XXXOO...." not in found
+    for board, (seat, cell) in found.items():  # the definition, on every entry
+        b = list(board)
+        assert b.count("X") - b.count("O") == (1 if seat == 1 else 0)
+        assert not must_block.winning_cells(b, "XO"[seat])
+        assert must_block.winning_cells(b, "XO"[1 - seat]) == {cell}
