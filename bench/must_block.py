@@ -85,9 +85,10 @@ def main() -> None:
             env = make("tictactoe", **options)
             game = getattr(env, "env", env)  # the board under a view wrapper
             game.board, game.turn = board, seat
-            if env.observation(seat) in texts:
+            text = env.observation(seat)
+            if text in texts:
                 continue
-            texts.add(env.observation(seat))
+            texts.add(text)
             view = env.view(seat) if hasattr(env, "view") else 0
             positions.append((env, seat))
             blocks.append(game.view_action(str(cell + 1), view))

@@ -100,10 +100,10 @@ class Learner:
         self.temperature = cfg.rollout.temperature if temperature is None else temperature
         _load_objectives()
         self.objective = OBJECTIVES.get(a.objective)
-        self.needs_ref = (a.kl.coef > 0 or "ref_logp" in self.objective.needs
-                          or "ref_logp" in self.needs)
+        needs_ref = (a.kl.coef > 0 or "ref_logp" in self.objective.needs
+                     or "ref_logp" in self.needs)
         self.reference = (Reference(model, a.kl.reference, a.kl.magnet_rate, self.trained)
-                          if self.needs_ref else None)
+                          if needs_ref else None)
         # ArCHer's utterance critic has its own optimizer (sparring.critic.archer)
         self.archer = (Archer(model, cfg) if "utterance_critic" in self.needs
                        and c.enabled != "off" else None)
@@ -243,7 +243,7 @@ class Learner:
         return self._per_row(batch, "policy")
 
     def ref_logprobs(self, batch: TurnBatch) -> Tensor:
-        if not self.needs_ref:
+        if self.reference is None:
             raise ValueError("this run has no reference model (algorithm.kl.coef is 0)")
         return self._per_row(batch, "ref")
 
@@ -392,7 +392,7 @@ class Learner:
         old = (batch.old_logp if not a.recompute_old_logp else None if one_step
                else self.policy_logprobs(batch))
         ref = None
-        if self.needs_ref:
+        if self.reference is not None:
             ref = batch.ref_logp if batch.ref_logp is not None else self.ref_logprobs(batch)
         stats: dict[str, float] = defaultdict(float)
         grad_norms: list[float] = []
