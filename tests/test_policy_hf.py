@@ -111,6 +111,25 @@ def test_greedy_batched_equals_uncached_reference(tiny_on, shared):
         assert g.token_ids == _greedy_reference(model, tok, p, 6)
 
 
+def test_the_cache_goes_under_the_installed_transformers_name(tiny):
+    """Generation passes its KV cache as the model's forward names it (``cache`` in
+    transformers 5.2x, ``past_key_values`` before), so no deprecation is logged per run."""
+    import inspect
+
+    model, tok = tiny
+    names = inspect.signature(type(model).forward).parameters
+    want = "cache" if "cache" in names else "past_key_values"
+    seen = []
+    hook = model.register_forward_pre_hook(
+        lambda _m, _a, kw: seen.append({k for k in ("cache", "past_key_values") if k in kw}),
+        with_kwargs=True)
+    try:
+        HFPolicy(model, tok).generate(_prompts(tok, SYSTEM), SamplingParams(max_new_tokens=4))
+    finally:
+        hook.remove()
+    assert seen and all(s <= {want} for s in seen) and any(s == {want} for s in seen)
+
+
 def test_seeded_reproducibility(tiny):
     model, tok = tiny
     sp = SamplingParams(max_new_tokens=8)

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from sparring.memo import BoundedMemo
 from sparring.policy.precision import autocast_for
-from sparring.policy.prefix import distinct, run_prompts, select_rows
+from sparring.policy.prefix import cache_of, distinct, run_prompts, select_rows, with_cache
 from sparring.policy.sampling import (
     Generation,
     SamplingParams,
@@ -214,8 +214,8 @@ class HFPolicy:
                 rows = [rows[k] for k in live]
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             out = self.model(input_ids=tok[:, None], attention_mask=mask,
-                             position_ids=next_pos[:, None], past_key_values=cache, use_cache=True)
-            cache, z_next = out.past_key_values, out.logits[:, -1]
+                             position_ids=next_pos[:, None], **with_cache(cache))
+            cache, z_next = cache_of(out), out.logits[:, -1]
             next_pos = next_pos + 1
 
         return [Generation(

@@ -17,6 +17,7 @@ Shapes: ``ids``, ``att`` ``[n, T]`` right-padded; ``plen [n]`` the prefix length
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Hashable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -88,6 +89,29 @@ def first_action_positions(action_mask: Tensor, lengths: Tensor) -> Tensor:
     has = action_mask.any(1)
     first = action_mask.to(torch.uint8).argmax(1)
     return torch.where(has, first, lengths).clamp(min=1)
+
+
+@functools.cache
+def cache_argument() -> str:
+    """The name transformers gives a forward's KV cache: ``cache`` from 5.2x on (where
+    ``past_key_values`` still works with a deprecation warning per process), before that
+    ``past_key_values``."""
+    from dataclasses import fields
+
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    names = {f.name for f in fields(CausalLMOutputWithPast)}
+    return "cache" if "cache" in names else "past_key_values"
+
+
+def with_cache(cache: Any) -> dict[str, Any]:
+    """Forward keyword arguments that pass ``cache`` (``model(..., **with_cache(c))``)."""
+    return {cache_argument(): cache, "use_cache": True}
+
+
+def cache_of(out: Any) -> Any:
+    """The KV cache a forward returned, under the installed transformers' name."""
+    return getattr(out, cache_argument())
 
 
 def select_rows(cache: Any, sel: Tensor) -> Any:
@@ -198,8 +222,8 @@ class _Extension:
         self.mask = torch.cat([before, real], 1)
         out = self.model(input_ids=ids, attention_mask=self.mask,
                          position_ids=start[:, None] + (real.cumsum(-1) - 1).clamp(min=0),
-                         past_key_values=self.cache, use_cache=True, logits_to_keep=1)
-        self.cache, self.next_pos = out.past_key_values, start + real.sum(-1)
+                         logits_to_keep=1, **with_cache(self.cache))
+        self.cache, self.next_pos = cache_of(out), start + real.sum(-1)
         return out.logits[:, -1]
 
 
@@ -238,8 +262,7 @@ def shared_prefix_logits(model: torch.nn.Module, ids: Tensor, att: Tensor, pre: 
         full_att = torch.cat([pre_att[pre.inverse], inp_valid], 1).long()
         with capture_hidden(model) if keep_hidden else nullcontext([]) as hs:
             out2 = model(input_ids=targets[:, :C - 1], attention_mask=full_att,
-                         position_ids=pos[:, :C - 1].clamp(max=T - 1), past_key_values=cache,
-                         use_cache=True)
+                         position_ids=pos[:, :C - 1].clamp(max=T - 1), **with_cache(cache))
         parts.append(out2.logits)
         h_parts += hs[-1:]
     parts.append(torch.zeros_like(last)[:, None])  # placeholder, sliced off by the caller
