@@ -1,4 +1,5 @@
-"""Does a tic-tac-toe policy block a three? Every must-block position, scored exactly.
+"""Does a tic-tac-toe policy block a three, and complete its own? Every such position,
+scored exactly.
 
     PYTHONPATH=src python bench/must_block.py RUN [RUN ...]       # each run's last checkpoint
     PYTHONPATH=src python bench/must_block.py base:RUN            # the untrained model
@@ -12,6 +13,10 @@ the legal cells (prompt: the position's observation, as the exact evaluations us
 - ``mean p(block)``: the mean probability of the block (``uniform``: a random mover's);
 - ``greedy = first free``: how often the most probable cell is the lowest-numbered free
   cell (a prior of the untrained model, which answers it everywhere).
+A must-win position: reachable, the mover has a win in one (``wins``: how often the most
+probable cell completes a three; ``mean p(win)``: the probability of all such cells). A
+policy that misses its own wins cannot punish a missed block in self-play, so the two
+rates read together say where a tactic is missing.
 ``base:RUN`` builds the run's model without any training (its config, no checkpoint).
 """
 
@@ -33,8 +38,21 @@ def winning_cells(board: list[str], mark: str) -> set[int]:
 
 def must_block_positions() -> list[tuple[list[str], int, int]]:
     """(board, seat to move, the one blocking cell) for every reachable must-block board."""
+    return [(b, seat, next(iter(cells))) for b, seat, kind, cells in tactic_positions()
+            if kind == "block"]
+
+
+def must_win_positions() -> list[tuple[list[str], int, set[int]]]:
+    """(board, seat to move, its winning cells) for every reachable board with a win in one."""
+    return [(b, seat, cells) for b, seat, kind, cells in tactic_positions() if kind == "win"]
+
+
+def tactic_positions() -> list[tuple[list[str], int, str, set[int]]]:
+    """(board, seat to move, 'win' or 'block', the cells that do it) for every reachable
+    unfinished board where the mover has a win in one ('win'), or has none and the other
+    seat has exactly one ('block')."""
     seen: set[str] = set()
-    found: list[tuple[list[str], int, int]] = []
+    found: list[tuple[list[str], int, str, set[int]]] = []
 
     def walk(board: list[str], seat: int) -> None:
         if "".join(board) in seen:
@@ -44,9 +62,11 @@ def must_block_positions() -> list[tuple[list[str], int, int]]:
                                    for a, b, c in LINES):
             return
         me, other = MARKS[seat], MARKS[1 - seat]
-        threats = winning_cells(board, other)
-        if not winning_cells(board, me) and len(threats) == 1:
-            found.append((list(board), seat, next(iter(threats))))
+        wins, threats = winning_cells(board, me), winning_cells(board, other)
+        if wins:
+            found.append((list(board), seat, "win", wins))
+        elif len(threats) == 1:
+            found.append((list(board), seat, "block", threats))
         for cell in range(9):
             if board[cell] == ".":
                 walk(board[:cell] + [me] + board[cell + 1:], 1 - seat)
@@ -80,8 +100,8 @@ def main() -> None:
     for spec in args.runs:
         policy, cfg, label = load(spec)
         options = env_options(cfg, "tictactoe")
-        positions, blocks, texts = [], [], set()
-        for board, seat, cell in must_block_positions():
+        positions, kinds, goods, texts = [], [], [], set()
+        for board, seat, kind, cells in tactic_positions():
             env = make("tictactoe", **options)
             game = getattr(env, "env", env)  # the board under a view wrapper
             game.board, game.turn = board, seat
@@ -91,17 +111,21 @@ def main() -> None:
             texts.add(text)
             view = env.view(seat) if hasattr(env, "view") else 0
             positions.append((env, seat))
-            blocks.append(game.view_action(str(cell + 1), view))
+            kinds.append(kind)
+            goods.append({game.view_action(str(c + 1), view) for c in cells})
         probs = probabilities_at(policy, make_arena(cfg.rollout), positions)
-        for seat in (0, 1):
-            idx = [i for i, (_, s) in enumerate(positions) if s == seat]
-            top = {i: max(probs[i], key=probs[i].get) for i in idx}
-            print(f"{label}  {MARKS[seat]}: {len(idx)} positions, "
-                  f"greedy blocks {sum(top[i] == blocks[i] for i in idx) / len(idx):.2f}, "
-                  f"mean p(block) {statistics.mean(probs[i][blocks[i]] for i in idx):.2f} "
-                  f"(uniform {statistics.mean(1 / len(probs[i]) for i in idx):.2f}), "
-                  f"greedy = first free "
-                  f"{sum(top[i] == min(probs[i], key=int) for i in idx) / len(idx):.2f}")
+        for kind in ("block", "win"):
+            for seat in (0, 1):
+                idx = [i for i, (_, s) in enumerate(positions)
+                       if s == seat and kinds[i] == kind]
+                top = {i: max(probs[i], key=probs[i].get) for i in idx}
+                good_p = [sum(probs[i][a] for a in goods[i]) for i in idx]
+                uniform = [len(goods[i]) / len(probs[i]) for i in idx]
+                print(f"{label}  {MARKS[seat]} must-{kind}: {len(idx)} positions, "
+                      f"greedy {kind}s {sum(top[i] in goods[i] for i in idx) / len(idx):.2f}, "
+                      f"mean p({kind}) {statistics.mean(good_p):.2f} "
+                      f"(uniform {statistics.mean(uniform):.2f}), greedy = first free "
+                      f"{sum(top[i] == min(probs[i], key=int) for i in idx) / len(idx):.2f}")
 
 
 if __name__ == "__main__":

@@ -22,3 +22,19 @@ def test_must_block_positions_by_hand():
         assert b.count("X") - b.count("O") == (1 if seat == 1 else 0)
         assert not must_block.winning_cells(b, "XO"[seat])
         assert must_block.winning_cells(b, "XO"[1 - seat]) == {cell}
+
+
+def test_must_win_positions_by_hand():
+    found = {"".join(b): (seat, cells) for b, seat, cells in must_block.must_win_positions()}
+    # X on 1 and 2 to move: 3 completes the row (O's own two on 4, 5 do not matter)
+    assert found["XX.OO...."] == (0, {2})
+    # O on 4 and 5 to move wins at 6, though X threatens too
+    assert found["X.XOO...X"] == (1, {5})
+    # two wins at once: X on 1, 2, 4 completes the top row at 3 or the left column at 7
+    assert found["XX.X.O.OO"] == (0, {2, 6})
+    # O to move without a win of its own and one X threat: a block, not a win
+    assert "XX..O...." not in found
+    blocks = {"".join(b) for b, _, _ in must_block.must_block_positions()}
+    assert not blocks & set(found)  # a position is one or the other
+    for board, (seat, cells) in found.items():
+        assert must_block.winning_cells(list(board), "XO"[seat]) == cells

@@ -45,6 +45,37 @@ def test_action_probabilities_match_the_constrained_sampler(tmp_path):
         assert probs[act] == pytest.approx(float(torch.tensor(g.logprobs).sum().exp()), rel=1e-4)
 
 
+def test_action_probabilities_of_prompts_sharing_a_start_equal_plain_forwards(tmp_path):
+    """Prompts of different lengths that share a system-prompt-like start, and moves of
+    one or several tokens: each probability equals the product of the restricted softmaxes
+    of one plain forward of that (prompt, move) alone."""
+    from sparring.policy.sampling import TokenTrie
+
+    policy = build(_cfg(), tmp_path).policy
+    tok = policy.tokenizer
+    shared = "You play a game. Answer with one of the legal moves.\n"
+    prompts = [tok.encode(shared + s, add_special_tokens=False)
+               for s in ("K -", "a longer position here", "Q b")]
+    legal = [["pass", "bet"], ["1", "2", "3", "9"], ["call", "fold", "raise"]]
+    got = action_probabilities(policy, prompts, legal)
+    for p, acts, row in zip(prompts, legal, got):
+        seqs = {a: tok.encode(a, add_special_tokens=False) + [policy.eos_ids[0]] for a in acts}
+        trie = TokenTrie(list(seqs.values()))
+        want = {}
+        for a, seq in seqs.items():
+            with torch.no_grad():
+                z = policy.model(input_ids=torch.tensor([p + seq])).logits[0].float()
+            prob, node = 1.0, 0
+            for k, t in enumerate(seq):
+                kids = sorted(trie.allowed(node))
+                prob *= float(torch.softmax(z[len(p) + k - 1, kids], 0)[kids.index(t)])
+                node = trie.step(node, t)
+            want[a] = prob
+        z = sum(want.values())
+        for a in acts:
+            assert row[a] == pytest.approx(want[a] / z, rel=1e-4, abs=1e-7)
+
+
 def test_action_probabilities_in_an_answer_format_are_the_choice_after_its_opening(tmp_path):
     """rollout.answer_format '<answer>{}</answer>': each move is scored as written there;
     the shared '<answer>' and the forced rest are probability 1, so the result is the

@@ -37,6 +37,7 @@ from sparring.eval.vs_minimax import VsMinimax, WonPosition, conversion_vs_minim
 from sparring.policy.forward import token_logprobs
 from sparring.policy.hf import HFPolicy
 from sparring.policy.precision import autocast_for
+from sparring.policy.prefix import find_prefixes
 from sparring.policy.sampling import SamplingParams
 from sparring.rollout.arena import Arena
 from sparring.rollout.players import BotPlayer, ModelPlayer
@@ -156,7 +157,11 @@ def action_probabilities(policy: HFPolicy, prompts: list[list[int]],
     action's tokens of the distribution restricted to the trie's children), each action
     written as ``answer_format.format(action)``: with "<answer>{}</answer>" the tokens all
     actions share are forced (probability 1 under the restriction), so the result is the
-    model's choice among the moves within its answer format, renormalised over them."""
+    model's choice among the moves within its answer format, renormalised over them.
+
+    A prompt runs once for all its moves, and a start every prompt shares once
+    (`sparring.policy.prefix`): only the moves' tokens reach the LM head, so a real model's
+    vocabulary is not applied to every prompt token of every (prompt, move) row."""
     rows, allowed, index = [], [], []
     for i, (p, acts) in enumerate(zip(prompts, legal)):
         written = [answer_format.format(a) for a in acts]
@@ -177,9 +182,11 @@ def action_probabilities(policy: HFPolicy, prompts: list[list[int]],
     for j, r in enumerate(rows):
         ids[j, :len(r)] = torch.tensor(r)
         att[j, :len(r)] = True
+    plen = torch.tensor([start for _, _, start, _ in index], dtype=torch.long)
+    ids, att = ids.to(policy.device), att.to(policy.device)
     with autocast_for(policy.model):  # the precision the policy samples in
-        lp, _ = token_logprobs(policy.model, ids.to(policy.device), att.to(policy.device),
-                               allowed=allowed)
+        lp, _ = token_logprobs(policy.model, ids, att, allowed=allowed,
+                               prefixes=find_prefixes(ids, plen.to(policy.device)))
     out: list[dict[str, float]] = [{} for _ in prompts]
     for j, (i, a, start, n) in enumerate(index):
         out[i][a] = float(lp[j, start:start + n].float().sum().exp())
