@@ -16,7 +16,10 @@ the legal cells (prompt: the position's observation, as the exact evaluations us
 A must-win position: reachable, the mover has a win in one (``wins``: how often the most
 probable cell completes a three; ``mean p(win)``: the probability of all such cells). A
 policy that misses its own wins cannot punish a missed block in self-play, so the two
-rates read together say where a tactic is missing.
+rates read together say where a tactic is missing. ``by line`` splits each kind (both
+seats) by the direction of the line the good move completes, as the model reads the
+board (rows, columns or diagonals of the shown view; ``several``: more than one): a
+model that can read rows but not columns of a text grid shows it there.
 ``base:RUN`` builds the run's model without any training (its config, no checkpoint).
 """
 
@@ -27,7 +30,9 @@ import statistics
 from pathlib import Path
 
 from sparring.envs import make
-from sparring.envs.games.tictactoe import LINES, MARKS
+from sparring.envs.games.tictactoe import LINES, MARKS, VIEWS
+
+DIRECTIONS = ("row",) * 3 + ("column",) * 3 + ("diagonal",) * 2  # of LINES, in order
 
 
 def winning_cells(board: list[str], mark: str) -> set[int]:
@@ -75,6 +80,16 @@ def tactic_positions() -> list[tuple[list[str], int, str, set[int]]]:
     return found
 
 
+def line_direction(board: list[str], view: int, cell: int, mark: str) -> str:
+    """The direction, in view ``view`` of ``board``, of the line of two ``mark`` that
+    ``cell`` (a board index) completes: 'row', 'column', 'diagonal' or 'several'."""
+    shown = [board[VIEWS[view][v]] for v in range(9)]
+    at = VIEWS[view].index(cell)
+    found = {DIRECTIONS[k] for k, line in enumerate(LINES)
+             if at in line and sum(shown[i] == mark for i in line) == 2}
+    return found.pop() if len(found) == 1 else "several"
+
+
 def load(spec: str):
     """(policy, config, label) of ``RUN`` (its last checkpoint) or ``base:RUN``."""
     from sparring.train.restore import load_policies, read_run_config
@@ -100,7 +115,7 @@ def main() -> None:
     for spec in args.runs:
         policy, cfg, label = load(spec)
         options = env_options(cfg, "tictactoe")
-        positions, kinds, goods, texts = [], [], [], set()
+        positions, kinds, goods, lines, texts = [], [], [], [], set()
         for board, seat, kind, cells in tactic_positions():
             env = make("tictactoe", **options)
             game = getattr(env, "env", env)  # the board under a view wrapper
@@ -113,6 +128,9 @@ def main() -> None:
             positions.append((env, seat))
             kinds.append(kind)
             goods.append({game.view_action(str(c + 1), view) for c in cells})
+            mark = MARKS[seat] if kind == "win" else MARKS[1 - seat]
+            found = {line_direction(board, view, c, mark) for c in cells}
+            lines.append(found.pop() if len(found) == 1 else "several")
         probs = probabilities_at(policy, make_arena(cfg.rollout), positions)
         for kind in ("block", "win"):
             for seat in (0, 1):
@@ -126,6 +144,13 @@ def main() -> None:
                       f"mean p({kind}) {statistics.mean(good_p):.2f} "
                       f"(uniform {statistics.mean(uniform):.2f}), greedy = first free "
                       f"{sum(top[i] == min(probs[i], key=int) for i in idx) / len(idx):.2f}")
+            parts = []
+            for d in (*dict.fromkeys(DIRECTIONS), "several"):
+                idx = [i for i in range(len(positions)) if kinds[i] == kind and lines[i] == d]
+                if idx:
+                    hit = sum(max(probs[i], key=probs[i].get) in goods[i] for i in idx)
+                    parts.append(f"{d} {hit / len(idx):.2f} ({len(idx)})")
+            print(f"{label}  must-{kind} by line (greedy): {', '.join(parts)}")
 
 
 if __name__ == "__main__":

@@ -165,3 +165,30 @@ def test_numbered_observation_writes_each_free_cell_as_its_answer():
         assert game.env.board[int(block) - 1] == "O"
     with pytest.raises(ValueError, match="'compact' and 'numbered'"):
         make("tictactoe", numbered=True, compact=True)
+
+
+def test_lines_write_out_every_row_column_and_diagonal():
+    from sparring.envs import make
+
+    env = make("tictactoe", lines=True)
+    env.reset(0)
+    for cell in ("1", "5", "9", "3"):  # X 1, O 5, X 9, O 3: O threatens 7 on a diagonal
+        env.step(cell)
+    assert env.observation(0) == (
+        "X.O\n.O.\n..X\n"
+        "Rows: X 2 O, 4 O 6, 7 8 X. Columns: X 4 7, 2 O 8, O 6 X. Diagonals: X O X, O O 7.\n"
+        "You are X. Legal: 2 4 6 7 8")
+    assert "rows, columns and diagonals are written out" in env.system_prompt(0)
+    # canonical: the lines of the shown view, numbered in its order (the board above turned
+    # so that its text sorts first), so the block reads "7" on the board and in the lines
+    canon = make("tictactoe", lines=True, canonical=True)
+    canon.reset(0)
+    for cell in ("1", "5", "9", "3"):
+        canon.env.step(cell)
+    shown = canon.observation(0)
+    assert shown.startswith("..X\n.O.\nX.O\nRows: 1 2 X, 4 O 6, X 8 O. Columns: 1 4 X, 2 O 8,")
+    assert "Diagonals: 1 O O, X O X." in shown
+    canon.step("1")  # the cell the lines name is the one that blocks
+    assert canon.env.board[6] == "X"
+    with pytest.raises(ValueError, match="'compact' and 'lines'"):
+        make("tictactoe", lines=True, compact=True)

@@ -187,7 +187,7 @@ ENV = {"envs": [{"name": "tictactoe"}]}
     (["envs.0.opponents=[self,randm]"], r"envs.0.opponents.1: unknown opponent 'randm'; "
                                         r"did you mean 'random'"),
     (["envs.0.options.bogus=1"], r"envs.0.options: tictactoe has no option 'bogus' "
-                                 r"\(allowed: compact, canonical, numbered\)"),
+                                 r"\(allowed: compact, canonical, numbered, lines\)"),
     (["envs.0.name=calculator", "envs.0.options.max_calls=0"],
      r"envs.0.options: calculator rejects .*max_calls=0; must be >= 1"),
     (["envs.0.name=calculator", "envs.0.options.max_call=2"],

@@ -39,12 +39,16 @@ class TicTacToe(TwoPlayerBoardGame):
     num_seats = 2
     ALL_ACTIONS = CELLS
 
-    def __init__(self, compact: bool = False, numbered: bool = False) -> None:
-        if compact and numbered:
-            raise ValueError("tictactoe: options 'compact' and 'numbered' exclude each other "
-                             "(compact shows the mover only its mark and the cells in a row)")
+    def __init__(self, compact: bool = False, numbered: bool = False,
+                 lines: bool = False) -> None:
+        for other, on in (("numbered", numbered), ("lines", lines)):
+            if compact and on:
+                raise ValueError(f"tictactoe: options 'compact' and {other!r} exclude each "
+                                 "other (compact shows the mover only its mark and the cells "
+                                 "in a row)")
         self.compact = bool(compact)
         self.numbered = bool(numbered)
+        self.lines = bool(lines)
         self.reset(0)
 
     def reset(self, seed: int = 0) -> None:
@@ -66,6 +70,9 @@ class TicTacToe(TwoPlayerBoardGame):
         batch's prompts share it and it runs once (`sparring.policy.prefix`)."""
         self._check_seat(seat)
         empty = "An empty cell shows its number. " if self.numbered else ""
+        if self.lines:
+            empty += ("Under the board, its rows, columns and diagonals are written out, an "
+                      "empty cell as its number. ")
         return ("Tic-tac-toe. X moves first. Cells are numbered\n"
                 f"123\n456\n789\nGet three in a row. {empty}"
                 "Reply with one cell, e.g. <answer>5</answer>.")
@@ -93,6 +100,8 @@ class TicTacToe(TwoPlayerBoardGame):
             rows = "".join(" ".join(cells[r:r + 3]) + "\n" for r in (0, 3, 6))
         else:
             rows = f"{b[0:3]}\n{b[3:6]}\n{b[6:9]}\n"
+        if self.lines:
+            rows += _lines_text(b)
         if self.done:
             end = "Draw." if self.winner is None else f"{MARKS[self.winner]} wins."
             return rows + f"You are {MARKS[seat]}. Game over: {end}"
@@ -117,16 +126,29 @@ class TicTacToe(TwoPlayerBoardGame):
         return "".join(self.board)
 
 
+def _lines_text(shown: str) -> str:
+    """Every line of the shown board, a free cell as its number: "Rows: X 2 O, 4 X 6, 7 8 O.
+    Columns: X 4 7, 2 X 8, O 6 O. Diagonals: X X O, O X 7." (a column reads as a row does)."""
+    def line(cells: tuple[int, ...]) -> str:
+        return " ".join(shown[i] if shown[i] != "." else CELLS[i] for i in cells)
+
+    groups = (("Rows", LINES[0:3]), ("Columns", LINES[3:6]), ("Diagonals", LINES[6:8]))
+    return " ".join(f"{name}: {', '.join(line(c) for c in group)}." for name, group in groups) + "\n"
+
+
 @register_env("tictactoe", family="game", source="classic; rules as OpenSpiel tic_tac_toe",
               aliases=("tic_tac_toe",))
 def make_tictactoe(compact: bool = False, canonical: bool = False,
-                   numbered: bool = False) -> Env:
+                   numbered: bool = False, lines: bool = False) -> Env:
     """Tic-tac-toe; ``compact``: the mover sees only its mark and cells 1-9 in order
     (``"O X...O.X.."``), for tiny models; ``numbered``: an empty cell shows its number
     (``"X 2 3"``) and the legal list is left out, so the move that completes or blocks a
     line is the number written in it (as TextArena's board, which SPIRAL trains on);
+    ``lines``: under the board, its 8 lines written out the same way (``"Columns: X 4 7,
+    2 X 8, O 6 O."``), so a column or diagonal reads as a row does (a SmolLM2 run learned
+    to block along rows and not along columns: docs/benchmarks.md);
     ``canonical``: every seat sees the board in the
     orientation of the square whose text sorts first, and names its cells in it
     (`sparring.envs.wrappers.CanonicalViews`: the four corner openings read as one)."""
-    game = TicTacToe(compact=compact, numbered=numbered)
+    game = TicTacToe(compact=compact, numbered=numbered, lines=lines)
     return CanonicalViews(game) if canonical else game
