@@ -80,13 +80,14 @@ def tactic_positions() -> list[tuple[list[str], int, str, set[int]]]:
     return found
 
 
-def line_direction(board: list[str], view: int, cell: int, mark: str) -> str:
-    """The direction, in view ``view`` of ``board``, of the line of two ``mark`` that
-    ``cell`` (a board index) completes: 'row', 'column', 'diagonal' or 'several'."""
+def line_direction(board: list[str], view: int, cells: set[int], mark: str) -> str:
+    """The direction, in view ``view`` of ``board``, of the lines of two ``mark`` that
+    ``cells`` (board indices) complete: 'row', 'column', 'diagonal', or 'several' when
+    they are not all one direction."""
     shown = [board[VIEWS[view][v]] for v in range(9)]
-    at = VIEWS[view].index(cell)
+    at = {VIEWS[view].index(c) for c in cells}
     found = {DIRECTIONS[k] for k, line in enumerate(LINES)
-             if at in line and sum(shown[i] == mark for i in line) == 2}
+             if at & set(line) and sum(shown[i] == mark for i in line) == 2}
     return found.pop() if len(found) == 1 else "several"
 
 
@@ -129,14 +130,13 @@ def main() -> None:
             kinds.append(kind)
             goods.append({game.view_action(str(c + 1), view) for c in cells})
             mark = MARKS[seat] if kind == "win" else MARKS[1 - seat]
-            found = {line_direction(board, view, c, mark) for c in cells}
-            lines.append(found.pop() if len(found) == 1 else "several")
+            lines.append(line_direction(board, view, cells, mark))
         probs = probabilities_at(policy, make_arena(cfg.rollout), positions)
+        top = [max(p, key=p.get) for p in probs]  # each position's greedy move
         for kind in ("block", "win"):
             for seat in (0, 1):
                 idx = [i for i, (_, s) in enumerate(positions)
                        if s == seat and kinds[i] == kind]
-                top = {i: max(probs[i], key=probs[i].get) for i in idx}
                 good_p = [sum(probs[i][a] for a in goods[i]) for i in idx]
                 uniform = [len(goods[i]) / len(probs[i]) for i in idx]
                 print(f"{label}  {MARKS[seat]} must-{kind}: {len(idx)} positions, "
@@ -148,7 +148,7 @@ def main() -> None:
             for d in (*dict.fromkeys(DIRECTIONS), "several"):
                 idx = [i for i in range(len(positions)) if kinds[i] == kind and lines[i] == d]
                 if idx:
-                    hit = sum(max(probs[i], key=probs[i].get) in goods[i] for i in idx)
+                    hit = sum(top[i] in goods[i] for i in idx)
                     parts.append(f"{d} {hit / len(idx):.2f} ({len(idx)})")
             print(f"{label}  must-{kind} by line (greedy): {', '.join(parts)}")
 

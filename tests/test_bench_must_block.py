@@ -44,12 +44,14 @@ def test_line_direction_is_read_in_the_shown_view():
     from sparring.envs.games.tictactoe import VIEWS
 
     board = list("XX.OO....")
-    assert must_block.line_direction(board, 0, 2, "X") == "row"
-    assert must_block.line_direction(list("X..X....."), 0, 6, "X") == "column"
-    assert must_block.line_direction(list("X...X...."), 0, 8, "X") == "diagonal"
+    assert must_block.line_direction(board, 0, {2}, "X") == "row"
+    assert must_block.line_direction(list("X..X....."), 0, {6}, "X") == "column"
+    assert must_block.line_direction(list("X...X...."), 0, {8}, "X") == "diagonal"
     # X on 1, 2, 4: cell 7 completes the left column only, cell 3 the top row only
-    assert must_block.line_direction(list("XX.X....."), 0, 6, "X") == "column"
+    assert must_block.line_direction(list("XX.X....."), 0, {6}, "X") == "column"
     # two lines at once through cell 1 (X on 2, 3 and on 4, 7)
-    assert must_block.line_direction(list(".XXX..X.."), 0, 0, "X") == "several"
+    assert must_block.line_direction(list(".XXX..X.."), 0, {0}, "X") == "several"
+    # two winning cells, one along a row (3) and one along a column (7)
+    assert must_block.line_direction(list("XX.X.O.OO"), 0, {2, 6}, "X") == "several"
     transpose = VIEWS.index((0, 3, 6, 1, 4, 7, 2, 5, 8))  # shown cell v = board cell T[v]
-    assert must_block.line_direction(board, transpose, 2, "X") == "column"
+    assert must_block.line_direction(board, transpose, {2}, "X") == "column"

@@ -182,11 +182,11 @@ def action_probabilities(policy: HFPolicy, prompts: list[list[int]],
     for j, r in enumerate(rows):
         ids[j, :len(r)] = torch.tensor(r)
         att[j, :len(r)] = True
-    plen = torch.tensor([start for _, _, start, _ in index], dtype=torch.long)
     ids, att = ids.to(policy.device), att.to(policy.device)
+    plen = torch.tensor([start for _, _, start, _ in index], device=policy.device)
     with autocast_for(policy.model):  # the precision the policy samples in
         lp, _ = token_logprobs(policy.model, ids, att, allowed=allowed,
-                               prefixes=find_prefixes(ids, plen.to(policy.device)))
+                               prefixes=find_prefixes(ids, plen))
     out: list[dict[str, float]] = [{} for _ in prompts]
     for j, (i, a, start, n) in enumerate(index):
         out[i][a] = float(lp[j, start:start + n].float().sum().exp())
