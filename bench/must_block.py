@@ -20,13 +20,17 @@ rates read together say where a tactic is missing. ``by line`` splits each kind 
 seats) by the direction of the line the good move completes, as the model reads the
 board (rows, columns or diagonals of the shown view; ``several``: more than one): a
 model that can read rows but not columns of a text grid shows it there.
+``--uniform GAMES``: how often that many uniformly random games (the run's game options)
+pass each kind of position, by direction: whether a direction is rare in play.
 ``base:RUN`` builds the run's model without any training (its config, no checkpoint).
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
+from collections import Counter
 from pathlib import Path
 
 from sparring.envs import make
@@ -66,18 +70,44 @@ def tactic_positions() -> list[tuple[list[str], int, str, set[int]]]:
         if "." not in board or any(board[a] != "." and board[a] == board[b] == board[c]
                                    for a, b, c in LINES):
             return
-        me, other = MARKS[seat], MARKS[1 - seat]
-        wins, threats = winning_cells(board, me), winning_cells(board, other)
-        if wins:
-            found.append((list(board), seat, "win", wins))
-        elif len(threats) == 1:
-            found.append((list(board), seat, "block", threats))
+        tactic = tactic_at(board, seat)
+        if tactic is not None:
+            found.append((list(board), seat, *tactic))
         for cell in range(9):
             if board[cell] == ".":
-                walk(board[:cell] + [me] + board[cell + 1:], 1 - seat)
+                walk(board[:cell] + [MARKS[seat]] + board[cell + 1:], 1 - seat)
 
     walk(["."] * 9, 0)
     return found
+
+
+def tactic_at(board: list[str], seat: int) -> tuple[str, set[int]] | None:
+    """('win', the mover's winning cells) if it has a win in one, else ('block', the cell)
+    if the other seat has exactly one, else None."""
+    wins, threats = winning_cells(board, MARKS[seat]), winning_cells(board, MARKS[1 - seat])
+    if wins:
+        return "win", wins
+    return ("block", threats) if len(threats) == 1 else None
+
+
+def uniform_visits(options: dict, games: int, seed: int = 0) -> Counter[tuple[str, str]]:
+    """How often ``games`` uniformly random games (env ``options``) pass a must-win or
+    must-block position, by (kind, direction of its line in the mover's shown view)."""
+    rng, visits = random.Random(seed), Counter()
+    for g in range(games):
+        env = make("tictactoe", **options)
+        env.reset(g)
+        game = getattr(env, "env", env)
+        while not game.done:
+            seat = game.turn
+            tactic = tactic_at(game.board, seat)
+            if tactic is not None:
+                kind, cells = tactic
+                view = env.view(seat) if hasattr(env, "view") else 0
+                mark = MARKS[seat] if kind == "win" else MARKS[1 - seat]
+                visits[kind, line_direction(game.board, view, cells, mark)] += 1
+            game.step(rng.choice(game.legal_actions(seat)))
+    return visits
 
 
 def line_direction(board: list[str], view: int, cells: set[int], mark: str) -> str:
@@ -108,6 +138,8 @@ def load(spec: str):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", help="run folders, or base:RUN for the untrained model")
+    ap.add_argument("--uniform", type=int, default=0, metavar="GAMES",
+                    help="also count the tactics GAMES uniformly random games meet, by line")
     args = ap.parse_args()
     from sparring.eval.games import probabilities_at
     from sparring.eval.periodic import env_options
@@ -116,6 +148,10 @@ def main() -> None:
     for spec in args.runs:
         policy, cfg, label = load(spec)
         options = env_options(cfg, "tictactoe")
+        if args.uniform:
+            visits = uniform_visits(options, args.uniform)
+            print(f"{label}  {args.uniform} uniformly random games meet: " + ", ".join(
+                f"must-{k} by {d} {n}" for (k, d), n in sorted(visits.items())))
         positions, kinds, goods, lines, texts = [], [], [], [], set()
         for board, seat, kind, cells in tactic_positions():
             env = make("tictactoe", **options)

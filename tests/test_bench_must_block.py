@@ -55,3 +55,27 @@ def test_line_direction_is_read_in_the_shown_view():
     assert must_block.line_direction(list("XX.X.O.OO"), 0, {2, 6}, "X") == "several"
     transpose = VIEWS.index((0, 3, 6, 1, 4, 7, 2, 5, 8))  # shown cell v = board cell T[v]
     assert must_block.line_direction(board, transpose, {2}, "X") == "column"
+
+
+def test_uniform_visits_count_what_a_replayed_game_passes():
+    """The counts of a few random games equal a hand replay of the same games' positions
+    through the position list (the unturned board: no canonical view)."""
+    import random
+
+    from sparring.envs import make
+
+    got = must_block.uniform_visits({}, 30, seed=3)
+    listed = {"".join(b): (kind, cells) for b, _, kind, cells in must_block.tactic_positions()}
+    rng, want = random.Random(3), {}
+    for g in range(30):
+        env = make("tictactoe")
+        env.reset(g)
+        while not env.done:
+            key = "".join(env.board)
+            if key in listed:
+                kind, cells = listed[key]
+                mark = "XO"[env.turn] if kind == "win" else "XO"[1 - env.turn]
+                d = must_block.line_direction(list(key), 0, cells, mark)
+                want[kind, d] = want.get((kind, d), 0) + 1
+            env.step(rng.choice(env.legal_actions(env.turn)))
+    assert dict(got) == want and sum(want.values()) > 0
