@@ -22,6 +22,10 @@ board (rows, columns or diagonals of the shown view; ``several``: more than one)
 model that can read rows but not columns of a text grid shows it there.
 ``--uniform GAMES``: how often that many uniformly random games (the run's game options)
 pass each kind of position, by direction: whether a direction is rare in play.
+``--own GAMES``: the same count for GAMES games of the policy against itself, each move
+sampled from its distribution over the legal cells (as constrained decoding samples in
+training), with the mean probability it gives the good move there: whether the policy's
+own self-play ever puts it where a tactic is missing.
 ``base:RUN`` builds the run's model without any training (its config, no checkpoint).
 """
 
@@ -110,6 +114,34 @@ def uniform_visits(options: dict, games: int, seed: int = 0) -> Counter[tuple[st
     return visits
 
 
+def own_visits(policy, arena, options: dict, games: int, seed: int = 0
+               ) -> dict[tuple[str, str], list[float]]:
+    """``games`` games of ``policy`` against itself (env ``options``), every move sampled
+    from `probabilities_at` (the policy's distribution over the legal cells), all games a
+    ply at a time: ``{(kind, direction): probabilities of the good move where met}``."""
+    from sparring.eval.games import probabilities_at
+
+    rng, met = random.Random(seed), {}
+    envs = [make("tictactoe", **options) for _ in range(games)]
+    for g, env in enumerate(envs):
+        env.reset(g)
+    while live := [e for e in envs if not getattr(e, "env", e).done]:
+        positions = [(e, getattr(e, "env", e).turn) for e in live]
+        for (env, seat), probs in zip(positions, probabilities_at(policy, arena, positions)):
+            game = getattr(env, "env", env)
+            tactic = tactic_at(game.board, seat)
+            if tactic is not None:
+                kind, cells = tactic
+                view = env.view(seat) if hasattr(env, "view") else 0
+                mark = MARKS[seat] if kind == "win" else MARKS[1 - seat]
+                good = {game.view_action(str(c + 1), view) for c in cells}
+                met.setdefault((kind, line_direction(game.board, view, cells, mark)), []).append(
+                    sum(probs[a] for a in good))
+            moves = list(probs)
+            env.step(rng.choices(moves, weights=[probs[a] for a in moves])[0])
+    return met
+
+
 def line_direction(board: list[str], view: int, cells: set[int], mark: str) -> str:
     """The direction, in view ``view`` of ``board``, of the lines of two ``mark`` that
     ``cells`` (board indices) complete: 'row', 'column', 'diagonal', or 'several' when
@@ -140,6 +172,9 @@ def main() -> None:
     ap.add_argument("runs", nargs="+", help="run folders, or base:RUN for the untrained model")
     ap.add_argument("--uniform", type=int, default=0, metavar="GAMES",
                     help="also count the tactics GAMES uniformly random games meet, by line")
+    ap.add_argument("--own", type=int, default=0, metavar="GAMES",
+                    help="also count the tactics GAMES games of the policy against itself "
+                         "meet, by line, with its mean probability of the good move there")
     args = ap.parse_args()
     from sparring.eval.games import probabilities_at
     from sparring.eval.periodic import env_options
@@ -152,6 +187,11 @@ def main() -> None:
             visits = uniform_visits(options, args.uniform)
             print(f"{label}  {args.uniform} uniformly random games meet: " + ", ".join(
                 f"must-{k} by {d} {n}" for (k, d), n in sorted(visits.items())))
+        if args.own:
+            met = own_visits(policy, make_arena(cfg.rollout), options, args.own)
+            print(f"{label}  {args.own} games against itself meet: " + ", ".join(
+                f"must-{k} by {d} {len(p)} (mean p(good) {statistics.mean(p):.2f})"
+                for (k, d), p in sorted(met.items())))
         positions, kinds, goods, lines, texts = [], [], [], [], set()
         for board, seat, kind, cells in tactic_positions():
             env = make("tictactoe", **options)

@@ -79,3 +79,22 @@ def test_uniform_visits_count_what_a_replayed_game_passes():
                 want[kind, d] = want.get((kind, d), 0) + 1
             env.step(rng.choice(env.legal_actions(env.turn)))
     assert dict(got) == want and sum(want.values()) > 0
+
+
+def test_own_visits_follow_the_policy_and_score_its_good_move(monkeypatch):
+    """A policy that always takes the lowest free cell plays X1 O2 X3 O4 X5 O6 X7 in every
+    game: after O6, X can win at 7 or 9, both along diagonals (1-5-9, 3-5-7), and it does
+    (probability 1 on 7). After X5, X threatens two cells, so O's position is no must-block;
+    no earlier position has a tactic. So each game meets one must-win by diagonal."""
+    import sparring.eval.games as games
+
+    def first_free(policy, arena, positions):
+        out = []
+        for env, seat in positions:
+            legal = sorted(env.legal_actions(seat), key=int)
+            out.append({a: float(a == legal[0]) for a in legal})
+        return out
+
+    monkeypatch.setattr(games, "probabilities_at", first_free)
+    met = must_block.own_visits(None, None, {}, 5)
+    assert met == {("win", "diagonal"): [1.0] * 5}
