@@ -113,14 +113,15 @@ def magnet_policy(cfg: Config, policy: HFPolicy, learner: Any) -> HFPolicy | Non
 def make_eval_fn(cfg: Config, arena: Arena, policy: HFPolicy | Mapping[str, HFPolicy]
                  ) -> EvalFn:
     """``eval_fn(step, learner=None)``: the metrics above; ``learner`` (the training loop's
-    `Learner`, or ``{name: Learner}``) supplies the magnet."""
+    `Learner`, or ``{name: Learner}``) supplies the magnet. ``policy``: the run's one
+    policy (or ``{'': policy}``), or ``{name: policy}``."""
     e = cfg.eval
     check_opponents("eval.opponents", e.opponents)
     sampling = rollout_sampling(cfg.rollout, greedy=e.greedy)
     games = list(dict.fromkeys(env_entry(s.name).name for s in cfg.envs
                                if make(s.name, **s.options).num_seats >= 2))
-    several = isinstance(policy, Mapping)
-    policies: dict[str, HFPolicy] = dict(policy) if several else {"": policy}
+    policies: dict[str, HFPolicy] = dict(policy) if isinstance(policy, Mapping) else {"": policy}
+    several = list(policies) != [""]  # {'': policy} is the one policy of a run
     exact = e.exact_vs_minimax and "minimax" in e.opponents
 
     def key(name: str, rest: str) -> str:  # one policy's keys carry no policy/<name>/

@@ -108,8 +108,11 @@ class Rollouts:
     """
 
     def __init__(self, cfg: Config, policy: HFPolicy | Mapping[str, HFPolicy], run_dir: Path):
-        """``policy``: the run's policy, or ``{name: policy}`` with several policies."""
-        self.policies = dict(policy) if isinstance(policy, Mapping) else {}
+        """``policy``: the run's policy (or ``{'': policy}``), or ``{name: policy}`` with
+        several policies."""
+        given = dict(policy) if isinstance(policy, Mapping) else {"": policy}
+        self.policies = {} if list(given) == [""] else given
+        policy = given[""] if "" in given else policy
         self.policy = next(iter(self.policies.values())) if self.policies else policy
         self.cfg, self.run_dir = cfg, Path(run_dir)
         r, lg = cfg.rollout, cfg.league

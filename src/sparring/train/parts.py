@@ -86,68 +86,67 @@ def _load_weights(cfg: Config) -> tuple[Any, Any]:
 
 
 def build_parts(cfg: Config, run_dir: str | Path | None = None) -> RunParts:
-    """The model, policy, rollouts and evaluation of ``cfg`` in this process (the rollouts
-    sample from a vLLM engine with ``model.backend=vllm``); pool snapshots go under
-    ``run_dir`` (default ``runs/unnamed``)."""
+    """The models, policies, rollouts and evaluation of ``cfg`` in this process (the
+    rollouts sample from a vLLM engine with ``model.backend=vllm``); pool snapshots go
+    under ``run_dir`` (default ``runs/unnamed``). One path for one policy and several: a
+    policy per name (one policy: the name '', its `HFPolicy` called 'learner')."""
     from transformers.utils import logging as hf_logging
+
+    from sparring.train.config import policy_config
 
     hf_logging.disable_progress_bar()  # pool snapshots save/load every few steps
     if not cfg.envs:
         raise ValueError("config has no envs: add at least one, e.g. envs: [{name: tictactoe}]")
-    if cfg.policies:
-        return _build_several(cfg, Path(run_dir or "runs/unnamed"))
-    model, tok = load_model(cfg)
-    policy = HFPolicy(model, tok, device=cfg.model.device, seed=cfg.train.seed, name="learner")
-    rollouts = Rollouts(cfg, policy, Path(run_dir or "runs/unnamed"))
+    several, shared = bool(cfg.policies), bool(cfg.policies) and cfg.lora.shared_base
+    names = list(cfg.policies) or [""]
+    models, toks = _policy_models(cfg, names)
+    policies = {n: HFPolicy(models[n], toks[n], seed=cfg.train.seed, name=n or "learner",
+                            device=(policy_config(cfg, n) if n else cfg).model.device,
+                            adapter=n if shared else None)
+                for n in names}
+    rollouts = Rollouts(cfg, policies, Path(run_dir or "runs/unnamed"))
     rollout_fn: Any = rollouts
-    if cfg.model.backend == "vllm":  # the learner's seats sample from a vLLM engine
+    if cfg.model.backend == "vllm":
+        # one engine: over the one policy's model, or the shared base with an adapter per
+        # policy (several policies without a shared base are refused by the config checks)
         from sparring.rollout.synced import EngineRollouts
 
-        lora = cfg.lora.enabled and cfg.model.vllm_options.get("enable_lora")
-        engine = _vllm_engine(cfg, policy.model, tok, "learner", [cfg.lora.r] if lora else [])
-        rollout_fn = EngineRollouts(rollouts, engine, policy.model)
-    chosen = model_precision(cfg, model)
-    return RunParts(model=policy.model, tokenizer=tok, policy=policy, rollout_fn=rollout_fn,
-                    eval_fn=make_eval_fn(cfg, rollouts.arena, policy),
-                    stateful={"rollouts": rollouts}, pad_id=policy.pad_id,
-                    precision=f"{chosen.mode} ({chosen.reason})")
+        ranks = ([policy_config(cfg, n).lora.r for n in names] if several else
+                 [cfg.lora.r] if cfg.lora.enabled and cfg.model.vllm_options.get("enable_lora")
+                 else [])
+        base = models[names[0]].get_base_model() if several else models[""]
+        engine = _vllm_engine(cfg, base, toks[names[0]], "policies" if several else "learner",
+                              ranks)
+        rollout_fn = EngineRollouts(rollouts, engine, models[names[0]],
+                                    adapters=names if several else ())
+    first = policies[names[0]]
+    if several:
+        chosen = ", ".join(f"{n}: {precision.mode_of(p.model)}" for n, p in policies.items())
+    else:
+        mode = model_precision(cfg, first.model)
+        chosen = f"{mode.mode} ({mode.reason})"
+    return RunParts(model={n: p.model for n, p in policies.items()} if several else first.model,
+                    tokenizer=first.tokenizer, policy=first, rollout_fn=rollout_fn,
+                    eval_fn=make_eval_fn(cfg, rollouts.arena, policies),
+                    stateful={"rollouts": rollouts}, pad_id=first.pad_id,
+                    policies=policies if several else {}, precision=chosen)
 
 
-def _build_several(cfg: Config, run_dir: Path) -> RunParts:
-    """`build` with several policies (module docstring)."""
+def _policy_models(cfg: Config, names: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``({name: model}, {name: tokenizer})``: the one policy's model (name ''); with several,
+    a model per policy (`load_model` of its own ``model`` section), or with
+    ``lora.shared_base`` one base model with an adapter per policy (seeded with
+    ``train.seed``), the same PEFT model under every name."""
     from sparring.train.config import policy_config
     from sparring.train.policies import policy_models
 
-    names = list(cfg.policies)
-    if cfg.lora.shared_base:
+    if cfg.policies and cfg.lora.shared_base:
         base, tok = load_model(cfg)
-        toks = dict.fromkeys(names, tok)
         with torch.random.fork_rng(devices=[]):  # the adapters' initial weights
             torch.manual_seed(cfg.train.seed)
-            models = policy_models(cfg, base)
-    else:
-        loaded = {n: load_model(policy_config(cfg, n)) for n in names}
-        toks = {n: t for n, (_, t) in loaded.items()}
-        models = {n: m for n, (m, _) in loaded.items()}
-    adapter = cfg.lora.shared_base
-    policies = {n: HFPolicy(models[n], toks[n], device=policy_config(cfg, n).model.device,
-                            seed=cfg.train.seed, name=n, adapter=n if adapter else None)
-                for n in names}
-    rollouts = Rollouts(cfg, policies, run_dir)
-    rollout_fn: Any = rollouts
-    if cfg.model.backend == "vllm":  # one engine, an adapter per policy (checked: shared base)
-        from sparring.rollout.synced import EngineRollouts
-
-        engine = _vllm_engine(cfg, base, tok, "policies",
-                              [policy_config(cfg, n).lora.r for n in names])
-        rollout_fn = EngineRollouts(rollouts, engine, models[names[0]], adapters=names)
-    first = policies[names[0]]
-    return RunParts(model={n: p.model for n, p in policies.items()}, tokenizer=first.tokenizer,
-                    policy=first, rollout_fn=rollout_fn,
-                    eval_fn=make_eval_fn(cfg, rollouts.arena, policies),
-                    stateful={"rollouts": rollouts}, pad_id=first.pad_id, policies=policies,
-                    precision=", ".join(f"{n}: {precision.mode_of(p.model)}"
-                                        for n, p in policies.items()))
+            return policy_models(cfg, base), dict.fromkeys(names, tok)
+    loaded = {n: load_model(policy_config(cfg, n) if n else cfg) for n in names}
+    return {n: m for n, (m, _) in loaded.items()}, {n: t for n, (_, t) in loaded.items()}
 
 
 def _vllm_engine(cfg: Config, model: torch.nn.Module, tok: Any, name: str,
