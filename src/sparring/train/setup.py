@@ -27,8 +27,7 @@ def build(cfg: Config, run_dir: str | Path | None = None) -> RunParts:
 
     # the workers sample (each with the run's backend); the driver's rollouts only plan
     parts = build_parts(replace(cfg, model=replace(cfg.model, backend="hf")), run_dir)
-    parts.rollout_fn = RayRollouts(cfg, parts.rollout_fn,
-                                   parts.model if cfg.policies else parts.policy.model,
+    parts.rollout_fn = RayRollouts(cfg, parts.rollout_fn, parts.model,
                                    Path(run_dir or "runs/unnamed"))
     return parts
 
