@@ -104,14 +104,26 @@ def uniform_visits(options: dict, games: int, seed: int = 0) -> Counter[tuple[st
         game = getattr(env, "env", env)
         while not game.done:
             seat = game.turn
-            tactic = tactic_at(game.board, seat)
-            if tactic is not None:
-                kind, cells = tactic
-                view = env.view(seat) if hasattr(env, "view") else 0
-                mark = MARKS[seat] if kind == "win" else MARKS[1 - seat]
-                visits[kind, line_direction(game.board, view, cells, mark)] += 1
+            seen = tactic_seen(env, seat)
+            if seen is not None:
+                visits[seen[:2]] += 1
             game.step(rng.choice(game.legal_actions(seat)))
     return visits
+
+
+def tactic_seen(env, seat: int) -> tuple[str, str, set[str]] | None:
+    """The tactic ``seat`` faces in ``env`` (a tic-tac-toe game, maybe under a view
+    wrapper) as it is shown: (kind, direction of its line in the shown view, the good
+    moves as the view names them), or None (`tactic_at`)."""
+    game = getattr(env, "env", env)  # the board under a view wrapper
+    tactic = tactic_at(game.board, seat)
+    if tactic is None:
+        return None
+    kind, cells = tactic
+    view = env.view(seat) if hasattr(env, "view") else 0
+    mark = MARKS[seat] if kind == "win" else MARKS[1 - seat]
+    return (kind, line_direction(game.board, view, cells, mark),
+            {game.view_action(str(c + 1), view) for c in cells})
 
 
 def own_visits(policy, arena, options: dict, games: int, seed: int = 0
@@ -128,15 +140,10 @@ def own_visits(policy, arena, options: dict, games: int, seed: int = 0
     while live := [e for e in envs if not getattr(e, "env", e).done]:
         positions = [(e, getattr(e, "env", e).turn) for e in live]
         for (env, seat), probs in zip(positions, probabilities_at(policy, arena, positions)):
-            game = getattr(env, "env", env)
-            tactic = tactic_at(game.board, seat)
-            if tactic is not None:
-                kind, cells = tactic
-                view = env.view(seat) if hasattr(env, "view") else 0
-                mark = MARKS[seat] if kind == "win" else MARKS[1 - seat]
-                good = {game.view_action(str(c + 1), view) for c in cells}
-                met.setdefault((kind, line_direction(game.board, view, cells, mark)), []).append(
-                    sum(probs[a] for a in good))
+            seen = tactic_seen(env, seat)
+            if seen is not None:
+                kind, direction, good = seen
+                met.setdefault((kind, direction), []).append(sum(probs[a] for a in good))
             moves = list(probs)
             env.step(rng.choices(moves, weights=[probs[a] for a in moves])[0])
     return met
@@ -193,7 +200,7 @@ def main() -> None:
                 f"must-{k} by {d} {len(p)} (mean p(good) {statistics.mean(p):.2f})"
                 for (k, d), p in sorted(met.items())))
         positions, kinds, goods, lines, texts = [], [], [], [], set()
-        for board, seat, kind, cells in tactic_positions():
+        for board, seat, kind, _ in tactic_positions():
             env = make("tictactoe", **options)
             game = getattr(env, "env", env)  # the board under a view wrapper
             game.board, game.turn = board, seat
@@ -201,12 +208,11 @@ def main() -> None:
             if text in texts:
                 continue
             texts.add(text)
-            view = env.view(seat) if hasattr(env, "view") else 0
+            _, direction, good = tactic_seen(env, seat)
             positions.append((env, seat))
             kinds.append(kind)
-            goods.append({game.view_action(str(c + 1), view) for c in cells})
-            mark = MARKS[seat] if kind == "win" else MARKS[1 - seat]
-            lines.append(line_direction(board, view, cells, mark))
+            goods.append(good)
+            lines.append(direction)
         probs = probabilities_at(policy, make_arena(cfg.rollout), positions)
         top = [max(p, key=p.get) for p in probs]  # each position's greedy move
         for kind in ("block", "win"):

@@ -112,8 +112,7 @@ class Rollouts:
         several policies."""
         given = dict(policy) if isinstance(policy, Mapping) else {"": policy}
         self.policies = {} if list(given) == [""] else given
-        policy = given[""] if "" in given else policy
-        self.policy = next(iter(self.policies.values())) if self.policies else policy
+        self.policy = next(iter(given.values()))
         self.cfg, self.run_dir = cfg, Path(run_dir)
         r, lg = cfg.rollout, cfg.league
         self.arena = make_arena(r)

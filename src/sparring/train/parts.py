@@ -27,7 +27,7 @@ from sparring.eval.periodic import EvalFn, make_eval_fn
 from sparring.policy import precision
 from sparring.policy.hf import HFPolicy, resolve_device
 from sparring.rollout.schedule import Rollouts
-from sparring.train.config import Config
+from sparring.train.config import Config, policy_config
 
 
 @dataclass
@@ -92,8 +92,6 @@ def build_parts(cfg: Config, run_dir: str | Path | None = None) -> RunParts:
     policy per name (one policy: the name '', its `HFPolicy` called 'learner')."""
     from transformers.utils import logging as hf_logging
 
-    from sparring.train.config import policy_config
-
     hf_logging.disable_progress_bar()  # pool snapshots save/load every few steps
     if not cfg.envs:
         raise ValueError("config has no envs: add at least one, e.g. envs: [{name: tictactoe}]")
@@ -137,7 +135,6 @@ def _policy_models(cfg: Config, names: list[str]) -> tuple[dict[str, Any], dict[
     a model per policy (`load_model` of its own ``model`` section), or with
     ``lora.shared_base`` one base model with an adapter per policy (seeded with
     ``train.seed``), the same PEFT model under every name."""
-    from sparring.train.config import policy_config
     from sparring.train.policies import policy_models
 
     if cfg.policies and cfg.lora.shared_base:
