@@ -160,8 +160,9 @@ def line_direction(board: list[str], view: int, cells: set[int], mark: str) -> s
     return found.pop() if len(found) == 1 else "several"
 
 
-def load(spec: str):
-    """(policy, config, label) of ``RUN`` (its last checkpoint) or ``base:RUN``."""
+def load(spec: str, device: str | None = None):
+    """(policy, config, label) of ``RUN`` (its last checkpoint) or ``base:RUN``; ``device``:
+    where it runs (default: the run's)."""
     from sparring.train.restore import load_policies, read_run_config
 
     if spec.startswith("base:"):
@@ -169,8 +170,9 @@ def load(spec: str):
         from sparring.train.parts import load_model
 
         cfg = read_run_config(Path(spec[5:]) / "config.yaml")
-        return HFPolicy(*load_model(cfg), name="base"), cfg, f"{spec[5:]} untrained"
-    policies, cfg, ckpt = load_policies(spec)
+        return (HFPolicy(*load_model(cfg), device=device or cfg.model.device, name="base"),
+                cfg, f"{spec[5:]} untrained")
+    policies, cfg, ckpt = load_policies(spec, device)
     return next(iter(policies.values())), cfg, str(ckpt)
 
 
@@ -182,13 +184,14 @@ def main() -> None:
     ap.add_argument("--own", type=int, default=0, metavar="GAMES",
                     help="also count the tactics GAMES games of the policy against itself "
                          "meet, by line, with its mean probability of the good move there")
+    ap.add_argument("--device", help="where the model runs (default: the run's model.device)")
     args = ap.parse_args()
     from sparring.eval.games import probabilities_at
     from sparring.eval.periodic import env_options
     from sparring.rollout.schedule import make_arena
 
     for spec in args.runs:
-        policy, cfg, label = load(spec)
+        policy, cfg, label = load(spec, args.device)
         options = env_options(cfg, "tictactoe")
         if args.uniform:
             visits = uniform_visits(options, args.uniform)

@@ -137,6 +137,24 @@ def test_eval_and_play_of_a_folder_that_is_no_run(tmp_path, capsys):
         assert rc == 2 and "nowhere" in one_line_error(err)
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
+def test_a_run_trained_on_a_gpu_is_evaluated_on_a_machine_without_one(run, tmp_path, capsys):
+    gpu_run = tmp_path / "gpu_run"  # the run's config says cuda, as a GPU run's does
+    shutil.copytree(run, gpu_run)
+    conf = yaml.safe_load((gpu_run / "config.yaml").read_text())
+    conf["model"]["device"] = "cuda"
+    (gpu_run / "config.yaml").write_text(yaml.safe_dump(conf))
+    rc, _, err = cli(capsys, "eval", str(gpu_run), "--games", "2")
+    assert rc == 2 and one_line_error(err) == (
+        "error: the run's model.device is 'cuda', but torch sees no CUDA device here: load it "
+        "on another device (device='cpu'; --device cpu for sparring eval and play)")
+    rc, out, _ = cli(capsys, "eval", str(gpu_run), "--games", "2", "--device", "cpu")
+    assert rc == 0 and "tictactoe" in out
+    rc, _, err = cli(capsys, "eval", str(run), "--games", "2", "--device", "cuda:1")
+    assert rc == 2 and one_line_error(err) == (
+        "error: device 'cuda:1': torch sees no CUDA device here")
+
+
 def test_play_seat_and_env_are_checked(run, capsys):
     rc, _, err = cli(capsys, "play", str(run), "--seat", "5")
     assert rc == 2

@@ -221,17 +221,12 @@ def _plugin_key(name: str) -> str:
 
 def _check_device(device: str) -> None:
     """``model.device`` exists on this machine (a config may be valid for another one)."""
-    import torch
-
+    from sparring.policy.hf import device_unavailable
     from sparring.train.config import ConfigError
 
-    kind = device.split(":")[0]
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"model.device: {device!r}, but torch sees no CUDA device here "
-                          "(use cpu or auto)")
-    if kind == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError(f"model.device: {device!r}, but MPS is not available here "
-                          "(use cpu or auto)")
+    why = device_unavailable(device)
+    if why:
+        raise ConfigError(f"model.device: {device!r}, but {why} (use cpu or auto)")
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -285,7 +280,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         envs = [env_entry(e).name for e in args.env or []]
     except UnknownNameError as e:
         raise CommandError(f"--env: {e}") from None
-    policies, cfg, ckpt = load_policies(args.checkpoint, trust_remote_code=args.trust_remote_code,
+    policies, cfg, ckpt = load_policies(args.checkpoint, args.device,
+                                        trust_remote_code=args.trust_remote_code,
                                         average=args.average)
     if args.policy is not None:
         check_policy_name(cfg, args.policy)
@@ -373,7 +369,8 @@ def cmd_play(args: argparse.Namespace) -> int:
     if sys.stdin is None or sys.stdin.closed:
         raise CommandError("play reads your moves from stdin, which is closed: run it in a "
                            "terminal or pipe the moves in")
-    policies, cfg, _ = load_policies(args.checkpoint, trust_remote_code=args.trust_remote_code,
+    policies, cfg, _ = load_policies(args.checkpoint, args.device,
+                                     trust_remote_code=args.trust_remote_code,
                                      average=args.average)
     if args.policy is not None:
         check_policy_name(cfg, args.policy)
@@ -494,6 +491,9 @@ def build_parser() -> argparse.ArgumentParser:
     pp.add_argument("--policy", metavar="NAME",
                     help="a run with several policies: this one plays every model seat "
                     "(default: each seat its own policy)")
+    for sp in (ep, pp):
+        sp.add_argument("--device", help="where the model runs: cpu, cuda, cuda:N, mps or "
+                        "auto (default: the run's model.device)")
     for sp in (xp, ep, pp):
         sp.add_argument("--average", action="store_true",
                         help="the run's average policy instead of its last one: the magnet "

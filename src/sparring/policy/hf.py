@@ -53,6 +53,18 @@ def resolve_device(device: str | torch.device) -> str | torch.device:
     return device
 
 
+def device_unavailable(device: str | torch.device) -> str | None:
+    """Why ``device`` cannot hold a model on this machine (None when it can): a config or
+    a run folder may come from another machine, e.g. a run trained on a GPU read on a
+    laptop."""
+    kind = str(device).split(":")[0]
+    if kind == "cuda" and not torch.cuda.is_available():
+        return "torch sees no CUDA device here"
+    if kind == "mps" and not torch.backends.mps.is_available():
+        return "MPS is not available here"
+    return None
+
+
 def is_adapter_weight(param_name: str, adapter: str) -> bool:
     """Whether ``param_name`` is a LoRA weight of ``adapter`` (``...lora_A.<adapter>.weight``)."""
     parts = param_name.split(".")

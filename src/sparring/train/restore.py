@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from sparring.policy.hf import HFPolicy
+from sparring.policy.hf import HFPolicy, device_unavailable
 from sparring.train.checkpoint import (
     CheckpointError,
     latest_intact_checkpoint,
@@ -130,11 +130,20 @@ def load_policy(path: str | Path, device: str | None = None, *, trust_remote_cod
     """The policy saved at ``path`` (a run folder or checkpoint), its config and checkpoint;
     ``policy``: which one of a run with several (required there, see `check_policy_name`);
     ``average``: the run's magnet instead (`load_magnet`). The model's own code runs only
-    with ``trust_remote_code`` (see the module docstring)."""
+    with ``trust_remote_code`` (see the module docstring). ``device``: where it runs
+    (default: the run's ``model.device``, which must exist on this machine)."""
     cfg = read_run_config(_config_file(path), trust_remote_code=trust_remote_code)
     check_policy_name(cfg, policy)
-    run, ckpt = find_checkpoint(path)  # verified whole: its files are read once more below
     pcfg = cfg if policy is None else policy_config(cfg, policy)
+    device = device or pcfg.model.device
+    why = device_unavailable(device)
+    if why and device == pcfg.model.device:
+        raise ValueError(f"the run's model.device is {device!r}, but {why}: load it on "
+                         "another device (device='cpu'; --device cpu for sparring eval "
+                         "and play)")
+    if why:
+        raise ValueError(f"device {device!r}: {why}")
+    run, ckpt = find_checkpoint(path)  # verified whole: its files are read once more below
     if average and not (pcfg.algorithm.kl.reference == "magnet" and pcfg.algorithm.kl.coef):
         raise ValueError("--average: this run has no average policy to load (it is the "
                          "magnet of algorithm.kl.reference=magnet with a coef above 0; "
@@ -149,7 +158,7 @@ def load_policy(path: str | Path, device: str | None = None, *, trust_remote_cod
         load_trainable_state(model, load_weights(ckpt, f"model{suffix}", verify=False))
     if average:
         load_magnet(model, ckpt, policy)
-    loaded = HFPolicy(model, tok, device=device or pcfg.model.device, seed=cfg.train.seed,
+    loaded = HFPolicy(model, tok, device=device, seed=cfg.train.seed,
                       name=f"{run.name}{'/' + policy if policy else ''}@{ckpt.name}"
                       f"{'/average' if average else ''}")
     return loaded, cfg, ckpt
