@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import tarfile
 from pathlib import Path
 
 import torch
-from safetensors.torch import load, load_file, save, save_file
+from safetensors.torch import load_file, save
 
-from sparring.train.checkpoint import FORMAT, latest_intact_checkpoint, write_manifest
+from sparring.train.checkpoint import latest_intact_checkpoint, save_checkpoint
 
 ADAPTER = "adapter.bf16.safetensors"
 CHECKPOINT_NAME = "checkpoint.txt"
@@ -54,17 +53,10 @@ def unpack(archive: str | Path, run_dir: str | Path) -> Path:
     run.mkdir(parents=True, exist_ok=False)
     with tarfile.open(archive) as tar:
         tar.extractall(run, filter="data")
-    name = (run / CHECKPOINT_NAME).read_text().strip()
-    ckpt = run / "checkpoints" / name
-    ckpt.mkdir(parents=True)
-    weights = load((run / ADAPTER).read_bytes())
-    save_file({k: v.float() for k, v in weights.items()}, ckpt / "adapter.safetensors")
-    save_file({}, ckpt / "state.safetensors")
-    (ckpt / "state.json").write_text(json.dumps({
-        "format": FORMAT, "step": int(name.removeprefix("step_")), "weights": ["adapter"],
-        "state": {}, "meta": {"policy_only": "bench/gpu_pack.py: a bf16 adapter, no state"}}))
-    write_manifest(ckpt)
-    return ckpt
+    step = int((run / CHECKPOINT_NAME).read_text().strip().removeprefix("step_"))
+    adapter = load_file(run / ADAPTER)
+    return save_checkpoint(run, step, weights={"adapter": {k: v.float() for k, v in adapter.items()}},
+                           stateful={}, meta={"policy_only": "bench/gpu_pack.py: a bf16 adapter"})
 
 
 def main() -> None:
