@@ -363,11 +363,12 @@ def test_explored_rows_have_no_sampler_gap():
     assert unmarked["sampler/logp_diff_max"] > out["sampler/logp_diff_max"] + 1.0
 
 
-@pytest.mark.parametrize("level", ["token", "turn"])
-def test_sampler_correction_reweights_the_advantages_by_the_truncated_weight(level):
+@pytest.mark.parametrize("level, backend", [("token", "hf"), ("turn", "hf"), ("auto", "vllm")])
+def test_sampler_correction_reweights_the_advantages_by_the_truncated_weight(level, backend):
     """algorithm.sampler_correction: the update equals one without it whose advantages
     were multiplied by hand by min(pi_learner / pi_sampler, c), per token or per row (a
-    row is one turn here), pi_learner from a plain forward of the initial weights."""
+    row is one turn here), pi_learner from a plain forward of the initial weights. The
+    default ('auto') is the token level on the vLLM backend."""
     from sparring.policy.forward import token_logprobs
 
     batch, adv = ragged_batch()
@@ -384,14 +385,31 @@ def test_sampler_correction_reweights_the_advantages_by_the_truncated_weight(lev
     cfg = dict(algorithm__recompute_old_logp=True, train__epochs=1, optim__eps=10.0,
                optim__lr=10.0)
     corrected = Learner(copy.deepcopy(model0), make_cfg(
-        algorithm__sampler_correction=level, algorithm__sampler_correction_clip=1.2, **cfg))
+        algorithm__sampler_correction=level, algorithm__sampler_correction_clip=1.2,
+        model__backend=backend, **cfg))
     out = corrected.update(batch, adv)
-    by_hand = Learner(copy.deepcopy(model0), make_cfg(**cfg))
+    by_hand = Learner(copy.deepcopy(model0), make_cfg(algorithm__sampler_correction="off",
+                                                      **cfg))
     by_hand.update(batch, adv * w)
     for (name, p), q in zip(corrected.model.named_parameters(), by_hand.model.parameters()):
         torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5, msg=name)
     assert out["sampler/is_weight"] == pytest.approx(float(w[m].mean()), rel=1e-5)
     assert out["sampler/is_weight_max"] == pytest.approx(1.2)
+
+
+@pytest.mark.parametrize("backend, recompute, level", [
+    ("vllm", True, "token"), ("hf", True, "off"), ("vllm", False, "off")])
+def test_sampler_correction_auto_is_the_token_level_on_vllm_only(backend, recompute, level):
+    """'auto' corrects where the sampler is a vLLM engine and the learner recomputes the
+    old log-probs (without the recomputation there is nothing to compare them with)."""
+    from sparring.train.learner import sampler_correction_level
+
+    cfg = make_cfg(model__backend=backend, algorithm__recompute_old_logp=recompute)
+    assert cfg.algorithm.sampler_correction == "auto"
+    assert sampler_correction_level(cfg) == level
+    explicit = make_cfg(model__backend="vllm", algorithm__recompute_old_logp=True,
+                        algorithm__sampler_correction="turn")
+    assert sampler_correction_level(explicit) == "turn"
 
 
 def test_sampler_correction_needs_the_recomputed_logprobs():

@@ -25,7 +25,8 @@ KL(pi_sampler || pi_learner) on them). It is about 0 for the HF sampler in float
 batch shapes only) and larger where the sampler is another engine or another precision;
 ``algorithm.sampler_correction`` (token or turn) then reweights the advantages by the
 truncated importance weight min(pi_learner / pi_sampler, c) (`sparring.importance`), and
-``sampler/is_weight`` (its mean over the tokens) and ``sampler/is_weight_max`` are logged.
+``sampler/is_weight`` (its mean over the tokens) and ``sampler/is_weight_max`` are logged;
+its default, ``auto``, is ``token`` on the vLLM backend (`sampler_correction_level`).
 A non-finite loss or gradient skips the optimizer step with a warning, and so does a step
 that would leave a weight or an optimizer moment non-finite (it is undone, bit for bit:
 `sparring.train.guarded_step`);
@@ -74,6 +75,19 @@ _ROW_OPTIONS = {"group": "group", "rewards": "returns", "agent": "agent", "episo
                 "turn": "turn", "length": "length"}
 
 
+def sampler_correction_level(cfg: Config) -> str:
+    """``algorithm.sampler_correction`` with ``auto`` resolved: ``token`` where the sampler
+    is a vLLM engine and the old log-probs are the learner's recomputation (so the two can
+    be compared), else ``off``. Why on for vLLM: its log-probs of a move differ from the
+    learner's under the same weights by up to 1.4-1.8 nats once a bf16-mixed learner's
+    adapter trains (docs/benchmarks.md, "The sampler/learner gap with vLLM"); where both
+    agree the weights are 1 and the correction changes nothing."""
+    a = cfg.algorithm
+    if a.sampler_correction != "auto":
+        return a.sampler_correction
+    return "token" if cfg.model.backend == "vllm" and a.recompute_old_logp else "off"
+
+
 def _keep_max(stats: dict[str, float], name: str, value: float) -> None:
     """Record ``value`` as the step's ``name`` if it is the largest so far (``update``
     reports ``_max/`` entries as maxima over the step, not means)."""
@@ -98,6 +112,7 @@ class Learner:
         self.device = next(model.parameters()).device
         a, c, o = cfg.algorithm, cfg.critic, cfg.optim
         self.temperature = cfg.rollout.temperature if temperature is None else temperature
+        self.sampler_correction = sampler_correction_level(cfg)
         _load_objectives()
         self.objective = OBJECTIVES.get(a.objective)
         needs_ref = (a.kl.coef > 0 or "ref_logp" in self.objective.needs
@@ -294,8 +309,8 @@ class Learner:
         sampled = torch.where(m_s, sampled, old_r)  # no sampler log-probs: no gap
         adv_r = adv[rows, :L]
         w = None
-        if a.sampler_correction != "off":  # the sampler's log-probs differ from the learner's
-            w, _ = importance_weights(old_r, sampled, m, level=a.sampler_correction,
+        if self.sampler_correction != "off":  # the sampler's log-probs differ from ours
+            w, _ = importance_weights(old_r, sampled, m, level=self.sampler_correction,
                                       clip=a.sampler_correction_clip)
             adv_r = adv_r * w
         ref_r = None if ref is None else ref[rows, :L]

@@ -128,7 +128,7 @@ def _algorithm_check(a: AlgorithmConfig, envs: list[EnvSpec], key: str,
     for i, env in enumerate(envs):
         _options_check("estimator", a.estimator, env.estimator_options,
                        f"envs.{i}.estimator_options")
-    if a.sampler_correction != "off" and not a.recompute_old_logp:
+    if a.sampler_correction not in ("off", "auto") and not a.recompute_old_logp:
         raise ConfigError(f"{key}.sampler_correction: {a.sampler_correction!r} compares the "
                           "sampler's log-probs with the learner's recomputation; set "
                           f"{key}.recompute_old_logp=true too")

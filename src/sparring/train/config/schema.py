@@ -240,11 +240,12 @@ class AlgorithmConfig:
     recompute_old_logp: bool = opt(
         False, "recompute old log-probs with the current model before the update (with "
         "train.epochs 1 and one minibatch, the loss's own forward gives them)")
-    sampler_correction: Literal["off", "token", "turn"] = opt(
-        "off", "with recompute_old_logp: reweight the advantages by the truncated "
+    sampler_correction: Literal["auto", "off", "token", "turn"] = opt(
+        "auto", "with recompute_old_logp: reweight the advantages by the truncated "
         "importance weight min(pi_learner / pi_sampler, sampler_correction_clip) per sampled "
         "token or per turn, for a sampler whose log-probs differ from the learner's under "
-        "the same weights (vLLM, another precision; sparring.importance)")
+        "the same weights (vLLM, another precision; sparring.importance); 'auto': 'token' "
+        "with model.backend=vllm and recompute_old_logp, else 'off'")
     sampler_correction_clip: float = opt(2.0, "truncation c of sampler_correction's weights",
                                          gt=0)
 
