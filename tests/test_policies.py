@@ -147,8 +147,6 @@ BAD = [
     ({"policies": {"speaker": {"algorithm": {"entropy_coeff": 1}}, "listener": {}}},
      r"unknown key 'policies\.speaker\.algorithm\.entropy_coeff'; did you mean 'entropy_coef'"),
     ({"lora": {"shared_base": True}}, r"lora\.shared_base: .* set lora\.enabled=true"),
-    ({"model": {"name": "tiny", "options": TINY, "backend": "vllm"}},
-     r"model\.backend: vllm serves several policies as LoRA adapters .* lora\.shared_base"),
     ({"lora": {"enabled": True, "shared_base": True},
       "policies": {"speaker": {"model": {"options": {"seed": 1}}}}},
      r"policies\.speaker\.model: with lora\.shared_base"),

@@ -174,14 +174,15 @@ def test_vllm_backend_wiring_syncs_the_learner_before_every_rollout(tmp_path, mo
                        "model.vllm_options={enforce_eager: true}"])
     parts = build(cfg, tmp_path)
     fn = parts.rollout_fn
-    assert isinstance(fn, EngineRollouts) and fn.model is parts.model
-    assert fn.engine.kw["enforce_eager"] is True and fn.engine.kw["seed"] == cfg.train.seed
-    assert fn.rollouts.learner.policy is fn.engine  # the learner's seats sample from the engine
+    assert isinstance(fn, EngineRollouts) and fn.models == {"": parts.model}
+    engine = fn.engines[""]
+    assert engine.kw["enforce_eager"] is True and engine.kw["seed"] == cfg.train.seed
+    assert fn.rollouts.learner.policy is engine  # the learner's seats sample from the engine
     assert parts.stateful == {"rollouts": fn.rollouts}  # the checkpoint keeps the pool state
     start = {k: v.clone() for k, v in parts.model.state_dict().items()}
     train(cfg, parts.model, fn, parts.eval_fn, parts.stateful, run_dir=tmp_path / "run",
           pad_id=parts.pad_id)
-    synced = fn.engine.synced
+    synced = engine.synced
     assert len(synced) == 2  # one sync per step, before its rollout
     assert all(torch.equal(synced[0][k], start[k]) for k in synced[0])
     assert any(not torch.equal(synced[1][k], start[k]) for k in synced[1])  # step 1's update
@@ -393,7 +394,8 @@ def test_several_policies_sample_from_their_own_adapters_in_one_engine(tmp_path)
         "eval": {"every": 0, "at_start": False, "games": 2}, "checkpoint": {"every": 0}})
     parts = build(cfg, tmp_path)
     fn = parts.rollout_fn
-    assert isinstance(fn, EngineRollouts) and fn.adapters == ["speaker", "listener"]
+    assert isinstance(fn, EngineRollouts) and fn.adapters
+    assert fn.engines["speaker"] is fn.engines["listener"]  # one engine serves both
     train(cfg, parts.model, fn, parts.eval_fn, parts.stateful, run_dir=tmp_path / "run",
           pad_id=parts.pad_id)
     fn.sync()
@@ -411,6 +413,47 @@ def test_several_policies_sample_from_their_own_adapters_in_one_engine(tmp_path)
     listener_gen = fn.rollouts.players["listener"].policy.generate(prompts[:1], sp, seeds=[0])[0]
     other = _hf_logprobs(model, prompts[0], listener_gen, 1.0)
     assert (other - own["listener"]).abs().max() > 1e-3
+
+
+@pytest.mark.vllm
+def test_several_policies_without_a_shared_base_sample_from_their_own_engines(tmp_path):
+    """Two policies, each its own model (no lora.shared_base), on the vLLM backend: an
+    engine per policy; after a training step and a sync, each policy's seats sample with
+    log-probs equal to an HF forward of its own model, and the other policy's model scores
+    them differently (the two trained apart from the same initial weights)."""
+    _vllm_or_skip()
+    from sparring.rollout.synced import EngineRollouts
+    from sparring.train.config import from_dict
+    from sparring.train.loop import train
+    from sparring.train.setup import build
+
+    cfg = from_dict({
+        "model": {"name": "tiny", "options": {"hidden_size": 128}, "backend": "vllm",
+                  "vllm_options": {"enforce_eager": True, "kv_cache_memory_bytes": KV}},
+        "policies": {"speaker": {}, "listener": {}},
+        "envs": [{"name": "signalling", "options": {"k": 3}, "group_size": 4,
+                  "seats": ["speaker", "listener"]}],
+        "rollout": {"episodes_per_step": 8, "max_new_tokens": 4, "history": "state"},
+        "algorithm": {"estimator": "grpo"}, "optim": {"lr": 0.05},
+        "train": {"steps": 1, "epochs": 1}, "logging": {"progress": False},
+        "eval": {"every": 0, "at_start": False, "games": 2}, "checkpoint": {"every": 0}})
+    parts = build(cfg, tmp_path)
+    fn = parts.rollout_fn
+    assert isinstance(fn, EngineRollouts) and not fn.adapters
+    assert fn.engines["speaker"] is not fn.engines["listener"]
+    train(cfg, parts.model, fn, parts.eval_fn, parts.stateful, run_dir=tmp_path / "run",
+          pad_id=parts.pad_id)
+    fn.sync()
+    tok = parts.tokenizer
+    prompts = [tok.encode(f"<|user|>colour {i}<|end|><|assistant|>") for i in range(3)]
+    sp = SamplingParams(max_new_tokens=5)
+    for name, other in (("speaker", "listener"), ("listener", "speaker")):
+        assert fn.rollouts.players[name].policy is fn.engines[name]
+        gens = fn.engines[name].generate(prompts, sp, seeds=[0, 1, 2])
+        _assert_logprobs_match(parts.model[name], prompts, gens, 1.0)
+        mine = _hf_logprobs(parts.model[name], prompts[0], gens[0], 1.0)
+        theirs = _hf_logprobs(parts.model[other], prompts[0], gens[0], 1.0)
+        assert (theirs - mine).abs().max() > 1e-3
 
 
 @pytest.mark.vllm

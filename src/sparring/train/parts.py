@@ -3,9 +3,10 @@
 `load_model` builds the policy model (in ``model.dtype``, its compute precision recorded on
 it) and its tokenizer; `build_parts` adds the rollout schedule
 (`sparring.rollout.schedule.Rollouts`) and the periodic evaluation
-(`sparring.eval.periodic.make_eval_fn`). With ``model.backend=vllm`` the rollouts' learner
-seats sample from a `sparring.policy.vllm.VLLMPolicy` that receives the learner's weights
-before every step (`sparring.rollout.synced.EngineRollouts`). A Ray rollout worker builds
+(`sparring.eval.periodic.make_eval_fn`). With ``model.backend=vllm`` each policy's seats
+sample from a `sparring.policy.vllm.VLLMPolicy` that receives its learner's weights before
+every step (`sparring.rollout.synced.EngineRollouts`): an engine per policy, or with
+``lora.shared_base`` one engine serving every policy's adapter. A Ray rollout worker builds
 its parts with this function; `sparring.train.setup.build` adds the workers on top.
 
 Several policies (``policies``): a model per policy (`load_model` of its own ``model``
@@ -105,18 +106,7 @@ def build_parts(cfg: Config, run_dir: str | Path | None = None) -> RunParts:
     rollouts = Rollouts(cfg, policies, Path(run_dir or "runs/unnamed"))
     rollout_fn: Any = rollouts
     if cfg.model.backend == "vllm":
-        # one engine: over the one policy's model, or the shared base with an adapter per
-        # policy (several policies without a shared base are refused by the config checks)
-        from sparring.rollout.synced import EngineRollouts
-
-        ranks = ([policy_config(cfg, n).lora.r for n in names] if several else
-                 [cfg.lora.r] if cfg.lora.enabled and cfg.model.vllm_options.get("enable_lora")
-                 else [])
-        base = models[names[0]].get_base_model() if several else models[""]
-        engine = _vllm_engine(cfg, base, toks[names[0]], "policies" if several else "learner",
-                              ranks)
-        rollout_fn = EngineRollouts(rollouts, engine, models[names[0]],
-                                    adapters=names if several else ())
+        rollout_fn = _engine_rollouts(cfg, rollouts, models, toks, shared)
     first = policies[names[0]]
     if several:
         chosen = ", ".join(f"{n}: {precision.mode_of(p.model)}" for n, p in policies.items())
@@ -144,6 +134,28 @@ def _policy_models(cfg: Config, names: list[str]) -> tuple[dict[str, Any], dict[
             return policy_models(cfg, base), dict.fromkeys(names, tok)
     loaded = {n: load_model(policy_config(cfg, n) if n else cfg) for n in names}
     return {n: m for n, (m, _) in loaded.items()}, {n: t for n, (_, t) in loaded.items()}
+
+
+def _engine_rollouts(cfg: Config, rollouts: Rollouts, models: dict[str, Any],
+                     toks: dict[str, Any], shared: bool) -> Any:
+    """The rollouts on vLLM engines: one over the shared base serving an adapter per policy
+    (``lora.shared_base``), else one per policy over its own model (the one policy's model
+    is served as an adapter when ``model.vllm_options`` has ``enable_lora``)."""
+    from sparring.rollout.synced import EngineRollouts
+
+    names = list(models)
+    if shared:
+        ranks = [policy_config(cfg, n).lora.r for n in names]
+        engine = _vllm_engine(cfg, models[names[0]].get_base_model(), toks[names[0]],
+                              "policies", ranks)
+        return EngineRollouts(rollouts, dict.fromkeys(names, engine), models, adapters=True)
+    engines = {}
+    for n in names:
+        pc = policy_config(cfg, n) if n else cfg
+        adapter = pc.lora.enabled and pc.model.vllm_options.get("enable_lora")
+        engines[n] = _vllm_engine(pc, models[n], toks[n], n or "learner",
+                                  [pc.lora.r] if adapter else [])
+    return EngineRollouts(rollouts, engines, models)
 
 
 def _vllm_engine(cfg: Config, model: torch.nn.Module, tok: Any, name: str,

@@ -156,9 +156,7 @@ _POLICY_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 def _policies_check(cfg: Config) -> None:
     """``policies`` and ``envs[].seats``: names that can name files and metrics, overrides
     that build, every env mapping each of its seats to a defined policy, every policy
-    playing some seat; what several policies do not support yet (the
-    vLLM backend without ``lora.shared_base``) is refused; ``lora.shared_base`` needs LoRA
-    and one model."""
+    playing some seat; ``lora.shared_base`` needs LoRA and one model."""
     if cfg.lora.shared_base and not cfg.lora.enabled:
         raise ConfigError("lora.shared_base: policies share a base model as LoRA adapters; "
                           "set lora.enabled=true too")
@@ -218,10 +216,6 @@ def _policies_check(cfg: Config) -> None:
     if idle:
         raise ConfigError(f"policies.{idle[0]}: no env seat plays it (envs[].seats), so it "
                           "would never train")
-    if cfg.model.backend != "hf" and not cfg.lora.shared_base:
-        raise ConfigError(f"model.backend: {cfg.model.backend} serves several policies as "
-                          "LoRA adapters of one base model; set lora.shared_base=true (and "
-                          "lora.enabled=true), or use hf")
 
 
 def _distributed_check(d: DistributedConfig) -> None:
