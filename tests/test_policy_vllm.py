@@ -369,10 +369,11 @@ def test_the_sampler_gap_is_zero_in_one_precision_and_not_across_two(tmp_path):
 
 @pytest.mark.vllm
 def test_several_policies_sample_from_their_own_adapters_in_one_engine(tmp_path):
-    """Two policies as LoRA adapters of one base (lora.shared_base) on the vLLM backend:
-    one engine, one adapter per policy; after a training step and a sync, each policy's
-    seats sample with log-probs equal to an HF forward with its own adapter active, and
-    the two adapters' log-probs differ."""
+    """Two policies as LoRA adapters of one base (lora.shared_base) on the vLLM backend,
+    with a league of their past adapters: one engine, one adapter per policy; after
+    training steps that played snapshot adapters (on transformers, beside the policies'
+    own in the one PEFT model) and a sync, each policy's seats sample with log-probs equal
+    to an HF forward with its own adapter active, and the two adapters' log-probs differ."""
     _vllm_or_skip()
     pytest.importorskip("peft")
     from sparring.rollout.synced import EngineRollouts
@@ -386,11 +387,12 @@ def test_several_policies_sample_from_their_own_adapters_in_one_engine(tmp_path)
                   "vllm_options": {"enforce_eager": True, "kv_cache_memory_bytes": KV}},
         "policies": {"speaker": {}, "listener": {}},
         "envs": [{"name": "signalling", "options": {"k": 3}, "group_size": 4,
-                  "seats": ["speaker", "listener"]}],
+                  "seats": ["speaker", "listener"], "opponents": ["self", "pool"]}],
         "lora": {"enabled": True, "shared_base": True, "r": 8},
+        "league": {"every": 1, "max": 2},
         "rollout": {"episodes_per_step": 8, "max_new_tokens": 4, "history": "state"},
         "algorithm": {"estimator": "grpo"}, "optim": {"lr": 0.05},
-        "train": {"steps": 1, "epochs": 1}, "logging": {"progress": False},
+        "train": {"steps": 3, "epochs": 1}, "logging": {"progress": False},
         "eval": {"every": 0, "at_start": False, "games": 2}, "checkpoint": {"every": 0}})
     parts = build(cfg, tmp_path)
     fn = parts.rollout_fn
@@ -400,6 +402,8 @@ def test_several_policies_sample_from_their_own_adapters_in_one_engine(tmp_path)
           pad_id=parts.pad_id)
     fn.sync()
     model, tok = parts.model["speaker"], parts.tokenizer
+    assert any(a.startswith("pool-") for a in model.peft_config)  # snapshots were played
+    assert all(pool.checkpoints for pool in fn.rollouts.pools.values())
     prompts = [tok.encode(f"<|user|>colour {i}<|end|><|assistant|>") for i in range(3)]
     sp = SamplingParams(max_new_tokens=5)
     own = {}
