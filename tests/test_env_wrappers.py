@@ -1,3 +1,5 @@
+from collections import Counter
+
 import pytest
 
 from sparring.envs import make
@@ -308,3 +310,43 @@ def make_c4_after(columns: list[str]) -> str:
     for c in columns:
         game.step(c)
     return game.state_key()
+
+
+def test_listed_openings_are_drawn_from_the_seed_with_their_share():
+    """``listed``: with share 1 every reset starts after one of the listed move sequences
+    (each drawn about equally often), with share 0 none does, in between about that share
+    of the seeds (the rest take the random opening); the same seed, the same opening."""
+    listed = [("5", "1"), ("1", "2", "3")]
+    boards = {("5", "1"): "O...X....", ("1", "2", "3"): "XOX......"}
+    env = RandomOpening(make("tictactoe"), 0, listed, listed_share=1.0)
+    drawn = Counter()
+    for seed in range(200):
+        env.reset(seed)
+        drawn[tuple(env.opening)] += 1
+        assert env.state_key() == boards[tuple(env.opening)]
+        assert env.current_seat() == len(env.opening) % 2
+    assert set(drawn) == set(listed) and min(drawn.values()) > 70
+    never = RandomOpening(make("tictactoe"), 2, listed, listed_share=0.0)
+    half = RandomOpening(make("tictactoe"), 0, listed, listed_share=0.5)
+    n_listed = 0
+    for seed in range(400):
+        never.reset(seed)
+        plain = RandomOpening(make("tictactoe"), 2)
+        plain.reset(seed)
+        assert never.opening == plain.opening  # the random opening's stream is unchanged
+        half.reset(seed)
+        n_listed += bool(half.opening)
+    assert 160 <= n_listed <= 240  # 200 expected, binomial sd 10
+    again = RandomOpening(make("tictactoe"), 0, listed, listed_share=0.5)
+    for seed in range(20):
+        half.reset(seed), again.reset(seed)
+        assert half.opening == again.opening
+
+
+def test_a_listed_opening_that_is_illegal_or_ends_the_game_is_named():
+    with pytest.raises(ValueError, match=r"opening 2 '5 5': move 2 \('5'\) is not legal"):
+        RandomOpening(make("tictactoe"), 0, [("1",), ("5", "5")])
+    with pytest.raises(ValueError, match=r"opening 1 '1 4 2 5 3': move 5 \('3'\) ends the game"):
+        RandomOpening(make("tictactoe"), 0, [("1", "4", "2", "5", "3")])
+    with pytest.raises(ValueError, match="listed_share"):
+        RandomOpening(make("tictactoe"), 0, [("1",)], listed_share=1.5)

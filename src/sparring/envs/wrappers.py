@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from sparring.envs.base import Env, ParseResult, StepResult
 from sparring.envs.parsing import parse_choice
@@ -180,11 +180,20 @@ class RandomOpening:
     board games, Nim). Everything else is the inner env's, ``state_key()`` included, so a
     position reached by the opening is the same anchor state as when reached by play.
     Needs ``clone()`` and listed legal actions.
+
+    ``listed``: openings given as move sequences (`sparring.envs.openings`, e.g. positions
+    with a tactic to learn). With probability ``listed_share`` (drawn from the reset seed)
+    an episode starts after one of them, drawn uniformly, instead of a random opening. Each
+    must be legal and leave the game running, from the start position of a reset (checked
+    here, from seed 0: for games whose start does not depend on the seed).
     """
 
-    def __init__(self, env: Env, max_moves: int):
+    def __init__(self, env: Env, max_moves: int, listed: Sequence[Sequence[str]] = (),
+                 listed_share: float = 1.0):
         if not isinstance(max_moves, int) or isinstance(max_moves, bool) or max_moves < 0:
             raise ValueError(f"RandomOpening: max_moves={max_moves!r}; must be an int >= 0")
+        if not 0.0 <= listed_share <= 1.0:
+            raise ValueError(f"RandomOpening: listed_share={listed_share!r}; must be in [0, 1]")
         if not hasattr(env, "clone"):
             raise ValueError(f"RandomOpening: {env.name} has no clone(); random openings "
                              "need it to keep the game from ending in the opening")
@@ -192,13 +201,23 @@ class RandomOpening:
         if seat is not None and env.legal_actions(seat) is None:
             raise ValueError(f"RandomOpening: {env.name} lists no legal actions")
         self.env, self.max_moves = env, max_moves
+        self.listed, self.listed_share = [list(o) for o in listed], listed_share
         self.name, self.num_seats = env.name, env.num_seats
+        for i, moves in enumerate(self.listed):
+            self.env.reset(0)
+            self.opening = []
+            self._play(moves, f"opening {i + 1}")
         self.reset(0)
 
     def reset(self, seed: int) -> None:
         self.env.reset(seed)
-        rng = random.Random(f"opening/{seed}")
         self.opening: list[str] = []
+        if self.listed:
+            pick = random.Random(f"listed-opening/{seed}")
+            if pick.random() < self.listed_share:
+                self._play(self.listed[pick.randrange(len(self.listed))], "listed opening")
+                return
+        rng = random.Random(f"opening/{seed}")
         for _ in range(rng.randint(0, self.max_moves)):
             seat = self.env.current_seat()
             legal = self.env.legal_actions(seat) if seat is not None else []
@@ -207,6 +226,20 @@ class RandomOpening:
                 break
             move = rng.choice(safe)
             self.env.step(move)
+            self.opening.append(move)
+
+    def _play(self, moves: Sequence[str], what: str) -> None:
+        """``moves`` from the current position; ValueError naming the first that is not
+        legal or ends the game."""
+        for k, move in enumerate(moves):
+            seat = self.env.current_seat()
+            legal = self.env.legal_actions(seat) if seat is not None else []
+            if move not in (legal or []):
+                raise ValueError(f"{what} {' '.join(moves)!r}: move {k + 1} ({move!r}) is not "
+                                 f"legal there (legal: {' '.join(legal or []) or 'none'})")
+            if self.env.step(move).done:
+                raise ValueError(f"{what} {' '.join(moves)!r}: move {k + 1} ({move!r}) ends "
+                                 "the game; an opening must leave a move to play")
             self.opening.append(move)
 
     def _continues(self, action: str) -> bool:

@@ -47,6 +47,7 @@ from sparring.data import Episode
 from sparring.envs import env_entry, make
 from sparring.envs.bots import BOTS, check_opponents, make_bot
 from sparring.envs.invalid import InvalidActionPolicy
+from sparring.envs.openings import read_openings
 from sparring.envs.wrappers import RandomOpening, SymmetricViews
 from sparring.policy.hf import HFPolicy
 from sparring.policy.sampling import SamplingParams
@@ -70,12 +71,14 @@ SPECIAL_OPPONENTS = ("self", "pool")  # opponent kinds besides the bots of BOTS
 
 def training_env(name: str, spec: EnvSpec, **options: Any) -> Env:
     """Env ``name`` as a training episode of ``spec`` plays it: through per-seat symmetric
-    views (``symmetric_views``), after a random opening (``opening_moves``)."""
+    views (``symmetric_views``), after a random or listed opening (``opening_moves``,
+    ``openings``)."""
     env = make(name, **options)
     if spec.symmetric_views:
         env = SymmetricViews(env)
-    if spec.opening_moves:
-        env = RandomOpening(env, spec.opening_moves)
+    if spec.opening_moves or spec.openings:
+        listed = read_openings(spec.openings) if spec.openings else ()
+        env = RandomOpening(env, spec.opening_moves, listed, spec.openings_share)
     return env
 
 
@@ -234,7 +237,7 @@ class Rollouts:
                 return choosers[t](run[t].index * gs + m)
 
             kw["players_fn"] = players
-        if spec.opening_moves or spec.symmetric_views:
+        if spec.opening_moves or spec.openings or spec.symmetric_views:
             return self.arena.play(partial(training_env, name, spec), dict(spec.options), **kw)
         return self.arena.play(name, dict(spec.options), **kw)
 

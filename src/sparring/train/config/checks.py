@@ -344,6 +344,13 @@ def _env_options_check(i: int, env: EnvSpec) -> Any:
             RandomOpening(made, env.opening_moves)
         except ValueError as e:
             raise ConfigError(f"envs.{i}.opening_moves: {e}") from None
+    if env.openings:
+        from sparring.envs.openings import read_openings
+
+        try:  # every listed opening played once from the start
+            RandomOpening(made, 0, read_openings(env.openings), env.openings_share)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"envs.{i}.openings: {e}") from None
     return game
 
 

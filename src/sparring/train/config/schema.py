@@ -70,6 +70,13 @@ class EnvSpec:
         0, "exploring starts: each group of training episodes begins after n random legal "
         "moves, n uniform in 0..opening_moves (never a move that ends the game; games that "
         "pay at the end; evaluation plays the plain game)", ge=0)
+    openings: str = opt(
+        "", "a file of listed openings (one per line, moves separated by spaces; relative "
+        "to the working directory or the checkout, e.g. configs/openings/...): a group of "
+        "training episodes starts after one of them, drawn uniformly, with probability "
+        "openings_share (else as opening_moves says); evaluation plays the plain game")
+    openings_share: float = opt(1.0, "probability a training group starts from a listed "
+                                "opening (envs[].openings)", ge=0, le=1)
     symmetric_views: bool = opt(
         False, "each seat sees the board through its own random symmetry of the game "
         "(drawn per episode from its reset seed; the game must declare its symmetries, as "
