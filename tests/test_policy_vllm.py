@@ -367,6 +367,24 @@ def test_the_sampler_gap_is_zero_in_one_precision_and_not_across_two(tmp_path):
     assert gaps["bf16-mixed"] > 10 * max(gaps["float32"], 1e-5)
 
 
+def _two_policies_on_vllm(**sections):
+    """A speaker and a listener (signalling, k 3) on the tiny model and the vLLM backend,
+    one training step of 8 episodes; ``sections`` replace whole config sections."""
+    from sparring.train.config import from_dict
+
+    return from_dict({
+        "model": {"name": "tiny", "options": {"hidden_size": 128}, "backend": "vllm",
+                  "vllm_options": {"enforce_eager": True, "kv_cache_memory_bytes": KV}},
+        "policies": {"speaker": {}, "listener": {}},
+        "envs": [{"name": "signalling", "options": {"k": 3}, "group_size": 4,
+                  "seats": ["speaker", "listener"]}],
+        "rollout": {"episodes_per_step": 8, "max_new_tokens": 4, "history": "state"},
+        "algorithm": {"estimator": "grpo"}, "optim": {"lr": 0.05},
+        "train": {"steps": 1, "epochs": 1}, "logging": {"progress": False},
+        "eval": {"every": 0, "at_start": False, "games": 2}, "checkpoint": {"every": 0},
+        **sections})
+
+
 @pytest.mark.vllm
 def test_several_policies_sample_from_their_own_adapters_in_one_engine(tmp_path):
     """Two policies as LoRA adapters of one base (lora.shared_base) on the vLLM backend,
@@ -377,23 +395,15 @@ def test_several_policies_sample_from_their_own_adapters_in_one_engine(tmp_path)
     _vllm_or_skip()
     pytest.importorskip("peft")
     from sparring.rollout.synced import EngineRollouts
-    from sparring.train.config import from_dict
     from sparring.train.loop import train
     from sparring.train.lora import use_adapter
     from sparring.train.setup import build
 
-    cfg = from_dict({
-        "model": {"name": "tiny", "options": {"hidden_size": 128}, "backend": "vllm",
-                  "vllm_options": {"enforce_eager": True, "kv_cache_memory_bytes": KV}},
-        "policies": {"speaker": {}, "listener": {}},
-        "envs": [{"name": "signalling", "options": {"k": 3}, "group_size": 4,
-                  "seats": ["speaker", "listener"], "opponents": ["self", "pool"]}],
-        "lora": {"enabled": True, "shared_base": True, "r": 8},
-        "league": {"every": 1, "max": 2},
-        "rollout": {"episodes_per_step": 8, "max_new_tokens": 4, "history": "state"},
-        "algorithm": {"estimator": "grpo"}, "optim": {"lr": 0.05},
-        "train": {"steps": 3, "epochs": 1}, "logging": {"progress": False},
-        "eval": {"every": 0, "at_start": False, "games": 2}, "checkpoint": {"every": 0}})
+    cfg = _two_policies_on_vllm(
+        envs=[{"name": "signalling", "options": {"k": 3}, "group_size": 4,
+               "seats": ["speaker", "listener"], "opponents": ["self", "pool"]}],
+        lora={"enabled": True, "shared_base": True, "r": 8}, league={"every": 1, "max": 2},
+        train={"steps": 3, "epochs": 1})
     parts = build(cfg, tmp_path)
     fn = parts.rollout_fn
     assert isinstance(fn, EngineRollouts) and fn.adapters
@@ -427,20 +437,10 @@ def test_several_policies_without_a_shared_base_sample_from_their_own_engines(tm
     them differently (the two trained apart from the same initial weights)."""
     _vllm_or_skip()
     from sparring.rollout.synced import EngineRollouts
-    from sparring.train.config import from_dict
     from sparring.train.loop import train
     from sparring.train.setup import build
 
-    cfg = from_dict({
-        "model": {"name": "tiny", "options": {"hidden_size": 128}, "backend": "vllm",
-                  "vllm_options": {"enforce_eager": True, "kv_cache_memory_bytes": KV}},
-        "policies": {"speaker": {}, "listener": {}},
-        "envs": [{"name": "signalling", "options": {"k": 3}, "group_size": 4,
-                  "seats": ["speaker", "listener"]}],
-        "rollout": {"episodes_per_step": 8, "max_new_tokens": 4, "history": "state"},
-        "algorithm": {"estimator": "grpo"}, "optim": {"lr": 0.05},
-        "train": {"steps": 1, "epochs": 1}, "logging": {"progress": False},
-        "eval": {"every": 0, "at_start": False, "games": 2}, "checkpoint": {"every": 0}})
+    cfg = _two_policies_on_vllm()
     parts = build(cfg, tmp_path)
     fn = parts.rollout_fn
     assert isinstance(fn, EngineRollouts) and not fn.adapters
