@@ -38,15 +38,9 @@ from collections import Counter
 from pathlib import Path
 
 from sparring.envs import make
-from sparring.envs.games.tictactoe import LINES, MARKS, VIEWS
+from sparring.envs.games.tictactoe import LINES, MARKS, VIEWS, tactic_at
 
 DIRECTIONS = ("row",) * 3 + ("column",) * 3 + ("diagonal",) * 2  # of LINES, in order
-
-
-def winning_cells(board: list[str], mark: str) -> set[int]:
-    """The empty cells that complete a line of ``mark``."""
-    return {c for line in LINES for c in line
-            if board[c] == "." and sum(board[i] == mark for i in line) == 2}
 
 
 def must_block_positions() -> list[tuple[list[str], int, int]]:
@@ -83,15 +77,6 @@ def tactic_positions() -> list[tuple[list[str], int, str, set[int]]]:
 
     walk(["."] * 9, 0)
     return found
-
-
-def tactic_at(board: list[str], seat: int) -> tuple[str, set[int]] | None:
-    """('win', the mover's winning cells) if it has a win in one, else ('block', the cell)
-    if the other seat has exactly one, else None."""
-    wins, threats = winning_cells(board, MARKS[seat]), winning_cells(board, MARKS[1 - seat])
-    if wins:
-        return "win", wins
-    return ("block", threats) if len(threats) == 1 else None
 
 
 def uniform_visits(options: dict, games: int, seed: int = 0) -> Counter[tuple[str, str]]:

@@ -15,30 +15,7 @@ often as self-play happens to reach them.
 from __future__ import annotations
 
 from sparring.envs import make
-
-LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8),
-         (2, 4, 6))
-
-
-def winning_cells(board: list[str], mark: str) -> set[int]:
-    """Empty cells that complete a line of ``mark`` (0-based)."""
-    out = set()
-    for line in LINES:
-        marks = [board[i] for i in line]
-        if marks.count(mark) == 2 and marks.count(".") == 1:
-            out.add(line[marks.index(".")])
-    return out
-
-
-def tactic(board: list[str], mover: str) -> str | None:
-    """'win' (the mover completes a line), 'block' (it must stop the opponent's only
-    threat), else None."""
-    other = "O" if mover == "X" else "X"
-    if winning_cells(board, mover):
-        return "win"
-    if len(winning_cells(board, other)) == 1:
-        return "block"
-    return None
+from sparring.envs.games.tictactoe import tactic_at
 
 
 def tactic_openings() -> list[tuple[str, tuple[str, ...]]]:
@@ -53,9 +30,9 @@ def tactic_openings() -> list[tuple[str, tuple[str, ...]]]:
         if obs in seen:
             return
         seen.add(obs)
-        kind = tactic(list(env.env.board), "XO"[seat])
-        if kind is not None and moves:
-            found.append((kind, moves))
+        tactic = tactic_at(env.env.board, seat)
+        if tactic is not None and moves:
+            found.append((tactic[0], moves))
         for a in env.legal_actions(seat):
             child = env.clone()
             if not child.step(a).done:

@@ -1,5 +1,6 @@
 """bench/must_block.py's position list, checked on boards worked out by hand."""
 
+from sparring.envs.games.tictactoe import winning_cells
 from tests.helpers import load_bench
 
 must_block = load_bench("must_block")
@@ -20,8 +21,8 @@ def test_must_block_positions_by_hand():
     for board, (seat, cell) in found.items():  # the definition, on every entry
         b = list(board)
         assert b.count("X") - b.count("O") == (1 if seat == 1 else 0)
-        assert not must_block.winning_cells(b, "XO"[seat])
-        assert must_block.winning_cells(b, "XO"[1 - seat]) == {cell}
+        assert not winning_cells(b, "XO"[seat])
+        assert winning_cells(b, "XO"[1 - seat]) == {cell}
 
 
 def test_must_win_positions_by_hand():
@@ -37,7 +38,7 @@ def test_must_win_positions_by_hand():
     blocks = {"".join(b) for b, _, _ in must_block.must_block_positions()}
     assert not blocks & set(found)  # a position is one or the other
     for board, (seat, cells) in found.items():
-        assert must_block.winning_cells(list(board), "XO"[seat]) == cells
+        assert winning_cells(list(board), "XO"[seat]) == cells
 
 
 def test_line_direction_is_read_in_the_shown_view():

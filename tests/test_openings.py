@@ -76,7 +76,7 @@ def test_the_shipped_tactic_list_is_every_tactic_position_in_the_canonical_view(
     (found by its own walk over raw boards), each once as the canonical view shows it."""
     from sparring.envs import make
     from sparring.envs.games.tictactoe import TicTacToe
-    from sparring.envs.wrappers import CanonicalViews, RandomOpening
+    from sparring.envs.wrappers import CanonicalViews, play_opening
 
     must_block = load_bench("must_block")
     expected = {}
@@ -85,15 +85,14 @@ def test_the_shipped_tactic_list_is_every_tactic_position_in_the_canonical_view(
         game.board, game.turn = list(board), seat
         expected.setdefault(CanonicalViews(game).observation(seat), kind)
     listed = read_openings(TACTICS)
-    env = RandomOpening(make("tictactoe", canonical=True), 0, listed)
+    env = make("tictactoe", canonical=True)
     got = {}
     for moves in listed:
-        env.env.reset(0)
-        env.opening = []
-        env._play(moves, "opening")
+        env.reset(0)
+        play_opening(env, moves)
         seat = env.current_seat()
         obs = env.observation(seat)
         assert obs not in got  # each position once
-        got[obs] = must_block.tactic_at(list(env.env.env.board), seat)[0]
+        got[obs] = must_block.tactic_at(list(env.env.board), seat)[0]
     assert got == expected
     assert sum(k == "win" for k in got.values()) == 321 and len(got) == 454

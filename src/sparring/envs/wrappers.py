@@ -184,8 +184,9 @@ class RandomOpening:
     ``listed``: openings given as move sequences (`sparring.envs.openings`, e.g. positions
     with a tactic to learn). With probability ``listed_share`` (drawn from the reset seed)
     an episode starts after one of them, drawn uniformly, instead of a random opening. Each
-    must be legal and leave the game running, from the start position of a reset (checked
-    here, from seed 0: for games whose start does not depend on the seed).
+    must be legal and leave the game running from the start position of a reset:
+    `check_openings` checks them once (the config checks do), and `play_opening` raises
+    when a reset meets one that is not.
     """
 
     def __init__(self, env: Env, max_moves: int, listed: Sequence[Sequence[str]] = (),
@@ -201,12 +202,8 @@ class RandomOpening:
         if seat is not None and env.legal_actions(seat) is None:
             raise ValueError(f"RandomOpening: {env.name} lists no legal actions")
         self.env, self.max_moves = env, max_moves
-        self.listed, self.listed_share = [list(o) for o in listed], listed_share
+        self.listed, self.listed_share = listed, listed_share
         self.name, self.num_seats = env.name, env.num_seats
-        for i, moves in enumerate(self.listed):
-            self.env.reset(0)
-            self.opening = []
-            self._play(moves, f"opening {i + 1}")
         self.reset(0)
 
     def reset(self, seed: int) -> None:
@@ -215,7 +212,9 @@ class RandomOpening:
         if self.listed:
             pick = random.Random(f"listed-opening/{seed}")
             if pick.random() < self.listed_share:
-                self._play(self.listed[pick.randrange(len(self.listed))], "listed opening")
+                moves = self.listed[pick.randrange(len(self.listed))]
+                play_opening(self.env, moves)
+                self.opening = list(moves)
                 return
         rng = random.Random(f"opening/{seed}")
         for _ in range(rng.randint(0, self.max_moves)):
@@ -226,20 +225,6 @@ class RandomOpening:
                 break
             move = rng.choice(safe)
             self.env.step(move)
-            self.opening.append(move)
-
-    def _play(self, moves: Sequence[str], what: str) -> None:
-        """``moves`` from the current position; ValueError naming the first that is not
-        legal or ends the game."""
-        for k, move in enumerate(moves):
-            seat = self.env.current_seat()
-            legal = self.env.legal_actions(seat) if seat is not None else []
-            if move not in (legal or []):
-                raise ValueError(f"{what} {' '.join(moves)!r}: move {k + 1} ({move!r}) is not "
-                                 f"legal there (legal: {' '.join(legal or []) or 'none'})")
-            if self.env.step(move).done:
-                raise ValueError(f"{what} {' '.join(moves)!r}: move {k + 1} ({move!r}) ends "
-                                 "the game; an opening must leave a move to play")
             self.opening.append(move)
 
     def _continues(self, action: str) -> bool:
@@ -272,6 +257,29 @@ class RandomOpening:
 
     def clone(self) -> Env:
         return self.env.clone()
+
+
+def play_opening(env: Env, moves: Sequence[str], what: str = "listed opening") -> None:
+    """``moves`` played on ``env`` from its current position; ValueError naming the first
+    that is not legal there or ends the game."""
+    for k, move in enumerate(moves):
+        seat = env.current_seat()
+        legal = (env.legal_actions(seat) if seat is not None else None) or []
+        if move not in legal:
+            raise ValueError(f"{what} {' '.join(moves)!r}: move {k + 1} ({move!r}) is not "
+                             f"legal there (legal: {' '.join(legal) or 'none'})")
+        if env.step(move).done:
+            raise ValueError(f"{what} {' '.join(moves)!r}: move {k + 1} ({move!r}) ends "
+                             "the game; an opening must leave a move to play")
+
+
+def check_openings(env: Env, listed: Sequence[Sequence[str]]) -> None:
+    """Every listed opening played from a reset of ``env`` (seed 0: for games whose start
+    does not depend on the seed); ValueError naming the first bad one (`play_opening`)."""
+    for i, moves in enumerate(listed):
+        env.reset(0)
+        play_opening(env, moves, f"opening {i + 1}")
+    env.reset(0)
 
 
 class _Viewed:
@@ -388,4 +396,5 @@ class CanonicalViews(_Viewed):
         return self.env.state_key()
 
 
-__all__ = ["CanonicalViews", "RandomOpening", "SymmetricViews", "TryAgain", "TurnBudget"]
+__all__ = ["CanonicalViews", "RandomOpening", "SymmetricViews", "TryAgain", "TurnBudget",
+           "check_openings", "play_opening"]

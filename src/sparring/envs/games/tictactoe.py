@@ -10,6 +10,8 @@ index ``i`` is the board's cell ``VIEWS[v][i]`` (view 0 is the board as it is).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from sparring.envs import register_env
 from sparring.envs.base import Env, StepResult
 from sparring.envs.games.common import TwoPlayerBoardGame
@@ -18,6 +20,22 @@ from sparring.envs.wrappers import CanonicalViews
 LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
 _LINES_THROUGH = tuple(tuple(ln for ln in LINES if c in ln) for c in range(9))
 MARKS = ("X", "O")
+
+
+def winning_cells(board: Sequence[str], mark: str) -> set[int]:
+    """The empty cells (0-based) that complete a line of ``mark`` on ``board`` (9 cells,
+    '.' empty)."""
+    return {c for line in LINES for c in line
+            if board[c] == "." and sum(board[i] == mark for i in line) == 2}
+
+
+def tactic_at(board: Sequence[str], seat: int) -> tuple[str, set[int]] | None:
+    """``seat``'s tactic on ``board``: ('win', its winning cells) if it has a win in one,
+    else ('block', the cell) if the other seat has exactly one, else None."""
+    wins, threats = winning_cells(board, MARKS[seat]), winning_cells(board, MARKS[1 - seat])
+    if wins:
+        return "win", wins
+    return ("block", threats) if len(threats) == 1 else None
 CELLS = tuple(str(i) for i in range(1, 10))
 
 

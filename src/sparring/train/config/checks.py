@@ -327,7 +327,7 @@ def _env_options_check(i: int, env: EnvSpec) -> Any:
     if bad:
         raise ConfigError(f"envs.{i}.learner_seats: {bad} out of range; {entry.name} has "
                           f"seats 0..{made.num_seats - 1}")
-    from sparring.envs.wrappers import RandomOpening, SymmetricViews
+    from sparring.envs.wrappers import RandomOpening, SymmetricViews, check_openings
     game = made
     if env.symmetric_views and env.options.get("canonical"):
         raise ConfigError(f"envs.{i}.symmetric_views: the game's option canonical already "
@@ -347,8 +347,8 @@ def _env_options_check(i: int, env: EnvSpec) -> Any:
     if env.openings:
         from sparring.envs.openings import read_openings
 
-        try:  # every listed opening played once from the start
-            RandomOpening(made, 0, read_openings(env.openings), env.openings_share)
+        try:
+            check_openings(made, read_openings(env.openings))
         except (OSError, ValueError) as e:
             raise ConfigError(f"envs.{i}.openings: {e}") from None
     return game
