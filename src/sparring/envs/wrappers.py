@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import random
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from sparring.envs.base import Env, ParseResult, StepResult
 from sparring.envs.parsing import parse_choice
@@ -187,14 +188,27 @@ class RandomOpening:
     must be legal and leave the game running from the start position of a reset:
     `check_openings` checks them once (the config checks do), and `play_opening` raises
     when a reset meets one that is not.
+
+    ``replayed``: start positions as ``(reset seed, moves)`` pairs, e.g. where the learner
+    went on to lose (`sparring.rollout.loss_replay`). With probability ``replayed_share``
+    (drawn from the reset seed, before the other two) an episode starts from one of them,
+    drawn uniformly: the inner env reset with that pair's seed (the cards of a card game,
+    the views of `SymmetricViews`), then its moves.
+
+    `start_record` is what it takes to replay an episode from any of its positions: the
+    seed the inner env was reset with, every move since (the opening's included, as the
+    inner env names them), the seat that made each and the state key before each.
     """
 
     def __init__(self, env: Env, max_moves: int, listed: Sequence[Sequence[str]] = (),
-                 listed_share: float = 1.0):
+                 listed_share: float = 1.0,
+                 replayed: Sequence[tuple[int, Sequence[str]]] = (),
+                 replayed_share: float = 0.0):
         if not isinstance(max_moves, int) or isinstance(max_moves, bool) or max_moves < 0:
             raise ValueError(f"RandomOpening: max_moves={max_moves!r}; must be an int >= 0")
-        if not 0.0 <= listed_share <= 1.0:
-            raise ValueError(f"RandomOpening: listed_share={listed_share!r}; must be in [0, 1]")
+        for key, share in (("listed_share", listed_share), ("replayed_share", replayed_share)):
+            if not 0.0 <= share <= 1.0:
+                raise ValueError(f"RandomOpening: {key}={share!r}; must be in [0, 1]")
         if not hasattr(env, "clone"):
             raise ValueError(f"RandomOpening: {env.name} has no clone(); random openings "
                              "need it to keep the game from ending in the opening")
@@ -203,18 +217,29 @@ class RandomOpening:
             raise ValueError(f"RandomOpening: {env.name} lists no legal actions")
         self.env, self.max_moves = env, max_moves
         self.listed, self.listed_share = listed, listed_share
+        self.replayed, self.replayed_share = replayed, replayed_share
         self.name, self.num_seats = env.name, env.num_seats
         self.reset(0)
 
     def reset(self, seed: int) -> None:
         self.env.reset(seed)
-        self.opening: list[str] = []
+        self.start_seed, self.opening, self.source = seed, [], "random"
+        self.moves: list[str] = []
+        self.movers: list[int] = []
+        self.keys: list[str] = []
+        if self.replayed:
+            pick = random.Random(f"replayed-start/{seed}")
+            if pick.random() < self.replayed_share:
+                self.start_seed, moves = self.replayed[pick.randrange(len(self.replayed))]
+                self.env.reset(self.start_seed)
+                self.source = "replayed"
+                self._play_recorded(moves, "replayed start")
+                return
         if self.listed:
             pick = random.Random(f"listed-opening/{seed}")
             if pick.random() < self.listed_share:
-                moves = self.listed[pick.randrange(len(self.listed))]
-                play_opening(self.env, moves)
-                self.opening = list(moves)
+                self._play_recorded(self.listed[pick.randrange(len(self.listed))])
+                self.source = "listed"
                 return
         rng = random.Random(f"opening/{seed}")
         for _ in range(rng.randint(0, self.max_moves)):
@@ -223,9 +248,22 @@ class RandomOpening:
             safe = [a for a in legal or [] if self._continues(a)]
             if not safe:
                 break
-            move = rng.choice(safe)
-            self.env.step(move)
-            self.opening.append(move)
+            self.step(rng.choice(safe))
+        self.opening = list(self.moves)
+
+    def _play_recorded(self, moves: Sequence[str], what: str = "listed opening") -> None:
+        """``moves`` as the opening, each checked (`play_opening`) and recorded (`step`)."""
+        play_opening(self, moves, what)
+        self.opening = list(self.moves)
+
+    def start_record(self) -> dict[str, Any]:
+        """This episode so far as `sparring.rollout.loss_replay` replays it (class docstring):
+        ``{'seed', 'moves', 'movers', 'keys', 'opening', 'source'}``: ``opening`` the
+        number of moves before the first turn, ``source`` where they came from ('random',
+        'listed' or 'replayed')."""
+        return {"seed": self.start_seed, "moves": list(self.moves),
+                "movers": list(self.movers), "keys": list(self.keys),
+                "opening": len(self.opening), "source": self.source}
 
     def _continues(self, action: str) -> bool:
         probe = self.env.clone()
@@ -247,7 +285,13 @@ class RandomOpening:
         return self.env.parse(seat, text)
 
     def step(self, action: str) -> StepResult:
-        return self.env.step(action)
+        seat, key = self.env.current_seat(), self.env.state_key()
+        result = self.env.step(action)
+        if seat is not None:
+            self.moves.append(action)
+            self.movers.append(seat)
+            self.keys.append(key)
+        return result
 
     def state_key(self) -> str:
         return self.env.state_key()
@@ -257,6 +301,7 @@ class RandomOpening:
 
     def clone(self) -> Env:
         return self.env.clone()
+
 
 
 def play_opening(env: Env, moves: Sequence[str], what: str = "listed opening") -> None:

@@ -39,6 +39,8 @@ recent turn, or, if it has not acted yet, to its next turn (and only to ``return
 it never acts). Invalid-action penalties go to the offending turn. ``Episode.returns``
 are the per-seat totals of all these rewards; ``info["env_returns"]`` is the game's own
 score (``env.returns()``, no penalties). ``info["players"]`` names each seat's player.
+An env with a ``start_record()`` (a training start, `sparring.envs.wrappers.RandomOpening`)
+leaves it in ``info["start"]``: how to replay the episode's positions.
 
 Turn fields: ``prompt_ids`` and ``action_ids`` (exact sampled tokens; empty for bots and
 ``train=False`` players), ``logprobs``/``entropies``/``allowed_ids`` from the generation,
@@ -324,6 +326,8 @@ class Arena:
         s.done = True
         s.ep.returns = list(s.totals)
         s.ep.info["env_returns"] = [float(x) for x in s.env.returns()]
+        if hasattr(s.env, "start_record"):  # a training start (RandomOpening): replayable
+            s.ep.info["start"] = s.env.start_record()
 
 
 def _takes_seeds(policy: Any) -> bool:

@@ -53,6 +53,7 @@ from sparring.policy.hf import HFPolicy
 from sparring.policy.sampling import SamplingParams
 from sparring.rollout.arena import Arena
 from sparring.rollout.league import league_metrics, record_scores
+from sparring.rollout.loss_replay import LossReplay, Start, record_losses
 from sparring.rollout.opponents import OpponentPool
 from sparring.rollout.plan import GroupTask, group_tasks
 from sparring.rollout.players import BotPlayer, ModelPlayer
@@ -69,16 +70,18 @@ if TYPE_CHECKING:
 SPECIAL_OPPONENTS = ("self", "pool")  # opponent kinds besides the bots of BOTS
 
 
-def training_env(name: str, spec: EnvSpec, **options: Any) -> Env:
+def training_env(name: str, spec: EnvSpec, replayed: Sequence[Start] = (),
+                 **options: Any) -> Env:
     """Env ``name`` as a training episode of ``spec`` plays it: through per-seat symmetric
     views (``symmetric_views``), after a random or listed opening (``opening_moves``,
-    ``openings``)."""
+    ``openings``) or from a ``replayed`` start (``loss_replay``)."""
     env = make(name, **options)
     if spec.symmetric_views:
         env = SymmetricViews(env)
-    if spec.opening_moves or spec.openings:
+    if spec.opening_moves or spec.openings or spec.loss_replay:
         listed = read_openings(spec.openings) if spec.openings else ()
-        env = RandomOpening(env, spec.opening_moves, listed, spec.openings_share)
+        env = RandomOpening(env, spec.opening_moves, listed, spec.openings_share,
+                            replayed, spec.loss_replay)
     return env
 
 
@@ -151,6 +154,10 @@ class Rollouts:
                      for name in s.opponents if name in BOTS}
         self.env_names = [env_entry(s.name).name for s in cfg.envs]  # canonical, per spec
         self.num_seats = [make(s.name, **s.options).num_seats for s in cfg.envs]  # per spec
+        # per spec index with envs[].loss_replay, its replayed starts
+        self.replays = {i: LossReplay(s.loss_replay_size, s.loss_replay_depth)
+                        for i, s in enumerate(cfg.envs) if s.loss_replay}
+        self.replayed_share: dict[int, float] = {}  # per spec, in the last recorded step
 
     def _reseed(self, step: int) -> None:
         """The policies' own generators, for backends without per-prompt seeds (their
@@ -182,12 +189,27 @@ class Rollouts:
 
     def record(self, episodes: Sequence[Episode]) -> None:
         """The learner's score against each pool entry it met in ``episodes`` (a step's,
-        from any split of its groups), into the pools (`sparring.rollout.league.record_scores`)."""
-        record_scores(self.pools, self.cfg, episodes, {self.learner.name, *self.policies})
+        from any split of its groups), into the pools (`sparring.rollout.league.record_scores`);
+        the positions its trained seats lost from, into the loss replays
+        (`sparring.rollout.loss_replay.record_losses`)."""
+        trainers = {self.learner.name, *self.policies}
+        record_scores(self.pools, self.cfg, episodes, trainers)
+        if self.replays:
+            self.replayed_share = record_losses(self.replays, self.cfg, episodes, trainers)
 
     def league_metrics(self) -> dict[str, float]:
-        """The league's scores as the loop logs them (`sparring.rollout.league.league_metrics`)."""
-        return league_metrics(self.pools)
+        """The league's scores as the loop logs them (`sparring.rollout.league.league_metrics`)
+        and, per env spec with loss replay, its buffer's positions and the share of the last
+        step's episodes that started from one (``loss_replay/<env>/positions``, ``/share``;
+        ``<env>.<index>`` where two specs play one env)."""
+        out = league_metrics(self.pools)
+        for i, replay in self.replays.items():
+            name = self.env_names[i]
+            if self.env_names.count(name) > 1:
+                name = f"{name}.{i}"
+            out[f"loss_replay/{name}/positions"] = float(len(replay))
+            out[f"loss_replay/{name}/share"] = self.replayed_share.get(i, 0.0)
+        return out
 
     def begin_step(self, step: int) -> None:
         """The pool's upkeep at the start of ``step`` (tidy the snapshots, take this step's
@@ -237,8 +259,10 @@ class Rollouts:
                 return choosers[t](run[t].index * gs + m)
 
             kw["players_fn"] = players
-        if spec.opening_moves or spec.openings or spec.symmetric_views:
-            return self.arena.play(partial(training_env, name, spec), dict(spec.options), **kw)
+        if spec.opening_moves or spec.openings or spec.symmetric_views or spec.loss_replay:
+            replayed = self.replays[run[0].spec].starts() if spec.loss_replay else ()
+            return self.arena.play(partial(training_env, name, spec, replayed),
+                                   dict(spec.options), **kw)
         return self.arena.play(name, dict(spec.options), **kw)
 
     def _chooser(self, kind: str, seed: int, learner: Any, spec: EnvSpec,
@@ -280,12 +304,18 @@ class Rollouts:
         return draw
 
     def state_dict(self) -> dict[str, Any]:
-        """``{'pool': state}``; with several policies ``{'pools': {name: state}}``."""
+        """``{'pool': state}``; with several policies ``{'pools': {name: state}}``; with loss
+        replay, its buffers too (``'loss_replay'``: spec index -> state)."""
+        out: dict[str, Any] = {}
+        if self.replays:
+            out["loss_replay"] = {str(i): r.state_dict() for i, r in self.replays.items()}
         if self.policies:
-            return {"pools": {n: pool.state_dict() for n, pool in self.pools.items()}}
-        return {"pool": self.pool.state_dict()}
+            return {"pools": {n: pool.state_dict() for n, pool in self.pools.items()}, **out}
+        return {"pool": self.pool.state_dict(), **out}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        for i, replay in self.replays.items():  # a checkpoint from before loss replay: empty
+            replay.load_state_dict(state.get("loss_replay", {}).get(str(i), {"entries": []}))
         if self.policies:
             if set(state.get("pools", {})) != set(self.pools):
                 raise ValueError(f"rollouts state has pools {sorted(state.get('pools', {}))}, "

@@ -77,6 +77,17 @@ class EnvSpec:
         "openings_share (else as opening_moves says); evaluation plays the plain game")
     openings_share: float = opt(1.0, "probability a training group starts from a listed "
                                 "opening (envs[].openings)", ge=0, le=1)
+    loss_replay: float = opt(
+        0.0, "loss replay: probability a training group starts again from a position where "
+        "a trained seat went on to lose in an earlier step (its last loss_replay_depth "
+        "decisions of each lost game, the loss_replay_size latest distinct positions kept; "
+        "sparring.rollout.loss_replay), before listed and random openings are drawn; 0: "
+        "off. Games of two or more seats that pay at the end, as for opening_moves", ge=0,
+        le=1)
+    loss_replay_size: int = opt(256, "loss replay: distinct positions kept, the latest "
+                                "first", ge=1)
+    loss_replay_depth: int = opt(2, "loss replay: a losing seat's last decisions kept from "
+                                 "each lost game", ge=1)
     symmetric_views: bool = opt(
         False, "each seat sees the board through its own random symmetry of the game "
         "(drawn per episode from its reset seed; the game must declare its symmetries, as "
