@@ -223,23 +223,29 @@ class RandomOpening:
 
     def reset(self, seed: int) -> None:
         self.env.reset(seed)
-        self.start_seed, self.opening, self.source = seed, [], "random"
+        self.start_seed, self.source = seed, "random"
         self.moves: list[str] = []
         self.movers: list[int] = []
         self.keys: list[str] = []
+        self._open(seed)
+        self.first_turn = len(self.moves)  # moves before it are the opening's
+
+    def _open(self, seed: int) -> None:
+        """The opening drawn from ``seed``: a replayed start, a listed opening or random
+        moves (class docstring), each move through `step`, which records it."""
         if self.replayed:
             pick = random.Random(f"replayed-start/{seed}")
             if pick.random() < self.replayed_share:
                 self.start_seed, moves = self.replayed[pick.randrange(len(self.replayed))]
                 self.env.reset(self.start_seed)
                 self.source = "replayed"
-                self._play_recorded(moves, "replayed start")
+                play_opening(self, moves, "replayed start")
                 return
         if self.listed:
             pick = random.Random(f"listed-opening/{seed}")
             if pick.random() < self.listed_share:
-                self._play_recorded(self.listed[pick.randrange(len(self.listed))])
                 self.source = "listed"
+                play_opening(self, self.listed[pick.randrange(len(self.listed))])
                 return
         rng = random.Random(f"opening/{seed}")
         for _ in range(rng.randint(0, self.max_moves)):
@@ -249,12 +255,11 @@ class RandomOpening:
             if not safe:
                 break
             self.step(rng.choice(safe))
-        self.opening = list(self.moves)
 
-    def _play_recorded(self, moves: Sequence[str], what: str = "listed opening") -> None:
-        """``moves`` as the opening, each checked (`play_opening`) and recorded (`step`)."""
-        play_opening(self, moves, what)
-        self.opening = list(self.moves)
+    @property
+    def opening(self) -> list[str]:
+        """The moves played before the first turn."""
+        return self.moves[:self.first_turn]
 
     def start_record(self) -> dict[str, Any]:
         """This episode so far as `sparring.rollout.loss_replay` replays it (class docstring):
@@ -263,7 +268,7 @@ class RandomOpening:
         'listed' or 'replayed')."""
         return {"seed": self.start_seed, "moves": list(self.moves),
                 "movers": list(self.movers), "keys": list(self.keys),
-                "opening": len(self.opening), "source": self.source}
+                "opening": self.first_turn, "source": self.source}
 
     def _continues(self, action: str) -> bool:
         probe = self.env.clone()
@@ -301,7 +306,6 @@ class RandomOpening:
 
     def clone(self) -> Env:
         return self.env.clone()
-
 
 
 def play_opening(env: Env, moves: Sequence[str], what: str = "listed opening") -> None:

@@ -342,12 +342,12 @@ def _env_options_check(i: int, env: EnvSpec) -> Any:
     if env.loss_replay and made.num_seats < 2:
         raise ConfigError(f"envs.{i}.loss_replay: {entry.name} has one seat, so no game is "
                           "lost to another seat; loss replay needs two or more")
-    for key in ("opening_moves", "loss_replay"):
-        if getattr(env, key):
-            try:
-                RandomOpening(made, env.opening_moves)
-            except ValueError as e:
-                raise ConfigError(f"envs.{i}.{key}: {e}") from None
+    if env.opening_moves or env.loss_replay:  # both start through RandomOpening
+        try:
+            RandomOpening(made, env.opening_moves)
+        except ValueError as e:
+            key = "opening_moves" if env.opening_moves else "loss_replay"
+            raise ConfigError(f"envs.{i}.{key}: {e}") from None
     if env.openings:
         from sparring.envs.openings import read_openings
 
