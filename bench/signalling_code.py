@@ -1,0 +1,61 @@
+"""The code a signalling run has learned: the speaker's distribution over the symbols for
+each colour and the listener's over the colours for each symbol.
+
+    PYTHONPATH=src python bench/signalling_code.py RUN [RUN ...]   # each run's last checkpoint
+
+Each probability is the policy's constrained-decoding distribution over the legal answers
+(`sparring.eval.games.action_probabilities`), the prompt built as the run's rollouts build
+it (``rollout.history``, ``max_prompt_tokens``, ``system_prompt``), for a one-round game.
+A full code is a permutation: each colour's symbol read back as that colour.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from sparring.envs import make
+from sparring.eval.games import action_probabilities
+from sparring.rollout.prompts import PromptBuilder, PromptConfig
+from sparring.train.restore import load_policy
+
+
+def code_tables(run: str) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+    """(speaker: colour -> {symbol: p}, listener: symbol -> {colour: p}) of ``run``."""
+    speaker, cfg, _ = load_policy(run, "cpu", policy="speaker")
+    listener, _, _ = load_policy(run, "cpu", policy="listener")
+    r = cfg.rollout
+    env = make("signalling", **{**cfg.envs[0].options, "rounds": 1})
+
+    def probs(policy, seat):
+        builder = PromptBuilder(policy.tokenizer, PromptConfig(
+            history=r.history, max_prompt_tokens=r.max_prompt_tokens,
+            system_prompt=r.system_prompt, answer_prefix=r.answer_prefix))
+        prompt = builder.build(env.system_prompt(seat), [], env.observation(seat)).ids
+        return action_probabilities(policy, [prompt], [env.legal_actions(seat)])[0]
+
+    sent, read = {}, {}
+    for colour in env.colours:
+        env.reset(0)
+        env.secrets = [colour]
+        sent[colour] = probs(speaker, 0)
+    for symbol in env.symbols:
+        env.reset(0)
+        env.step(symbol)
+        read[symbol] = probs(listener, 1)
+    return sent, read
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="+")
+    for run in ap.parse_args().runs:
+        sent, read = code_tables(run)
+        print(run)
+        for colour, p in sent.items():
+            print(f"  speaker  {colour:>7}: " + " ".join(f"{k} {v:.2f}" for k, v in p.items()))
+        for symbol, p in read.items():
+            print(f"  listener {symbol:>7}: " + " ".join(f"{k} {v:.2f}" for k, v in p.items()))
+
+
+if __name__ == "__main__":
+    main()
