@@ -125,6 +125,48 @@ def test_cosine_entropy_schedule_weights_the_bonus_of_each_update():
         torch.testing.assert_close(g, e, atol=2e-6, rtol=1e-4)
 
 
+def test_entropy_target_moves_the_bonus_by_the_entropy_gap_and_resumes():
+    # c_1 = c_0 exp(r (H* - H_0) / H*), with H_0 the first update's logged entropy, by hand
+    cfg = make_cfg(algorithm__entropy_coef=0.01, algorithm__entropy_target=0.5,
+                   algorithm__entropy_target_rate=0.2)
+    batch, adv = ragged_batch()
+    model0 = th.tiny_qwen(1)
+    learner = Learner(copy.deepcopy(model0), cfg)
+    first = learner.update(batch, adv)
+    assert first["entropy_coef"] == 0.01  # the first update uses the start
+    c1 = 0.01 * math.exp(0.2 * (0.5 - first["entropy"]) / 0.5)
+    assert first["entropy"] > 0.5 and c1 < 0.01  # a random tiny model: above the target
+    assert learner.entropy_coef() == pytest.approx(c1, rel=1e-12)
+    # the next update's loss weighs the entropy by c_1: a fresh learner given the state
+    # has the hand-written loss's gradient with that weight
+    fresh = Learner(copy.deepcopy(model0), cfg)
+    fresh.load_state_dict({**learner.state_dict(), "optimizer": fresh.optimizer.state_dict()})
+    assert fresh.entropy_coef() == pytest.approx(c1, rel=1e-12)
+    second = fresh.update(batch, adv)
+    assert second["entropy_coef"] == pytest.approx(c1, rel=1e-12)
+    want = reference_grads(model0, model0, batch, adv, "token-mean", 0.0, c1)
+    for g, e in zip(first_step_grads(fresh), want):
+        torch.testing.assert_close(g, e, atol=2e-6, rtol=1e-4)
+    # below the target the weight grows, at most to MAX_COEF; never below MIN_COEF
+    from sparring.train.entropy_target import MAX_COEF, MIN_COEF, EntropyTarget
+    t = EntropyTarget(0.01, 0.5, 0.2)
+    assert t.observe(0.0) == pytest.approx(0.01 * math.exp(0.2))
+    assert EntropyTarget(0.9, 0.5, 1.0).observe(0.0) == MAX_COEF
+    assert EntropyTarget(2e-6, 0.1, 1.0).observe(5.0) == MIN_COEF
+
+
+@pytest.mark.parametrize("over, message", [
+    ({"algorithm__entropy_target": 0.2}, r"entropy_coef, which is 0"),
+    ({"algorithm__entropy_target": 0.2, "algorithm__entropy_coef": 0.01,
+      "algorithm__entropy_schedule": "cosine"}, r"entropy_schedule='cosine' would be ignored"),
+    ({"algorithm__entropy_target": 0.0, "algorithm__entropy_coef": 0.01}, r"entropy_target"),
+])
+def test_entropy_target_config_errors_name_the_key(over, message):
+    from sparring.train.config import ConfigError
+    with pytest.raises(ConfigError, match=message):
+        make_cfg(**over)
+
+
 def test_minibatches_and_epochs_count_optimizer_steps_and_change_all_weights(device):
     batch, adv = ragged_batch(n=8)
     model = th.tiny_qwen(2).to(device)

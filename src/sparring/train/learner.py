@@ -63,6 +63,7 @@ from sparring.policy.prefix import (
     first_action_positions,
 )
 from sparring.train.config import Config
+from sparring.train.entropy_target import EntropyTarget
 from sparring.train.guarded_step import NonFiniteError, guarded_step
 from sparring.train.lora import is_adapter_weight, use_adapter
 from sparring.train.reference import Reference
@@ -134,6 +135,9 @@ class Learner:
         self.schedule = LRSchedule(self.optimizer, lr=o.lr, schedule=o.schedule,
                                    warmup_steps=o.warmup_steps, total_steps=cfg.train.steps,
                                    final_ratio=o.lr_final_ratio)
+        self.entropy_target = (EntropyTarget(a.entropy_coef, a.entropy_target,
+                                             a.entropy_target_rate)
+                               if a.entropy_target is not None else None)
         self.gen = torch.Generator().manual_seed(cfg.train.seed)
         self.consecutive_skips = 0
         self.total_skips = 0
@@ -143,8 +147,11 @@ class Learner:
     def entropy_coef(self) -> float:
         """The entropy bonus of this update: ``algorithm.entropy_coef`` on the
         ``entropy_schedule`` (`sparring.train.schedule.lr_at`'s cosine with
-        m = ``entropy_final_ratio``, no warm-up), counted in the lr schedule's updates."""
+        m = ``entropy_final_ratio``, no warm-up), counted in the lr schedule's updates; with
+        ``entropy_target``, the weight it has adapted to (`sparring.train.entropy_target`)."""
         a = self.cfg.algorithm
+        if self.entropy_target is not None:
+            return self.entropy_target.coef
         return lr_at(self.schedule.step_count, lr=a.entropy_coef, schedule=a.entropy_schedule,
                      total_steps=self.cfg.train.steps, final_ratio=a.entropy_final_ratio)
 
@@ -457,7 +464,10 @@ class Learner:
         if self.cfg.algorithm.entropy_coef > 0:
             out["entropy_coef"] = self.entropy_coef()
         self.schedule.step()
-        ntok = max(stats.pop("_ntok", 0.0), 1.0)
+        measured = stats.pop("_ntok", 0.0)
+        ntok = max(measured, 1.0)
+        if self.entropy_target is not None and steps > 0 and measured > 0:
+            self.entropy_target.observe(stats["_tok/entropy"] / measured)
         n_loss = max(steps + skips, 1)
         for k, v in stats.items():
             if k.startswith("_max/"):
@@ -479,6 +489,8 @@ class Learner:
             "total_skips": self.total_skips}
         if self.critic is not None:
             st["critic"] = self.critic.state_dict()
+        if self.entropy_target is not None:
+            st["entropy_target"] = self.entropy_target.state_dict()
         if self.archer is not None:
             st["archer"] = self.archer.state_dict()
         magnet = None if self.reference is None else self.reference.magnet_state()
@@ -494,6 +506,8 @@ class Learner:
         self.total_skips = int(st["total_skips"])
         if self.critic is not None:
             self.critic.load_state_dict(st["critic"])
+        if self.entropy_target is not None and "entropy_target" in st:
+            self.entropy_target.load_state_dict(st["entropy_target"])
         if self.archer is not None:
             if "archer" not in st:
                 raise KeyError("this run trains ArCHer's critic but the checkpoint holds none")

@@ -128,6 +128,15 @@ def _algorithm_check(a: AlgorithmConfig, envs: list[EnvSpec], key: str,
     for i, env in enumerate(envs):
         _options_check("estimator", a.estimator, env.estimator_options,
                        f"envs.{i}.estimator_options")
+    if a.entropy_target is not None:
+        if a.entropy_coef <= 0:
+            raise ConfigError(f"{key}.entropy_target: {a.entropy_target} adapts the entropy "
+                              f"bonus from its start {key}.entropy_coef, which is 0; set "
+                              f"{key}.entropy_coef > 0 (e.g. 0.01)")
+        if a.entropy_schedule != "constant":
+            raise ConfigError(f"{key}.entropy_target sets the bonus each update, so "
+                              f"{key}.entropy_schedule={a.entropy_schedule!r} would be "
+                              "ignored; leave it 'constant'")
     if a.sampler_correction not in ("off", "auto") and not a.recompute_old_logp:
         raise ConfigError(f"{key}.sampler_correction: {a.sampler_correction!r} compares the "
                           "sampler's log-probs with the learner's recomputation; set "

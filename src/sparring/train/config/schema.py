@@ -255,6 +255,13 @@ class AlgorithmConfig:
         "entropy_final_ratio * entropy_coef over train.steps (explore early, settle late)")
     entropy_final_ratio: float = opt(0.0, "final entropy bonus of the cosine schedule as a "
                                      "fraction of entropy_coef", ge=0, le=1)
+    entropy_target: float | None = opt(
+        None, "hold the policy's token entropy (the logged `entropy`, nats per action token) "
+        "near this value: the bonus starts at entropy_coef and after each update its log moves "
+        "by entropy_target_rate * (target - entropy) / target (null: the bonus follows "
+        "entropy_schedule)", gt=0)
+    entropy_target_rate: float = opt(
+        0.1, "step of log(bonus) per update when the entropy is 0 (entropy_target)", gt=0)
     recompute_old_logp: bool = opt(
         False, "recompute old log-probs with the current model before the update (with "
         "train.epochs 1 and one minibatch, the loss's own forward gives them)")
