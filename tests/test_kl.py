@@ -46,3 +46,35 @@ def test_k3_is_clamped_and_masked():
     assert torch.allclose(k, tok([[math.exp(20.0) - 21.0, 0.0, 0.0]]), rtol=1e-12)
     k.sum().backward()
     assert lp.grad.tolist() == [[0.0, 0.0, 0.0]]
+
+
+def test_as_loss_terms_k2_follows_the_reverse_kl_and_k3_the_forward_kl():
+    # The learner adds mean_a~pi k(a) with the samples fixed and the gradient through
+    # log pi(a) only. Its expected gradient, exactly over a categorical pi = softmax(theta):
+    # sum_a pi(a) d k(a)/d theta. Closed forms: d KL(pi||ref)/d theta (reverse, what a KL
+    # penalty and magnetic mirror descent ask for) and d KL(ref||pi)/d theta (forward).
+    theta0 = torch.tensor([1.0, -0.5, 0.3, -2.0], dtype=torch.float64)
+    ref = torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64).log()
+
+    def expected_grad(kind):
+        theta = theta0.clone().requires_grad_(True)
+        logp = torch.log_softmax(theta, 0)
+        weights = logp.exp().detach()  # the sampling distribution, no gradient
+        k = kl_estimate(logp[None], ref[None], torch.ones(1, 4), kind)[0]
+        (weights * k).sum().backward()
+        return theta.grad
+
+    def closed_form(forward):
+        theta = theta0.clone().requires_grad_(True)
+        logp = torch.log_softmax(theta, 0)
+        kl = (ref.exp() * (ref - logp)).sum() if forward else (logp.exp() * (logp - ref)).sum()
+        kl.backward()
+        return theta.grad
+
+    reverse, forward = closed_form(False), closed_form(True)
+    assert not torch.allclose(reverse, forward, atol=1e-3)  # they differ here
+    torch.testing.assert_close(expected_grad("k2"), reverse, atol=1e-12, rtol=0)
+    torch.testing.assert_close(expected_grad("k3"), forward, atol=1e-12, rtol=0)
+    # k1's expected gradient is zero: sum_a pi(a) d log pi(a) = d sum_a pi(a) = 0
+    torch.testing.assert_close(expected_grad("k1"), torch.zeros(4, dtype=torch.float64),
+                               atol=1e-12, rtol=0)

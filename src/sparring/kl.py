@@ -7,6 +7,20 @@ Divergence", 2020), each estimates KL(pi || pi_ref) per token:
 * k2 = d^2 / 2                (biased, low variance, >= 0);
 * k3 = exp(-d) - 1 + d        (unbiased, low variance, >= 0).
 
+As loss terms their gradients differ (samples fixed, the gradient through log pi only;
+exactly, over a categorical: tests/test_kl.py):
+
+* E_pi[grad k1] = 0: k1 as a loss does not regularise at all;
+* E_pi[grad k2] = E_pi[d grad log pi] = grad KL(pi || pi_ref): the reverse KL that a KL
+  penalty, and magnetic mirror descent's magnet, ask for (on-policy; with old samples it
+  is biased by the ratio pi / pi_old);
+* E_pi[grad k3] = E_pi[(1 - pi_ref / pi) grad log pi] = grad KL(pi_ref || pi): the
+  *forward* KL, with a weight pi_ref / pi that is unbounded on tokens pi has made rare
+  (a heavy-tailed gradient: one such token can dominate an update).
+
+So k3 is the better estimate of the KL's value and k2 the better gradient for it
+(known: Tang and Munos 2025 on KL gradient estimation; "A Comedy of Estimators", 2025).
+
 These are loss terms of the learner, not objectives: `sparring.train.learner.Learner`
 adds ``algorithm.kl.coef * aggregate(kl_estimate(logp, ref_logp, mask, kind))`` to the
 policy loss (and logs ``approx_kl``, the k3 estimate of KL(pi_old || pi)); the
