@@ -147,12 +147,15 @@ def test_entropy_target_moves_the_bonus_by_the_entropy_gap_and_resumes():
     want = reference_grads(model0, model0, batch, adv, "token-mean", 0.0, c1)
     for g, e in zip(first_step_grads(fresh), want):
         torch.testing.assert_close(g, e, atol=2e-6, rtol=1e-4)
-    # below the target the weight grows, at most to MAX_COEF; never below MIN_COEF
-    from sparring.train.entropy_target import MAX_COEF, MIN_COEF, EntropyTarget
+    # below the target the weight grows, at most to MAX_COEF; never below MIN_RATIO of
+    # its start
+    from sparring.train.entropy_target import MAX_COEF, MIN_RATIO, EntropyTarget
     t = EntropyTarget(0.01, 0.5, 0.2)
     assert t.observe(0.0) == pytest.approx(0.01 * math.exp(0.2))
     assert EntropyTarget(0.9, 0.5, 1.0).observe(0.0) == MAX_COEF
-    assert EntropyTarget(2e-6, 0.1, 1.0).observe(5.0) == MIN_COEF
+    low = EntropyTarget(0.02, 0.1, 1.0)
+    assert low.observe(5.0) == pytest.approx(0.02 * MIN_RATIO)  # e^-49 would go below
+    assert low.observe(0.0) == pytest.approx(0.02 * MIN_RATIO * math.e)
 
 
 @pytest.mark.parametrize("over, message", [

@@ -9,7 +9,10 @@ each update, with ``H`` the update's token-mean entropy of the action tokens (th
 
 so the weight grows while the policy is more deterministic than the target and shrinks
 while it is more random (``r`` = ``algorithm.entropy_target_rate``: with ``H = 0`` the
-weight grows by ``e^r`` an update). ``c`` stays within [`MIN_COEF`, `MAX_COEF`].
+weight grows by ``e^r`` an update). ``c`` stays within [`MIN_RATIO` * c_0, `MAX_COEF`]:
+the floor is relative to the start so that a weight that fell while the policy was more
+random than the target comes back within about ln(1 / MIN_RATIO) / (r * gap) updates
+(with an absolute floor of 1e-6, a run took about 180 updates to recover).
 
 This is SAC's automatic temperature (Haarnoja et al. 2018, "Soft Actor-Critic Algorithms
 and Applications": a dual step on ``alpha`` against an entropy target), in our reading for
@@ -24,7 +27,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-MIN_COEF = 1e-6
+MIN_RATIO = 0.01
 MAX_COEF = 1.0
 
 
@@ -35,11 +38,12 @@ class EntropyTarget:
         if start <= 0 or target <= 0 or rate <= 0:
             raise ValueError(f"start, target and rate must be > 0, got {start}, {target}, {rate}")
         self.coef, self.target, self.rate = float(start), float(target), float(rate)
+        self.floor = MIN_RATIO * self.coef
 
     def observe(self, entropy: float) -> float:
         """Move the weight after an update whose mean token entropy was ``entropy``."""
         step = self.rate * (self.target - entropy) / self.target
-        self.coef = min(max(self.coef * math.exp(step), MIN_COEF), MAX_COEF)
+        self.coef = min(max(self.coef * math.exp(step), self.floor), MAX_COEF)
         return self.coef
 
     def state_dict(self) -> dict[str, Any]:
