@@ -4,8 +4,8 @@ each colour and the listener's over the colours for each symbol.
     PYTHONPATH=src python bench/signalling_code.py RUN [RUN ...]   # each run's last checkpoint
 
 Each probability is the policy's constrained-decoding distribution over the legal answers
-(`sparring.eval.games.action_probabilities`), the prompt built as the run's rollouts build
-it (``rollout.history``, ``max_prompt_tokens``, ``system_prompt``), for a one-round game.
+(`sparring.eval.games.probabilities_at`, the prompt cut to ``rollout.max_prompt_tokens`` as
+the rollouts cut it), for a one-round game.
 A full code is a permutation: each colour's symbol read back as that colour.
 """
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 
 from sparring.envs import make
-from sparring.eval.games import action_probabilities
-from sparring.rollout.prompts import PromptBuilder, PromptConfig
+from sparring.eval.games import probabilities_at
+from sparring.rollout.schedule import make_arena
 from sparring.train.restore import load_policy
 
 
@@ -23,25 +23,17 @@ def code_tables(run: str) -> tuple[dict[str, dict[str, float]], dict[str, dict[s
     """(speaker: colour -> {symbol: p}, listener: symbol -> {colour: p}) of ``run``."""
     speaker, cfg, _ = load_policy(run, "cpu", policy="speaker")
     listener, _, _ = load_policy(run, "cpu", policy="listener")
-    r = cfg.rollout
+    arena = make_arena(cfg.rollout)
     env = make("signalling", **{**cfg.envs[0].options, "rounds": 1})
-
-    def probs(policy, seat):
-        builder = PromptBuilder(policy.tokenizer, PromptConfig(
-            history=r.history, max_prompt_tokens=r.max_prompt_tokens,
-            system_prompt=r.system_prompt, answer_prefix=r.answer_prefix))
-        prompt = builder.build(env.system_prompt(seat), [], env.observation(seat)).ids
-        return action_probabilities(policy, [prompt], [env.legal_actions(seat)])[0]
-
     sent, read = {}, {}
     for colour in env.colours:
         env.reset(0)
         env.secrets = [colour]
-        sent[colour] = probs(speaker, 0)
+        sent[colour] = probabilities_at(speaker, arena, [(env, 0)])[0]
     for symbol in env.symbols:
         env.reset(0)
         env.step(symbol)
-        read[symbol] = probs(listener, 1)
+        read[symbol] = probabilities_at(listener, arena, [(env, 1)])[0]
     return sent, read
 
 

@@ -199,9 +199,11 @@ def action_probabilities(policy: HFPolicy, prompts: list[list[int]],
 def probabilities_at(policy: HFPolicy, arena: Arena, positions: Sequence[tuple[Any, int]]
                       ) -> list[dict[str, float]]:
     """`action_probabilities` of ``policy`` at each (env, seat), the prompt being the seat's
-    current observation only (and the arena's system prompt), 256 positions a batch."""
+    current observation only (and the arena's system prompt), cut to the arena's
+    ``max_prompt_tokens`` as the rollouts cut it, 256 positions a batch."""
     builder = PromptBuilder(policy.tokenizer, PromptConfig(
-        history="state", max_prompt_tokens=0, system_prompt=arena.prompt.system_prompt,
+        history="state", max_prompt_tokens=arena.prompt.max_prompt_tokens,
+        system_prompt=arena.prompt.system_prompt,
         answer_prefix=arena.prompt.answer_prefix))  # it ends the prompt
     prompts = [builder.build(e.system_prompt(seat), [], e.observation(seat)).ids
                for e, seat in positions]

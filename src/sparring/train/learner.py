@@ -464,10 +464,7 @@ class Learner:
         if self.cfg.algorithm.entropy_coef > 0:
             out["entropy_coef"] = self.entropy_coef()
         self.schedule.step()
-        measured = stats.pop("_ntok", 0.0)
-        ntok = max(measured, 1.0)
-        if self.entropy_target is not None and steps > 0 and measured > 0:
-            self.entropy_target.observe(stats["_tok/entropy"] / measured)
+        ntok = max(stats.pop("_ntok", 0.0), 1.0)
         n_loss = max(steps + skips, 1)
         for k, v in stats.items():
             if k.startswith("_max/"):
@@ -476,6 +473,8 @@ class Learner:
                 out[k[5:]] = v / ntok
             else:
                 out[k] = v / n_loss
+        if self.entropy_target is not None and steps > 0:
+            self.entropy_target.observe(out["entropy"])
         out.update(grad_norm=sum(grad_norms) / max(len(grad_norms), 1), optimizer_steps=steps,
                    skipped_updates=skips, total_skipped_updates=self.total_skips)
         return out
