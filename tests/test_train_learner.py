@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from sparring.data import Episode, Turn, collate
+from sparring.train.batch_forward import BatchForward
 from sparring.train.config import from_dict
 from sparring.train.learner import Learner, NonFiniteError
 from sparring.train.lora import apply_lora, load_trainable_state, trainable_state
@@ -341,8 +342,8 @@ def test_one_optimizer_step_takes_its_old_logprobs_from_the_loss_forward(micro, 
     given.update(replace(batch, old_logp=recomputed), adv)
     learner = Learner(th.tiny_qwen(11), make_cfg(algorithm__recompute_old_logp=True, **cfg))
     passes = []
-    real = Learner._per_row
-    monkeypatch.setattr(Learner, "_per_row",
+    real = BatchForward.per_row
+    monkeypatch.setattr(BatchForward, "per_row",
                         lambda self, b, what: passes.append(what) or real(self, b, what))
     out = learner.update(batch, adv)
     assert "policy" not in passes
@@ -566,9 +567,9 @@ def test_share_rows_runs_each_distinct_row_once_with_the_same_logprobs_and_gradi
         hook = model.register_forward_pre_hook(
             lambda _m, _a, kw, seen=seen: seen.append(kw["input_ids"].shape[0]),
             with_kwargs=True)
-        logp, ent, _ = learner._forward(batch.input_ids, batch.attention_mask,
-                                        with_values=False, allowed=batch.allowed,
-                                        amask=batch.action_mask)
+        logp, ent, _ = learner.passes.forward(batch.input_ids, batch.attention_mask,
+                                              with_values=False, allowed=batch.allowed,
+                                              amask=batch.action_mask)
         hook.remove()
         ((logp * w + 0.1 * ent) * batch.action_mask).sum().backward()
         got.append((logp.detach(), ent.detach(), [p.grad.clone() for p in model.parameters()

@@ -1,22 +1,20 @@
 """The learner: several epochs of mini-batch updates over one `TurnBatch`.
 
-Per mini-batch (one optimizer step) the loss is
+Per mini-batch (one optimizer step), over micro-batches of ``train.microbatch_size`` rows,
+the loss is `sparring.train.loss.micro_loss`'s
 
     L = agg(objective(logp, old_logp, A)) + c_kl * agg(KL_k(pi || ref))
         - c_ent * agg(H(pi)) + c_v * agg((V - target)^2 / 2)
 
-where ``agg`` is `sparring.aggregation.aggregate` with the token / sequence counts of the
-whole mini-batch, so the accumulated gradient over micro-batches does not depend on the
-micro-batch size. The reference (`sparring.train.reference`) is the frozen initial model
-(with LoRA: the base model with adapters disabled) or a "magnet": an EMA of the policy's
-weights, updated after each optimizer step (regularised self-play, R-NaD / magnetic mirror
-descent).
+with each micro-batch's forward from `sparring.train.batch_forward` (rows and prompts
+shared, a value head on the policy's own hidden states, the model's precision context);
+backward, optimizer and magnet stay in the weights' dtype. The reference
+(`sparring.train.reference`) is the frozen initial model (with LoRA: the base model with
+adapters disabled) or a "magnet": an EMA of the policy's weights, updated after each
+optimizer step (regularised self-play, R-NaD / magnetic mirror descent).
 With ``adapter=NAME`` (several policies as LoRA adapters on one base, ``lora.shared_base``)
 the learner trains only that adapter's weights and activates it before every forward; a
 magnet then copies the whole model (base included) once per such learner.
-Every forward runs under the model's precision context (`sparring.policy.precision`:
-bf16 autocast over float32 weights for a ``bf16-mixed`` model); backward, optimizer and
-magnet stay in the weights' dtype.
 With ``algorithm.recompute_old_logp`` the step also reports how far the sampler's
 log-probs of the sampled tokens are from the learner's recomputation under the same
 weights: ``sampler/logp_diff_mean`` and ``sampler/logp_diff_max`` (of ``|log p_sampler -
@@ -44,36 +42,22 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from sparring.aggregation import aggregate, count_seqs, count_tokens
+from sparring.aggregation import count_seqs, count_tokens
 from sparring.critic.archer import Archer
 from sparring.critic.value_head import Critic
 from sparring.data import TurnBatch
-from sparring.importance import importance_weights
-from sparring.kl import kl_estimate
 from sparring.objectives import OBJECTIVES
 from sparring.objectives import _load_families as _load_objectives
-from sparring.objectives import compute as objective_compute
-from sparring.policy.forward import token_logprobs, token_logprobs_and_hidden
-from sparring.policy.precision import autocast_for
-from sparring.policy.prefix import (
-    SHARED_PREFIX_MIN,
-    Prefixes,
-    distinct_rows,
-    find_prefixes,
-    first_action_positions,
-)
+from sparring.train.batch_forward import BatchForward, allowed_of, row_slices
 from sparring.train.config import Config
 from sparring.train.entropy_target import EntropyTarget
 from sparring.train.guarded_step import NonFiniteError, guarded_step
 from sparring.train.lora import is_adapter_weight, use_adapter
+from sparring.train.loss import micro_loss
 from sparring.train.reference import Reference
 from sparring.train.schedule import LRSchedule, lr_at
 
 log = logging.getLogger(__name__)
-
-# per-row batch fields an objective may ask for in its ``needs`` (passed as options)
-_ROW_OPTIONS = {"group": "group", "rewards": "returns", "agent": "agent", "episode": "episode",
-                "turn": "turn", "length": "length"}
 
 
 def sampler_correction_level(cfg: Config) -> str:
@@ -87,12 +71,6 @@ def sampler_correction_level(cfg: Config) -> str:
     if a.sampler_correction != "auto":
         return a.sampler_correction
     return "token" if cfg.model.backend == "vllm" and a.recompute_old_logp else "off"
-
-
-def _keep_max(stats: dict[str, float], name: str, value: float) -> None:
-    """Record ``value`` as the step's ``name`` if it is the largest so far (``update``
-    reports ``_max/`` entries as maxima over the step, not means)."""
-    stats[f"_max/{name}"] = max(stats.get(f"_max/{name}", -math.inf), value)
 
 
 class Learner:
@@ -130,6 +108,8 @@ class Learner:
         if self.critic is not None:
             params += [p for p in self.critic.parameters() if p.requires_grad]
         self.params = params
+        self.passes = BatchForward(model, cfg, self.temperature, adapter=adapter,
+                                   critic=self.critic, reference=self.reference)
         self.optimizer = torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps,
                                            weight_decay=o.weight_decay)
         self.schedule = LRSchedule(self.optimizer, lr=o.lr, schedule=o.schedule,
@@ -165,109 +145,21 @@ class Learner:
         (no KL reference, or the LoRA model's base with its adapters disabled)."""
         return None if self.reference is None else self.reference.copy
 
-    def _prefixes(self, ids: Tensor, att: Tensor, amask: Tensor | None) -> Prefixes | None:
-        """The rows' prompts, to run each distinct one and their common start once, when
-        that pays (`train.share_prefix`): at most half of the rows' prompts are distinct, or
-        they all start with the same `SHARED_PREFIX_MIN` or more tokens (a system prompt, a
-        chat-template header). Else None (a plain forward)."""
-        if amask is None or not self.cfg.train.share_prefix or ids.shape[0] < 2:
-            return None
-        pre = find_prefixes(ids, first_action_positions(amask, att.sum(1)))
-        pays = 2 * pre.count <= ids.shape[0] or pre.common >= SHARED_PREFIX_MIN
-        return pre if pays else None
-
-    def _forward(self, ids: Tensor, att: Tensor, *, with_values: bool, allowed=None,
-                 amask: Tensor | None = None) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """Policy log-probs, entropies and (when asked) critic values, ``[n, T]`` each.
-        ``allowed``: the rows' constrained-decoding restrictions (``TurnBatch.allowed``);
-        ``amask``: their action masks (to share prompts, see `_prefixes`). With
-        ``train.share_rows`` a row repeated in the batch runs once (indexing is
-        differentiable: its gradient is the sum over the rows that repeat it)."""
-        head = with_values and self.critic is not None and self.critic.kind == "head"
-        if self.cfg.train.share_rows and ids.shape[0] > 1:
-            first, inverse = distinct_rows(ids, att, allowed)
-            if len(first) < ids.shape[0]:  # run each distinct row once, then index out
-                f = torch.as_tensor(first, device=ids.device)
-                out = self._forward(ids[f], att[f], with_values=with_values,
-                                    allowed=None if allowed is None else
-                                    [allowed[i] for i in first],
-                                    amask=None if amask is None else amask[f])
-                inv = torch.as_tensor(inverse, device=ids.device)
-                return tuple(None if x is None else x[inv] for x in out)
-        pre = self._prefixes(ids, att, amask)
-        values = None
-        with autocast_for(self.model):
-            if head:  # the value head reads this forward's hidden states
-                logp, ent, hidden = token_logprobs_and_hidden(
-                    self.model, ids, att, self.temperature, with_entropy=True,
-                    allowed=allowed, prefixes=pre)
-                values = self.critic.values_from_hidden(hidden)
-            else:
-                logp, ent = token_logprobs(self.model, ids, att, self.temperature,
-                                           with_entropy=True, allowed=allowed, prefixes=pre)
-                if with_values and self.critic is not None:
-                    values = self.critic.separate_values(ids, att)
-        return logp, ent, values
-
-    def _micro_slices(self, batch: TurnBatch, rows: Tensor) -> tuple[Tensor, Tensor, int]:
-        """Input ids and attention of ``rows``, trimmed to their longest row."""
-        att = batch.attention_mask[rows]
-        L = max(int(att.sum(1).max()), 1) if len(rows) else 1
-        return batch.input_ids[rows][:, :L], att[:, :L], L
-
-    @staticmethod
-    def _allowed(batch: TurnBatch, rows: Tensor):
-        return None if batch.allowed is None else [batch.allowed[i] for i in rows.tolist()]
-
-    def _chunks(self, n: int) -> list[Tensor]:
-        size = self.cfg.train.microbatch_size or n
-        idx = torch.arange(n)
-        return [idx[i:i + size] for i in range(0, n, size)]
-
-    @torch.no_grad()
-    def _per_row(self, batch: TurnBatch, what: str) -> Tensor:
-        """``what`` in {policy, entropy, ref, values} over all rows, no grad, in
-        micro-batches."""
-        batch = batch.to(self.device)
-        use_adapter(self.model, self.adapter)
-        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.device)
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            for rows in self._chunks(batch.n_rows):
-                ids, att, L = self._micro_slices(batch, rows)
-                if what == "ref":
-                    model = self.reference.model
-                    with self.reference.context(), autocast_for(model):
-                        out[rows, :L] = token_logprobs(
-                            model, ids, att, self.temperature,
-                            allowed=self._allowed(batch, rows),
-                            prefixes=self._prefixes(ids, att, batch.action_mask[rows, :L])
-                        )[0].float()
-                else:
-                    logp, ent, values = self._forward(
-                        ids, att, with_values=what == "values",
-                        allowed=self._allowed(batch, rows), amask=batch.action_mask[rows, :L])
-                    out[rows, :L] = {"values": values, "entropy": ent, "policy": logp}[what].float()
-        finally:
-            self.model.train(was_training)
-        return out * batch.action_mask
-
     def values(self, batch: TurnBatch) -> Tensor:
         """Critic values on the action tokens ``[n, T]`` (for estimators that need them)."""
         if self.critic is None:
             raise ValueError("this learner has no critic (critic.enabled is off)")
-        return self._per_row(batch, "values")
+        return self.passes.per_row(batch, "values")
 
     def policy_logprobs(self, batch: TurnBatch) -> Tensor:
         """The current policy's log-probs of the action tokens ``[n, T]``, no gradient (the
         proximal policy of an off-policy correction: `sparring.distributed.RayRollouts`)."""
-        return self._per_row(batch, "policy")
+        return self.passes.per_row(batch, "policy")
 
     def ref_logprobs(self, batch: TurnBatch) -> Tensor:
         if self.reference is None:
             raise ValueError("this run has no reference model (algorithm.kl.coef is 0)")
-        return self._per_row(batch, "ref")
+        return self.passes.per_row(batch, "ref")
 
     def annotate(self, batch: TurnBatch, needs: Collection[str]
                  ) -> tuple[TurnBatch, dict[str, float]]:
@@ -293,7 +185,7 @@ class Learner:
         if "ref_logp" in needs and batch.ref_logp is None:
             batch = batch.with_fields(ref_logp=self.ref_logprobs(batch))
         if "entropies" in needs and batch.entropy is None:
-            batch = batch.with_fields(entropy=self._per_row(batch, "entropy"))
+            batch = batch.with_fields(entropy=self.passes.per_row(batch, "entropy"))
         return batch, metrics
 
     # ------------------------------------------------------------ the update
@@ -301,78 +193,16 @@ class Learner:
     def _micro_loss(self, batch: TurnBatch, rows: Tensor, adv: Tensor, old: Tensor | None,
                     ref: Tensor | None, mask: Tensor, counts: dict[str, Any],
                     stats: dict[str, float]) -> Tensor:
-        """The loss of ``rows``; ``old`` None: the old log-probs are this forward's own,
-        detached (`update`: recomputed ones before the batch's only optimizer step)."""
-        a = self.cfg.algorithm
-        ids, att, L = self._micro_slices(batch, rows)
-        m = mask[rows, :L]
-        logp, ent, values = self._forward(ids, att, with_values=self.critic is not None,
-                                          allowed=self._allowed(batch, rows),
-                                          amask=batch.action_mask[rows, :L])
-        old_r = logp.detach() if old is None else old[rows, :L]
-        sampled = batch.old_logp[rows, :L]  # the sampler's own (old_r: the learner's)
-        explored = batch.extras.get("explored")  # moves drawn at random (rollout.explore)
-        m_s = m if explored is None else m & (explored[rows] != 1.0)[:, None].to(m.device)
-        sampled = torch.where(m_s, sampled, old_r)  # no sampler log-probs: no gap
-        adv_r = adv[rows, :L]
-        w = None
-        if self.sampler_correction != "off":  # the sampler's log-probs differ from ours
-            w, _ = importance_weights(old_r, sampled, m, level=self.sampler_correction,
-                                      clip=a.sampler_correction_clip)
-            adv_r = adv_r * w
-        ref_r = None if ref is None else ref[rows, :L]
-        row_opts = {k: getattr(batch, f)[rows] for k, f in _ROW_OPTIONS.items()
-                    if k in self.objective.needs}
-        tok, diagnostics = objective_compute(a.objective, logp, old_r, adv_r, m, ref_logp=ref_r,
-                                             **row_opts, **a.objective_options)
-
-        def agg(x: Tensor) -> Tensor:
-            return aggregate(x, m, a.aggregation, **counts)
-
-        pol = agg(tok)
-        total = pol
-        mf = m.float()
-        with torch.no_grad():
-            ntok = float(mf.sum())
-            stats["policy_loss"] += float(pol.detach())
-            if a.recompute_old_logp:  # the sampler's log-probs against the learner's
-                gap = (sampled - old_r).abs() * mf
-                stats["_tok/sampler/logp_diff_mean"] += float(gap.sum())
-                _keep_max(stats, "sampler/logp_diff_max", float(gap.max()))
-                stats["_tok/sampler/kl"] += float(kl_estimate(sampled, old_r, m, "k3").sum())
-            if w is not None:
-                stats["_tok/sampler/is_weight"] += float((w * mf).sum())
-                _keep_max(stats, "sampler/is_weight_max", float((w * mf).max()))
-            # k3 of KL(pi_old || pi) on the tokens pi_old sampled
-            stats["_tok/approx_kl"] += float(kl_estimate(old_r, logp, m, "k3").sum())
-            stats["_tok/entropy"] += float((ent * mf).sum())
-            if ntok > 0:  # the objective's own diagnostics (clip_frac, ratio, ...)
-                for k, v in diagnostics.items():
-                    if k.endswith("_max"):  # a maximum over the step, not a mean
-                        _keep_max(stats, k, float(v))
-                    else:
-                        stats[f"_tok/{k}"] += float(v) * ntok
-            stats["_ntok"] += ntok
-        if ref_r is not None:
-            kl_tok = kl_estimate(logp, ref_r, m, a.kl.estimator)
-            with torch.no_grad():
-                stats["_tok/kl"] += float(kl_tok.sum())
-            if a.kl.coef > 0:
-                total = total + a.kl.coef * agg(kl_tok)
-        if a.entropy_coef > 0:
-            total = total - self.entropy_coef() * agg(ent)
-        if values is not None:
-            if self.cfg.critic.target == "returns":
-                target = batch.returns[rows, None].to(values.dtype).expand_as(values)
-            else:
-                if batch.values is None:
-                    raise ValueError("critic.target=advantages_plus_values needs batch.values")
-                target = adv_r + batch.values[rows, :L]
-            vl = agg(0.5 * (values - target) ** 2)
-            stats["value_loss"] += float(vl.detach())
-            total = total + self.cfg.critic.coef * vl
-        stats["loss"] += float(total.detach())
-        return total
+        """The loss of ``rows`` (`sparring.train.loss.micro_loss`) on their forward; ``old``
+        None: the old log-probs are this forward's own, detached (`update`)."""
+        ids, att, L = row_slices(batch, rows)
+        logp, ent, values = self.passes.forward(ids, att, with_values=self.critic is not None,
+                                                allowed=allowed_of(batch, rows),
+                                                amask=batch.action_mask[rows, :L])
+        return micro_loss(self.cfg, batch, rows, logp, ent, values, adv=adv, old=old, ref=ref,
+                          mask=mask, counts=counts, entropy_coef=self.entropy_coef(),
+                          sampler_correction=self.sampler_correction,
+                          objective_needs=self.objective.needs, stats=stats)
 
     def _skip(self, why: str) -> None:
         self.optimizer.zero_grad(set_to_none=True)

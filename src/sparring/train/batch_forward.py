@@ -1,0 +1,146 @@
+"""The learner's forward passes over a `TurnBatch`: one differentiable forward of some rows
+(the loss's), and no-grad passes over every row in micro-batches (old, reference and
+current log-probs, entropies, critic values).
+
+What a forward saves, with the same result to float tolerance
+(tests/test_prefix.py, tests/test_train_learner.py):
+
+* ``train.share_rows``: a row repeated in the batch runs once, then is indexed out
+  (indexing is differentiable: its gradient is the sum over the rows that repeat it);
+* ``train.share_prefix``: the rows' distinct prompts, and the start they all share, run
+  once each (`sparring.policy.prefix`) when that pays (`BatchForward.prefixes`);
+* a value head reads the policy forward's own hidden states (no second pass).
+
+Every forward runs under the model's precision context (`sparring.policy.precision`:
+bf16 autocast over float32 weights for a ``bf16-mixed`` model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal
+
+import torch
+from torch import Tensor, nn
+
+from sparring.data import TurnBatch
+from sparring.policy.forward import token_logprobs, token_logprobs_and_hidden
+from sparring.policy.precision import autocast_for
+from sparring.policy.prefix import (
+    SHARED_PREFIX_MIN,
+    Prefixes,
+    distinct_rows,
+    find_prefixes,
+    first_action_positions,
+)
+from sparring.train.lora import use_adapter
+
+if TYPE_CHECKING:
+    from sparring.critic.value_head import Critic
+    from sparring.train.config import Config
+    from sparring.train.reference import Reference
+
+PerRow = Literal["policy", "entropy", "ref", "values"]
+
+
+def row_slices(batch: TurnBatch, rows: Tensor) -> tuple[Tensor, Tensor, int]:
+    """Input ids ``[r, L]`` and attention of ``rows``, trimmed to their longest row ``L``."""
+    att = batch.attention_mask[rows]
+    L = max(int(att.sum(1).max()), 1) if len(rows) else 1
+    return batch.input_ids[rows][:, :L], att[:, :L], L
+
+
+def allowed_of(batch: TurnBatch, rows: Tensor) -> Sequence | None:
+    """The constrained-decoding restrictions of ``rows`` (``TurnBatch.allowed``), or None."""
+    return None if batch.allowed is None else [batch.allowed[i] for i in rows.tolist()]
+
+
+class BatchForward:
+    """The forward passes of one policy ``model`` (its LoRA ``adapter`` active, when it has
+    one) at sampling ``temperature``, with its ``critic`` and KL ``reference`` when it has
+    them."""
+
+    def __init__(self, model: nn.Module, cfg: Config, temperature: float, *,
+                 adapter: str | None = None, critic: Critic | None = None,
+                 reference: Reference | None = None):
+        self.model, self.cfg, self.temperature = model, cfg, temperature
+        self.adapter, self.critic, self.reference = adapter, critic, reference
+        self.device = next(model.parameters()).device
+
+    def prefixes(self, ids: Tensor, att: Tensor, amask: Tensor | None) -> Prefixes | None:
+        """The rows' prompts, to run each distinct one and their common start once, when
+        that pays (`train.share_prefix`): at most half of the rows' prompts are distinct, or
+        they all start with the same `SHARED_PREFIX_MIN` or more tokens (a system prompt, a
+        chat-template header). Else None (a plain forward)."""
+        if amask is None or not self.cfg.train.share_prefix or ids.shape[0] < 2:
+            return None
+        pre = find_prefixes(ids, first_action_positions(amask, att.sum(1)))
+        pays = 2 * pre.count <= ids.shape[0] or pre.common >= SHARED_PREFIX_MIN
+        return pre if pays else None
+
+    def forward(self, ids: Tensor, att: Tensor, *, with_values: bool, allowed=None,
+                amask: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Policy log-probs, entropies and (when asked and there is a critic) critic values,
+        ``[n, T]`` each. ``allowed``: the rows' constrained-decoding restrictions;
+        ``amask``: their action masks (to share prompts, see `prefixes`)."""
+        head = with_values and self.critic is not None and self.critic.kind == "head"
+        if self.cfg.train.share_rows and ids.shape[0] > 1:
+            first, inverse = distinct_rows(ids, att, allowed)
+            if len(first) < ids.shape[0]:  # run each distinct row once, then index out
+                f = torch.as_tensor(first, device=ids.device)
+                out = self.forward(ids[f], att[f], with_values=with_values,
+                                   allowed=None if allowed is None else
+                                   [allowed[i] for i in first],
+                                   amask=None if amask is None else amask[f])
+                inv = torch.as_tensor(inverse, device=ids.device)
+                return tuple(None if x is None else x[inv] for x in out)
+        pre = self.prefixes(ids, att, amask)
+        values = None
+        with autocast_for(self.model):
+            if head:  # the value head reads this forward's hidden states
+                logp, ent, hidden = token_logprobs_and_hidden(
+                    self.model, ids, att, self.temperature, with_entropy=True,
+                    allowed=allowed, prefixes=pre)
+                values = self.critic.values_from_hidden(hidden)
+            else:
+                logp, ent = token_logprobs(self.model, ids, att, self.temperature,
+                                           with_entropy=True, allowed=allowed, prefixes=pre)
+                if with_values and self.critic is not None:
+                    values = self.critic.separate_values(ids, att)
+        return logp, ent, values
+
+    def chunks(self, n: int) -> list[Tensor]:
+        """Row indices ``0..n-1`` in micro-batches of ``train.microbatch_size`` (0: one)."""
+        size = self.cfg.train.microbatch_size or n
+        idx = torch.arange(n)
+        return [idx[i:i + size] for i in range(0, n, size)]
+
+    @torch.no_grad()
+    def per_row(self, batch: TurnBatch, what: PerRow) -> Tensor:
+        """``what`` over all rows, ``[n, T]``, zero off the action tokens, no gradient, in
+        micro-batches, the model in eval mode: ``policy`` log-probs, their ``entropy``,
+        the reference's log-probs (``ref``) or the critic's ``values``."""
+        batch = batch.to(self.device)
+        use_adapter(self.model, self.adapter)
+        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.device)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for rows in self.chunks(batch.n_rows):
+                ids, att, L = row_slices(batch, rows)
+                if what == "ref":
+                    model = self.reference.model
+                    with self.reference.context(), autocast_for(model):
+                        out[rows, :L] = token_logprobs(
+                            model, ids, att, self.temperature,
+                            allowed=allowed_of(batch, rows),
+                            prefixes=self.prefixes(ids, att, batch.action_mask[rows, :L])
+                        )[0].float()
+                else:
+                    logp, ent, values = self.forward(
+                        ids, att, with_values=what == "values",
+                        allowed=allowed_of(batch, rows), amask=batch.action_mask[rows, :L])
+                    out[rows, :L] = {"values": values, "entropy": ent, "policy": logp}[what].float()
+        finally:
+            self.model.train(was_training)
+        return out * batch.action_mask
