@@ -9,7 +9,7 @@ import torch
 
 from sparring.data import Episode, Turn, collate
 from sparring.train.batch_forward import BatchForward
-from sparring.train.config import from_dict
+from sparring.train.config import ConfigError, from_dict
 from sparring.train.learner import Learner, NonFiniteError
 from sparring.train.lora import apply_lora, load_trainable_state, trainable_state
 from tests import train_helpers as th
@@ -231,6 +231,44 @@ def test_magnet_reference_is_an_ema_of_the_weights(device):
     mag = dict(learner.ref_model.named_parameters())
     for k, p in model.named_parameters():
         torch.testing.assert_close(mag[k], 0.75 * init[k] + 0.25 * p.detach())
+
+
+def test_magnet_every_holds_the_magnet_then_moves_it_and_resumes_the_count():
+    """kl.magnet_every=3, rate 1 (R-NaD's outer loop): the magnet is the initial weights
+    after optimizer steps 1 and 2, the policy's weights after step 3, held again after 4;
+    a learner resumed from the state after step 2 moves it at its first step (3rd)."""
+    batch, adv = ragged_batch()
+    cfg = make_cfg(algorithm__kl__coef=0.05, algorithm__kl__reference="magnet",
+                   algorithm__kl__magnet_rate=1.0, algorithm__kl__magnet_every=3)
+    model = th.tiny_qwen(6)
+    init = {k: v.clone() for k, v in model.named_parameters()}
+    learner = Learner(model, cfg)
+
+    def magnet():
+        return {k: v.clone() for k, v in learner.ref_model.named_parameters()}
+
+    def weights(m):
+        return {k: v.detach().clone() for k, v in m.named_parameters()}
+
+    for _ in range(2):
+        learner.update(batch, adv)
+        assert all(torch.equal(v, init[k]) for k, v in magnet().items())
+    state, at2 = copy.deepcopy(learner.state_dict()), weights(model)
+    learner.update(batch, adv)
+    at3 = weights(model)
+    assert not torch.equal(at3["lm_head.weight"], init["lm_head.weight"])
+    assert all(torch.equal(v, at3[k]) for k, v in magnet().items())
+    learner.update(batch, adv)
+    assert all(torch.equal(v, at3[k]) for k, v in magnet().items())
+    resumed_model = th.tiny_qwen(6)
+    load_trainable_state(resumed_model, at2)
+    resumed = Learner(resumed_model, cfg)
+    resumed.load_state_dict(state)
+    resumed.update(batch, adv)
+    assert all(torch.equal(v, w) for (_, v), w in
+               zip(resumed.ref_model.named_parameters(), weights(resumed_model).values()))
+    with pytest.raises(ConfigError, match="kl.magnet_every: 3 moves a magnet"):
+        make_cfg(algorithm__kl__coef=0.05, algorithm__kl__magnet_every=3)
 
 
 def test_value_head_reads_the_last_hidden_state_and_learns_returns(device):

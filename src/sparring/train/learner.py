@@ -10,8 +10,9 @@ with each micro-batch's forward from `sparring.train.batch_forward` (rows and pr
 shared, a value head on the policy's own hidden states, the model's precision context);
 backward, optimizer and magnet stay in the weights' dtype. The reference
 (`sparring.train.reference`) is the frozen initial model (with LoRA: the base model with
-adapters disabled) or a "magnet": an EMA of the policy's weights, updated after each
-optimizer step (regularised self-play, R-NaD / magnetic mirror descent).
+adapters disabled) or a "magnet": an EMA of the policy's weights, updated after every
+``kl.magnet_every``-th optimizer step (regularised self-play, R-NaD / magnetic mirror
+descent).
 With ``adapter=NAME`` (several policies as LoRA adapters on one base, ``lora.shared_base``)
 the learner trains only that adapter's weights and activates it before every forward; a
 magnet then copies the whole model (base included) once per such learner.
@@ -96,8 +97,8 @@ class Learner:
         self.objective = OBJECTIVES.get(a.objective)
         needs_ref = (a.kl.coef > 0 or "ref_logp" in self.objective.needs
                      or "ref_logp" in self.needs)
-        self.reference = (Reference(model, a.kl.reference, a.kl.magnet_rate, self.trained)
-                          if needs_ref else None)
+        self.reference = (Reference(model, a.kl.reference, a.kl.magnet_rate, self.trained,
+                                    a.kl.magnet_every) if needs_ref else None)
         # ArCHer's utterance critic has its own optimizer (sparring.critic.archer)
         self.archer = (Archer(model, cfg) if "utterance_critic" in self.needs
                        and c.enabled != "off" else None)
@@ -325,6 +326,7 @@ class Learner:
         magnet = None if self.reference is None else self.reference.magnet_state()
         if magnet is not None:
             st["magnet"] = magnet
+            st["magnet_steps"] = self.reference.steps
         return st
 
     def load_state_dict(self, st: dict[str, Any]) -> None:
@@ -345,6 +347,7 @@ class Learner:
             if self.reference is None:
                 raise KeyError("checkpoint has magnet weights but this run has no magnet")
             self.reference.load_magnet_state(st["magnet"])
+            self.reference.steps = int(st.get("magnet_steps", 0))
 
     def reference_state(self) -> dict[str, Tensor] | None:
         """Weights of a frozen 'initial' reference copy (saved once per run), else None."""

@@ -2,10 +2,12 @@
 
 * ``initial``: the frozen starting model. A full model is copied once; a LoRA model needs
   no copy, since its base with the adapters disabled is the starting model.
-* ``magnet``: a copy whose trained weights follow the policy's after every optimizer step,
-  ``m <- m + rate (w - m)`` (an exponential moving average: the "magnet" of regularised
-  self-play, R-NaD / magnetic mirror descent), so the KL pulls towards a slowly moving
-  average of the policy rather than its start.
+* ``magnet``: a copy whose trained weights follow the policy's, ``m <- m + rate (w - m)``
+  after every ``every``-th optimizer step (``every`` 1: an exponential moving average, the
+  "magnet" of magnetic mirror descent), so the KL pulls towards a slowly moving average of
+  the policy rather than its start. With ``rate`` 1 and ``every`` N it is R-NaD's outer
+  loop (Perolat et al. 2022): the magnet is held fixed for N steps, during which the
+  regularised game's dynamics settle near their fixed point, then replaced by the policy.
 """
 
 from __future__ import annotations
@@ -25,8 +27,11 @@ class Reference:
     """The reference of the policy ``model`` whose weights ``trained`` are trained."""
 
     def __init__(self, model: nn.Module, kind: Literal["initial", "magnet"], rate: float,
-                 trained: Collection[str]):
+                 trained: Collection[str], every: int = 1):
+        if every < 1:
+            raise ValueError(f"Reference: every={every!r}; must be >= 1")
         self.policy, self.kind, self.rate, self.trained = model, kind, rate, trained
+        self.every, self.steps = every, 0  # optimizer steps seen (checkpointed by the learner)
         self.copy: nn.Module | None = None
         if kind == "magnet" or not is_peft(model):
             self.copy = copy.deepcopy(model).eval()
@@ -45,9 +50,13 @@ class Reference:
 
     @torch.no_grad()
     def pull(self) -> None:
-        """After an optimizer step: the magnet moves towards the policy's trained weights
-        (paired by name: the model may have gained adapters since, pool snapshots)."""
+        """After an optimizer step: every ``every``-th one, the magnet moves towards the
+        policy's trained weights (paired by name: the model may have gained adapters since,
+        pool snapshots)."""
         if self.kind != "magnet":
+            return
+        self.steps += 1
+        if self.steps % self.every:
             return
         ref = dict(self.copy.named_parameters())
         for n, p in self.policy.named_parameters():

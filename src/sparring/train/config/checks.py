@@ -137,6 +137,9 @@ def _algorithm_check(a: AlgorithmConfig, envs: list[EnvSpec], key: str,
             raise ConfigError(f"{key}.entropy_target sets the bonus each update, so "
                               f"{key}.entropy_schedule={a.entropy_schedule!r} would be "
                               "ignored; leave it 'constant'")
+    if a.kl.magnet_every != 1 and a.kl.reference != "magnet":
+        raise ConfigError(f"{key}.kl.magnet_every: {a.kl.magnet_every} moves a magnet, but "
+                          f"{key}.kl.reference is {a.kl.reference!r}; set it to 'magnet'")
     if a.sampler_correction not in ("off", "auto") and not a.recompute_old_logp:
         raise ConfigError(f"{key}.sampler_correction: {a.sampler_correction!r} compares the "
                           "sampler's log-probs with the learner's recomputation; set "

@@ -219,6 +219,10 @@ class KLConfig:
         "'magnet': an exponential moving average of the policy's own weights (R-NaD / MMD)")
     magnet_rate: float = opt(0.01, "magnet EMA rate per update: m <- (1 - rate) m + rate w",
                              gt=0, le=1)
+    magnet_every: int = opt(1, "move the magnet every N optimizer steps (1: the EMA above "
+                            "after every step; with magnet_rate 1, R-NaD's outer loop: the "
+                            "magnet is replaced by the policy every N steps and held fixed "
+                            "between)", ge=1)
 
 
 @dataclass
