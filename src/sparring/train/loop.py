@@ -309,15 +309,12 @@ class _Run:
 
     def batch_metrics(self, episodes: Sequence[Episode], batch: TurnBatch,
                       shares: list[_Share]) -> dict[str, Any]:
-        """`rollout_metrics` over all rows, each policy's advantages and critic metrics."""
-        if self.cfg.policies:  # over all rows, and each policy's advantages on its own
-            metrics = rollout_metrics(episodes, batch, *_merge(batch, shares))
-            for sh in shares:
-                metrics.update(sh.policy.metrics(advantage_metrics(sh.batch, sh.adv, sh.keep)))
-        else:
-            sh = shares[0]
-            metrics = rollout_metrics(episodes, sh.batch, sh.adv, sh.keep)
+        """`rollout_metrics` over all rows (the policies' advantages put back in place),
+        then each policy's advantage and critic metrics under its name (the one policy of
+        a run has none, so its advantage stats are the same keys, computed the same way)."""
+        metrics = rollout_metrics(episodes, batch, *_merge(batch, shares))
         for sh in shares:
+            metrics.update(sh.policy.metrics(advantage_metrics(sh.batch, sh.adv, sh.keep)))
             metrics.update(sh.policy.metrics(sh.critic_metrics))
         return metrics
 
@@ -463,11 +460,11 @@ def _share(p: TrainedPolicy, batch: TurnBatch) -> _Share:
 
 def _merge(batch: TurnBatch, shares: list[_Share]) -> tuple[Tensor, Tensor]:
     """The policies' advantages ``[n, T]`` and keep flags ``[n]`` put back in ``batch``'s
-    row order."""
+    row order (a share whose ``rows`` is None has every row)."""
     adv = torch.zeros(batch.action_mask.shape, dtype=torch.float32, device=batch.device)
     keep = torch.zeros(batch.n_rows, dtype=torch.bool, device=batch.device)
     for sh in shares:
-        rows = sh.rows.to(batch.device)
+        rows = (torch.arange(batch.n_rows) if sh.rows is None else sh.rows).to(batch.device)
         adv[rows] = sh.adv.to(batch.device, torch.float32)
         keep[rows] = sh.keep.to(batch.device)
     return adv, keep
