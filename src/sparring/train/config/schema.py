@@ -222,7 +222,8 @@ class KLConfig:
     magnet_every: int = opt(1, "move the magnet every N optimizer steps (1: the EMA above "
                             "after every step; with magnet_rate 1, R-NaD's outer loop: the "
                             "magnet is replaced by the policy every N steps and held fixed "
-                            "between)", ge=1)
+                            "between, and `--average` evaluates the policy of the last "
+                            "replacement)", ge=1)
 
 
 @dataclass
