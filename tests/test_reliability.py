@@ -53,7 +53,7 @@ def job(run_dir, *, over=None, crash_in_rollout=None, resume_run=False, override
         return episodes
 
     @torch.no_grad()
-    def eval_fn(step, learner):
+    def eval_fn(step, learners):
         if step == eval_fails_at:
             torch.rand(3)  # part-way: the global RNG has moved on
             raise RuntimeError("the evaluation failed")

@@ -259,7 +259,7 @@ def _best_job(model, scores):
     """A bandit run whose evaluation reports ``scores[step]`` as ``eval/score``."""
     sampler = th.Sampler(3)
     return ((lambda step: th.bandit_rollout(model, sampler)),
-            (lambda step, learner: {"score": scores[step]}), {"sampler": sampler})
+            (lambda step, learners: {"score": scores[step]}), {"sampler": sampler})
 
 
 def test_the_best_checkpoint_outlives_keep_and_resumes_with_its_record(tmp_path):

@@ -188,7 +188,7 @@ def test_the_periodic_evaluation_scores_the_magnet_against_minimax_too(tmp_path)
                       + ["eval.games=4"])
     parts = build(cfg, tmp_path)
     magnet, _ = build_tiny_model({**tiny, "seed": 7})  # other weights than the policy's
-    out = parts.eval_fn(0, SimpleNamespace(ref_model=magnet, cfg=cfg))
+    out = parts.eval_fn(0, {"": SimpleNamespace(ref_model=magnet, cfg=cfg)})
     arena, options = parts.rollout_fn.arena, dict(cfg.envs[0].options)
     direct = policy_vs_minimax(arena, HFPolicy(magnet, parts.policy.tokenizer), "tictactoe",
                                options).rates()
@@ -199,5 +199,5 @@ def test_the_periodic_evaluation_scores_the_magnet_against_minimax_too(tmp_path)
     off = build(load_config(CONFIGS / "default.yaml", [f"model.options.{k}={v}" for k, v in
                                                        tiny.items()] + ["eval.average=false"]),
                 tmp_path / "off")
-    assert not any("average" in k for k in off.eval_fn(0, SimpleNamespace(ref_model=magnet,
-                                                                          cfg=cfg)))
+    assert not any("average" in k for k in off.eval_fn(0, {"": SimpleNamespace(ref_model=magnet,
+                                                                               cfg=cfg)}))

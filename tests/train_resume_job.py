@@ -56,7 +56,7 @@ def _run_job(run_dir, *, block_at: int | None, resume_run: bool):
         return th.bandit_rollout(model, sampler)
 
     @torch.no_grad()
-    def eval_fn(step, learner):
+    def eval_fn(step, learners):
         logits = model(input_ids=torch.tensor([[1, 3]])).logits[0, -1]
         return {"p_good": float(torch.softmax(logits, -1)[th.GOOD_TOKEN])}
 

@@ -52,8 +52,8 @@ from sparring.rollout.schedule import rollout_sampling
 if TYPE_CHECKING:
     from sparring.train.config import Config
 
-# eval_fn(step, learner) -> metrics: ``learner`` is the training loop's `Learner` (or
-# ``{name: Learner}`` with several policies; None outside training), which supplies the magnet
+# eval_fn(step, learners) -> metrics: ``learners`` is the training loop's ``{name: Learner}``
+# ('' names the one policy of a run; None outside training), which supplies the magnets
 EvalFn = Callable[[int, Any], Mapping[str, Any]]
 
 
@@ -112,8 +112,8 @@ def magnet_policy(cfg: Config, policy: HFPolicy, learner: Any) -> HFPolicy | Non
 
 def make_eval_fn(cfg: Config, arena: Arena, policy: HFPolicy | Mapping[str, HFPolicy]
                  ) -> EvalFn:
-    """``eval_fn(step, learner=None)``: the metrics above; ``learner`` (the training loop's
-    `Learner`, or ``{name: Learner}``) supplies the magnet. ``policy``: the run's one
+    """``eval_fn(step, learners=None)``: the metrics above; ``learners`` (the training
+    loop's ``{name: Learner}``, '' for the one policy of a run) supply the magnets. ``policy``: the run's one
     policy (or ``{'': policy}``), or ``{name: policy}``."""
     e = cfg.eval
     check_opponents("eval.opponents", e.opponents)
@@ -127,8 +127,7 @@ def make_eval_fn(cfg: Config, arena: Arena, policy: HFPolicy | Mapping[str, HFPo
     def key(name: str, rest: str) -> str:  # one policy's keys carry no policy/<name>/
         return f"policy/{name}/{rest}" if several else rest
 
-    def eval_fn(step: int, learner: Any = None) -> dict[str, Any]:
-        learners = learner if several else {"": learner}
+    def eval_fn(step: int, learners: Mapping[str, Any] | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for game in games:
             options, seats = env_options(cfg, game), env_seats(cfg, game) if several else []

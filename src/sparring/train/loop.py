@@ -258,9 +258,8 @@ class _Run:
         self.objects["rng"] = RNGState()
         self.objects.update({f"user.{k}": v for k, v in (stateful or {}).items()})
         self.layout = batch_layout(cfg, [p.stage for p in policies])
-        # what eval_fn gets: the learner, or {name: learner} with several policies
-        self.learners: Any = ({p.name: p.learner for p in policies} if cfg.policies
-                              else policies[0].learner)
+        # what eval_fn gets: {name: learner} ('' names the one policy of a run)
+        self.learners = {p.name: p.learner for p in policies}
         self.ref_sha256: dict[str, str] = {}  # checkpoint meta key -> reference file digest
         self.done = 0  # steps trained
         self.boundary: Mapping[str, Any] | None = self.objects
