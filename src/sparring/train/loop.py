@@ -40,7 +40,8 @@ Several policies (``policies``; `sparring.train.policies`): ``model`` is ``{name
 steps 2-4 run per policy on its own rows, each with its own learner and stage; rollout
 metrics stay global (``adv_mean`` etc. over all rows), a policy's own go under
 ``policy/NAME/`` (its learner's, its critic's, its ``adv_mean``/``adv_std``/``kept_rows``);
-a checkpoint holds every policy's weights and state, ``eval_fn`` gets ``{name: learner}``.
+a checkpoint holds every policy's weights and state. ``eval_fn(step, learners)`` gets
+``{name: learner}`` in either case ('' names the one policy of a run).
 """
 
 from __future__ import annotations
