@@ -113,8 +113,8 @@ def magnet_policy(cfg: Config, policy: HFPolicy, learner: Any) -> HFPolicy | Non
 def make_eval_fn(cfg: Config, arena: Arena, policy: HFPolicy | Mapping[str, HFPolicy]
                  ) -> EvalFn:
     """``eval_fn(step, learners=None)``: the metrics above; ``learners`` (the training
-    loop's ``{name: Learner}``, '' for the one policy of a run) supply the magnets. ``policy``: the run's one
-    policy (or ``{'': policy}``), or ``{name: policy}``."""
+    loop's ``{name: Learner}``, '' for the one policy of a run) supply the magnets.
+    ``policy``: the run's one policy (or ``{'': policy}``), or ``{name: policy}``."""
     e = cfg.eval
     check_opponents("eval.opponents", e.opponents)
     sampling = rollout_sampling(cfg.rollout, greedy=e.greedy)
