@@ -105,10 +105,12 @@ def test_plain_weights_merge_lora_without_touching_the_model():
     assert all(torch.equal(before[k], after[k]) for k in before)
 
 
-def test_a_lora_adapter_is_written_as_peft_loads_it(tmp_path):
+@pytest.mark.parametrize("layers", [None, [1]])
+def test_a_lora_adapter_is_written_as_peft_loads_it(tmp_path, layers):
     """`lora_adapter` of a trained-looking adapter (B not zero), saved as its config and
     safetensors, loads with PEFT onto a fresh copy of the base and gives the same logits
-    as the model it came from; the engine's base is the base alone (merge=False)."""
+    as the model it came from; the engine's base is the base alone (merge=False). With
+    adapters in the top layer only (``lora.last_layers``), only its weights are written."""
     import json
 
     from safetensors.torch import save_file
@@ -118,7 +120,8 @@ def test_a_lora_adapter_is_written_as_peft_loads_it(tmp_path):
                                  "intermediate_size": 64, "num_layers": 2})
     base = copy.deepcopy(model)
     wrapped = peft.get_peft_model(model, peft.LoraConfig(
-        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]))
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
+        layers_to_transform=layers))
     with torch.no_grad():
         for name, p in wrapped.named_parameters():
             if "lora_B" in name:
@@ -127,7 +130,8 @@ def test_a_lora_adapter_is_written_as_peft_loads_it(tmp_path):
     config, weights = backend.lora_adapter(wrapped)
     assert config["r"] == 4 and config["lora_alpha"] == 8.0
     assert config["target_modules"] == ["down_proj", "q_proj", "v_proj"]
-    assert len(weights) == 2 * 3 * 2  # A and B, 3 modules, 2 layers
+    assert len(weights) == 2 * 3 * (2 if layers is None else 1)  # A and B, 3 modules, layers
+    assert layers is None or all(".layers.1." in k for k in weights)
     (tmp_path / "adapter_config.json").write_text(json.dumps(config))
     save_file({k: v.contiguous() for k, v in weights.items()},
               str(tmp_path / "adapter_model.safetensors"))

@@ -330,6 +330,32 @@ def test_lora_trains_only_adapters_and_reference_is_the_base_model(device):
                                    model(input_ids=ids, attention_mask=att).logits)
 
 
+def test_lora_last_layers_adapts_the_top_layers_and_backward_stops_there():
+    """``lora.last_layers=1`` on a 2-layer model: adapters in layer 1 only, the update moves
+    only those, and no layer-0 output takes part in the backward (it does not need a
+    gradient); too many layers is an error that names the key."""
+    batch, adv = ragged_batch()
+    cfg = make_cfg(lora__enabled=True, lora__last_layers=1, optim__lr=1e-2)
+    model = apply_lora(th.tiny_qwen(8), cfg.lora)
+    adapted = {k for k, _ in model.named_parameters() if "lora_" in k}
+    assert adapted and all(".layers.1." in k for k in adapted)
+    assert {k.split(".layers.1.")[1].split(".lora_")[0] for k in adapted} == \
+        {f"self_attn.{m}" for m in ("q_proj", "k_proj", "v_proj", "o_proj")}
+    needs_grad = {}
+    layers = model.get_base_model().model.layers
+    for i, layer in enumerate(layers):
+        layer.register_forward_hook(
+            lambda _m, _i, out, i=i: needs_grad.setdefault(i, set()).add(
+                (out[0] if isinstance(out, tuple) else out).requires_grad))
+    before = {k: v.clone() for k, v in model.named_parameters()}
+    Learner(model, cfg).update(batch, adv)
+    assert True not in needs_grad[0] and True in needs_grad[1]
+    moved = {k for k, v in model.named_parameters() if not torch.equal(v, before[k])}
+    assert moved and moved <= adapted
+    with pytest.raises(ValueError, match="lora.last_layers=3, but the model has 2 layers"):
+        apply_lora(th.tiny_qwen(8), make_cfg(lora__last_layers=3).lora)
+
+
 def test_bad_shapes_are_errors():
     batch, adv = ragged_batch()
     learner = Learner(th.tiny_qwen(9), make_cfg())

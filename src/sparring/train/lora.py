@@ -28,17 +28,32 @@ from sparring.train.config import LoraConfig
 ADAPTER_WEIGHTS = "adapter_model.safetensors"  # PEFT's name, as its loader expects
 
 
-def _peft_config(cfg: LoraConfig):
+def adapted_layers(model: nn.Module, last_layers: int) -> list[int] | None:
+    """Indices of the transformer layers that get adapters under ``lora.last_layers``:
+    the last ``last_layers`` of the model's ``config.num_hidden_layers`` (None: all)."""
+    if last_layers == 0:
+        return None
+    total = getattr(getattr(model, "config", None), "num_hidden_layers", None)
+    if total is None:
+        raise ValueError("lora.last_layers needs a model whose config has "
+                         "num_hidden_layers (a transformers causal LM)")
+    if last_layers > total:
+        raise ValueError(f"lora.last_layers={last_layers}, but the model has {total} layers")
+    return list(range(total - last_layers, total))
+
+
+def _peft_config(cfg: LoraConfig, model: nn.Module):
     PeftLoraConfig = import_extra("peft", "lora", "lora.enabled=true").LoraConfig  # noqa: N806
     return PeftLoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
-                          target_modules=list(cfg.target_modules), bias="none")
+                          target_modules=list(cfg.target_modules), bias="none",
+                          layers_to_transform=adapted_layers(model, cfg.last_layers))
 
 
 def apply_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
     """Wrap ``model`` with PEFT LoRA adapters (adapters are injected in place)."""
     from peft import get_peft_model
 
-    return get_peft_model(model, _peft_config(cfg))
+    return get_peft_model(model, _peft_config(cfg, model))
 
 
 def shared_adapters(model: nn.Module, configs: Mapping[str, LoraConfig]) -> nn.Module:
@@ -48,9 +63,10 @@ def shared_adapters(model: nn.Module, configs: Mapping[str, LoraConfig]) -> nn.M
     from peft import get_peft_model
 
     names = list(configs)
-    peft_model = get_peft_model(model, _peft_config(configs[names[0]]), adapter_name=names[0])
+    peft_model = get_peft_model(model, _peft_config(configs[names[0]], model),
+                                adapter_name=names[0])
     for name in names[1:]:
-        peft_model.add_adapter(name, _peft_config(configs[name]))
+        peft_model.add_adapter(name, _peft_config(configs[name], model))
     peft_model.set_adapter(names[0])
     return peft_model
 

@@ -341,6 +341,10 @@ class LoraConfig:
     dropout: float = opt(0.0, "LoRA dropout", ge=0, lt=1)
     target_modules: list[str] = opt(
         ["q_proj", "k_proj", "v_proj", "o_proj"], "module names that get adapters")
+    last_layers: int = opt(
+        0, "adapters only in the last N transformer layers (0: every layer). The layers "
+        "below them are frozen, so the backward pass stops at the first adapted layer: "
+        "an update costs less, at the price of adapting fewer weights", ge=0)
     shared_base: bool = opt(
         False, "with several `policies`: every policy is a LoRA adapter of its own on one "
         "frozen base model (one base in memory; peft multi-adapter), and so is each of its "
