@@ -266,7 +266,13 @@ def test_canonical_views_show_symmetric_positions_alike_and_map_moves_back():
                 twins.append(image.observation(seat))
             assert set(twins) == {obs}
             move = rng.choice(env.legal_actions(seat))
-            cell = VIEWS[env.view(seat)][int(move) - 1]  # the board cell it names
+            view = env.view(seat)
+            twin = env.clone()  # a clone that moves on leaves this position's view as it was
+            twin.step(rng.choice(twin.legal_actions(seat)))
+            if twin.current_seat() is not None:
+                twin.observation(1 - seat)
+            assert env.view(seat) == view and env.observation(seat) == obs
+            cell = VIEWS[view][int(move) - 1]  # the board cell it names
             assert env.parse(seat, f"<answer>{move}</answer>").action == move
             a, b = env.step(move), plain.step(str(cell + 1))
             moves.append(cell)

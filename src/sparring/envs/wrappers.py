@@ -433,10 +433,18 @@ class CanonicalViews(_Viewed):
     game's. Needs what `_Viewed` needs.
     """
 
+    # the last (state_key, seat) asked and its view: observation, legal_actions and step
+    # each ask for the view of one position, and it takes one observation per symmetry
+    _last: tuple[tuple[str, int] | None, int] = (None, 0)
+
     def view(self, seat: int) -> int:
-        """``seat``'s canonical view of the current position."""
-        texts = [self.env.observation(seat, view=v) for v in range(self.env.symmetries())]
-        return min(range(len(texts)), key=lambda v: (texts[v], v))
+        """``seat``'s canonical view of the current position (the position read from
+        ``state_key()``, which the Env contract makes fix the observations)."""
+        key = (self.env.state_key(), seat)
+        if self._last[0] != key:
+            texts = [self.env.observation(seat, view=v) for v in range(self.env.symmetries())]
+            self._last = (key, min(range(len(texts)), key=lambda v: (texts[v], v)))
+        return self._last[1]
 
     def reset(self, seed: int) -> None:
         self.env.reset(seed)
