@@ -356,6 +356,6 @@ def test_a_listed_opening_that_is_illegal_or_ends_the_game_is_named():
     with pytest.raises(ValueError, match=r"opening 1 '1 4 2 5 3': move 5 \('3'\) ends the game"):
         check_openings(make("tictactoe"), [("1", "4", "2", "5", "3")])
     with pytest.raises(ValueError, match=r"listed opening '5 5': move 2 \('5'\) is not legal"):
-        RandomOpening(make("tictactoe"), 0, [("5", "5")])  # unchecked: its first reset says so
+        RandomOpening(make("tictactoe"), 0, [("5", "5")]).reset(0)  # unchecked: reset says so
     with pytest.raises(ValueError, match="listed_share"):
         RandomOpening(make("tictactoe"), 0, [("1",)], listed_share=1.5)

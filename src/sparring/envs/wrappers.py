@@ -180,7 +180,8 @@ class RandomOpening:
     moves are nobody's turns and its rewards are dropped (for games that pay at the end:
     board games, Nim). Everything else is the inner env's, ``state_key()`` included, so a
     position reached by the opening is the same anchor state as when reached by play.
-    Needs ``clone()`` and listed legal actions.
+    Needs ``clone()`` and listed legal actions. Until the first `reset` it is the inner env
+    as given, with no opening.
 
     ``listed``: openings given as move sequences (`sparring.envs.openings`, e.g. positions
     with a tactic to learn). With probability ``listed_share`` (drawn from the reset seed)
@@ -219,14 +220,20 @@ class RandomOpening:
         self.listed, self.listed_share = listed, listed_share
         self.replayed, self.replayed_share = replayed, replayed_share
         self.name, self.num_seats = env.name, env.num_seats
-        self.reset(0)
+        # no opening until the first reset (an episode begins there: the training rollouts
+        # make an env per episode and reset it at once, so an opening here would be waste)
+        self._record(0)
+        self.first_turn = 0
 
-    def reset(self, seed: int) -> None:
-        self.env.reset(seed)
+    def _record(self, seed: int) -> None:
         self.start_seed, self.source = seed, "random"
         self.moves: list[str] = []
         self.movers: list[int] = []
         self.keys: list[str] = []
+
+    def reset(self, seed: int) -> None:
+        self.env.reset(seed)
+        self._record(seed)
         self._open(seed)
         self.first_turn = len(self.moves)  # moves before it are the opening's
 
