@@ -22,7 +22,9 @@ Rows (all at the old Kuhn recipe's batch, 32 episodes a step, where the ratio is
   shipped (RAGEN's bi-level GAE, ``turn_gae``, whose value head reads the policy's own
   forward);
 - ``tictactoe no critic``: the same with per-(group, seat) returns-to-go (``turn_rtg``, the
-  recipe before session 19), so the two rows show what the critic adds to a step.
+  recipe before session 19), so the two rows show what the critic adds to a step;
+- ``tictactoe last 10 layers``: the recipe with adapters in SmolLM2's last 10 of 30 layers
+  only (``lora.last_layers=10``), so the backward stops there.
 
 ``--random-weights DIR``: where SmolLM2's weights cannot travel (the lent GPU), DIR holds
 its ``config.json`` and tokenizer files only, and every row runs a model of that shape with
@@ -72,6 +74,7 @@ ROWS = {
     "tictactoe no critic": ("smollm2_tictactoe", [
         BATCH, "algorithm.estimator=turn_rtg",
         "algorithm.estimator_options={scope: group_agent, std: false}"]),
+    "tictactoe last 10 layers": ("smollm2_tictactoe", [BATCH, "lora.last_layers=10"]),
 }
 
 
