@@ -74,6 +74,8 @@ def test_yaml_and_overrides_are_typed(tmp_path):
      r"\(envs.0 plays the pool\)"),
     (["league.mode=pfsp", "league.pfsp_power=0"],
      r"league.pfsp_power: 0.0 is out of range \(must be > 0\)"),
+    (["lora.last_layers=2"], r"lora.last_layers: places LoRA adapters, and lora.enabled is "
+     r"false; set lora.enabled=true too"),
 ])
 def test_bad_overrides_name_the_key(args, match):
     with pytest.raises(ConfigError, match=match):

@@ -168,9 +168,13 @@ _POLICY_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 def _policies_check(cfg: Config) -> None:
     """``policies`` and ``envs[].seats``: names that can name files and metrics, overrides
     that build, every env mapping each of its seats to a defined policy, every policy
-    playing some seat; ``lora.shared_base`` needs LoRA and one model."""
+    playing some seat; ``lora.shared_base`` needs LoRA and one model, ``lora.last_layers``
+    LoRA."""
     if cfg.lora.shared_base and not cfg.lora.enabled:
         raise ConfigError("lora.shared_base: policies share a base model as LoRA adapters; "
+                          "set lora.enabled=true too")
+    if cfg.lora.last_layers and not cfg.lora.enabled:
+        raise ConfigError("lora.last_layers: places LoRA adapters, and lora.enabled is false; "
                           "set lora.enabled=true too")
     if not cfg.policies:
         for i, env in enumerate(cfg.envs):
