@@ -353,7 +353,7 @@ def test_lora_last_layers_adapts_the_top_layers_and_backward_stops_there():
     moved = {k for k, v in model.named_parameters() if not torch.equal(v, before[k])}
     assert moved and moved <= adapted
     with pytest.raises(ValueError, match="lora.last_layers=3, but the model has 2 layers"):
-        apply_lora(th.tiny_qwen(8), make_cfg(lora__last_layers=3).lora)
+        apply_lora(th.tiny_qwen(8), make_cfg(lora__enabled=True, lora__last_layers=3).lora)
 
 
 def test_bad_shapes_are_errors():
