@@ -18,7 +18,12 @@ With ``eval.exploitability``, a game that declares its tree (`sparring.envs.has_
 also gets ``<game>/exploitability`` of the current policy and, when the run regularises
 towards a magnet (``algorithm.kl.reference=magnet``) and ``eval.average`` is on (the
 default), ``<game>/exploitability_average`` of
-the magnet: the learner's EMA of the policy's weights, i.e. an average of recent policies.
+the magnet: the learner's EMA of the policy's weights, i.e. an average of recent policies;
+with ``eval.time_average`` N, also ``<game>/exploitability_time_average``: that of the
+reach-weighted average of the policies of the last N evaluations (this one included;
+`sparring.eval.time_average`), an average in the game's sense rather than of weights. The
+tables live in ``eval_fn.history`` (a `StrategyHistory`, None when off), a state of the
+run that its checkpoints hold.
 With ``eval.self_play`` the policy also plays every seat of each game itself, ``eval.games``
 games, keys ``<game>/joint/<metric>`` as below.
 
@@ -43,8 +48,11 @@ from sparring.eval.games import (
     evaluate_together,
     evaluate_vs_bot,
     policy_exploitability,
+    policy_strategy,
     policy_vs_minimax,
 )
+from sparring.eval.exploitability import exploitability, game_tree
+from sparring.eval.time_average import StrategyHistory
 from sparring.policy.hf import HFPolicy
 from sparring.rollout.arena import Arena
 from sparring.rollout.schedule import rollout_sampling
@@ -123,6 +131,8 @@ def make_eval_fn(cfg: Config, arena: Arena, policy: HFPolicy | Mapping[str, HFPo
     policies: dict[str, HFPolicy] = dict(policy) if isinstance(policy, Mapping) else {"": policy}
     several = list(policies) != [""]  # {'': policy} is the one policy of a run
     exact = e.exact_vs_minimax and "minimax" in e.opponents
+    trees = [g for g in games if has_game_tree(g)] if e.exploitability else []
+    history = StrategyHistory(e.time_average) if trees and e.time_average else None
 
     def key(name: str, rest: str) -> str:  # one policy's keys carry no policy/<name>/
         return f"policy/{name}/{rest}" if several else rest
@@ -153,12 +163,18 @@ def make_eval_fn(cfg: Config, arena: Arena, policy: HFPolicy | Mapping[str, HFPo
                     arena, profile if seats else [profile] * make(game, **options).num_seats,
                     sampling, game, options, e.games, seed=cfg.train.seed + 1_000_000)
                 out.update({f"{game}/joint/{k}": v for k, v in res.items()})
-            if e.exploitability and has_game_tree(game):
-                out[f"{game}/exploitability"] = policy_exploitability(arena, profile, game,
-                                                                      options)
+            if game in trees:
+                tree = game_tree(game, **options)
+                sigma = tree.sigma_from(policy_strategy(arena, profile, game, options))
+                out[f"{game}/exploitability"] = exploitability(tree, sigma)
+                if history is not None:
+                    history.record(game, step, sigma)
+                    out[f"{game}/exploitability_time_average"] = history.exploitability(
+                        game, **options)
                 if all(m is not None for m in magnets.values()):
                     out[f"{game}/exploitability_average"] = policy_exploitability(
                         arena, seat_profile(magnets, seats), game, options)
         return out
 
+    eval_fn.history = history  # type: ignore[attr-defined]
     return eval_fn

@@ -114,7 +114,13 @@ class GameTree:
         return 1.0 / self.n_actions[self.slot_infoset]
 
     def sigma_from(self, policy: Any) -> np.ndarray:
-        """Query ``policy(info_state, legal) -> {action: prob}`` (or a dict of such dicts)."""
+        """Query ``policy(info_state, legal) -> {action: prob}`` (or a dict of such dicts);
+        a ``sigma`` vector ``[n_slots]`` is returned as it is."""
+        if isinstance(policy, np.ndarray):
+            if policy.shape != (self.n_slots,):
+                raise ValueError(f"a sigma vector for {self.name} has shape ({self.n_slots},), "
+                                 f"not {policy.shape}")
+            return policy
         sigma = np.zeros(self.n_slots)
         for i, (key, legal) in enumerate(zip(self.infosets, self.actions)):
             probs = policy[key] if isinstance(policy, dict) else policy(key, list(legal))
@@ -130,6 +136,39 @@ class GameTree:
     def as_dict(self, sigma: np.ndarray) -> dict[str, dict[str, float]]:
         return {key: {a: float(sigma[self.offset[i] + k]) for k, a in enumerate(legal)}
                 for i, (key, legal) in enumerate(zip(self.infosets, self.actions))}
+
+    def own_reach(self, sigma: np.ndarray) -> np.ndarray:
+        """``[n_infosets]``: the acting seat's own contribution to the reach probability of
+        each information set, prod of its own action probabilities on the way there (the
+        same for every history of the set, by perfect recall)."""
+        r = self.reach(sigma)
+        out = np.zeros(len(self.infosets))
+        for lv in self.levels:
+            d = lv.decision
+            iset = self.slot_infoset[lv.slot[d]]
+            out[iset] = r[lv.parent[d], lv.col[d]]
+        return out
+
+    def average_strategy(self, sigmas: Any, weights: Any = None) -> np.ndarray:
+        """The behaviour strategy of the mixture "draw policy k with probability w_k, play it
+        for the whole game" (Kuhn's theorem; the average strategy of fictitious play and
+        CFR): at information set I of seat i,
+
+            avg(a|I) = sum_k w_k pi_i^k(I) sigma_k(a|I) / sum_k w_k pi_i^k(I),
+
+        pi_i^k(I) = `own_reach` of sigma_k. Where no policy reaches I, the plain weighted
+        average. ``sigmas``: ``[K, n_slots]``; ``weights``: ``[K]`` (default uniform)."""
+        sigmas = np.asarray(sigmas, dtype=np.float64)
+        if sigmas.ndim != 2 or sigmas.shape[1] != self.n_slots or len(sigmas) == 0:
+            raise ValueError(f"average_strategy needs [K >= 1, {self.n_slots}] policies, "
+                             f"got shape {sigmas.shape}")
+        w = np.full(len(sigmas), 1.0 / len(sigmas)) if weights is None \
+            else np.asarray(weights, dtype=np.float64) / np.sum(weights)
+        reach = np.stack([self.own_reach(s) for s in sigmas])  # [K, n_infosets]
+        coef = w[:, None] * reach[:, self.slot_infoset]  # [K, n_slots]
+        num, den = (coef * sigmas).sum(0), coef.sum(0)
+        plain = (w[:, None] * sigmas).sum(0)
+        return np.where(den > 0, num / np.where(den > 0, den, 1.0), plain)
 
     # --- passes --------------------------------------------------------------
     def reach(self, sigma: np.ndarray) -> np.ndarray:

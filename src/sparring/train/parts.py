@@ -113,10 +113,13 @@ def build_parts(cfg: Config, run_dir: str | Path | None = None) -> RunParts:
     else:
         mode = model_precision(cfg, first.model)
         chosen = f"{mode.mode} ({mode.reason})"
+    eval_fn = make_eval_fn(cfg, rollouts.arena, policies)
+    stateful: dict[str, Any] = {"rollouts": rollouts}
+    if eval_fn.history is not None:  # type: ignore[attr-defined]
+        stateful["eval_history"] = eval_fn.history  # type: ignore[attr-defined]
     return RunParts(model={n: p.model for n, p in policies.items()} if several else first.model,
                     tokenizer=first.tokenizer, policy=first, rollout_fn=rollout_fn,
-                    eval_fn=make_eval_fn(cfg, rollouts.arena, policies),
-                    stateful={"rollouts": rollouts}, pad_id=first.pad_id,
+                    eval_fn=eval_fn, stateful=stateful, pad_id=first.pad_id,
                     policies=policies if several else {}, precision=chosen)
 
 

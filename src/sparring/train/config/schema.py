@@ -377,6 +377,11 @@ class EvalConfig:
     greedy: bool = opt(True, "evaluate the greedy (argmax) policy rather than sampling")
     exploitability: bool = opt(True, "exact exploitability in games that declare their tree "
                                "(Kuhn and Leduc poker)")
+    time_average: int = opt(
+        10, "with exploitability: also that of the time-average strategy of the policies of "
+        "the last N evaluations (<game>/exploitability_time_average: the reach-weighted "
+        "average, i.e. a player that draws one of those snapshots per game; what converges "
+        "in self-play when the last policy circles); 0: off", ge=0)
     exact_vs_minimax: bool = opt(
         True, "with minimax among the opponents: also the exact rates against it over its "
         "random tie-breaks, and the positions where the policy plays a losing move (keys "
