@@ -142,3 +142,28 @@ def test_a_run_reports_the_time_average_and_resumes_it_exactly(tmp_path):
     assert main(["train", "kuhn_selfplay", *SMALL, "eval.time_average=0", "train.steps=1",
                  f"train.run_dir={off}"]) == 0
     assert not any(key in r for r in rows(Path(off)))
+
+
+def test_a_checkpoint_without_the_history_resumes_with_an_empty_one(tmp_path):
+    """A run checkpointed before `StrategyHistory` existed still resumes; other missing
+    state stays an error."""
+    from sparring.train.checkpoint import load_checkpoint, save_checkpoint
+
+    class Counter:
+        def __init__(self):
+            self.n = 0
+
+        def state_dict(self):
+            return {"n": self.n}
+
+        def load_state_dict(self, state):
+            self.n = state["n"]
+
+    saved = Counter()
+    saved.n = 7
+    ck = save_checkpoint(tmp_path, 3, weights={}, stateful={"counter": saved})
+    history, counter = StrategyHistory(window=2), Counter()
+    load_checkpoint(ck, {"counter": counter, "eval_history": history})
+    assert counter.n == 7 and history.tables == {}
+    with pytest.raises(KeyError, match="other"):
+        load_checkpoint(ck, {"counter": counter, "other": Counter()})

@@ -32,6 +32,10 @@ from sparring.eval.exploitability import exploitability, game_tree
 class StrategyHistory:
     """Per game, the strategy tables of the last ``window`` evaluations, oldest first."""
 
+    # a checkpoint written before this history existed resumes with an empty one (its
+    # time-averages then start again from the resumed step)
+    restore_optional = True
+
     def __init__(self, window: int) -> None:
         if window < 1:
             raise ValueError(f"eval.time_average: a window of {window} evaluations; must be >= 1")

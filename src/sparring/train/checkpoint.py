@@ -456,14 +456,18 @@ def load_checkpoint(ckpt: str | Path, stateful: Mapping[str, Any],
 
     Everything is read (and with ``verify`` checked against the manifest) before any object
     is touched, so a bad file raises `CheckpointError` with the objects as they were.
-    ``strict``: an object in ``stateful`` that the checkpoint does not hold is an error.
+    ``strict``: an object in ``stateful`` that the checkpoint does not hold is an error,
+    unless the object says it may start afresh (a true ``restore_optional`` attribute: state
+    added in a later version that only a report reads, e.g. the evaluation's strategy
+    history); such an object keeps its fresh state.
     """
     ckpt = Path(ckpt)
     files = _manifest(ckpt) if verify else None
     _check_file(ckpt, "state.json", files)
     doc = _read_doc(ckpt)
     tensors = read_tensors(_check_file(ckpt, "state.safetensors", files))
-    missing = [k for k in stateful if k not in doc["state"]]
+    missing = [k for k in stateful if k not in doc["state"]
+               and not getattr(stateful[k], "restore_optional", False)]
     if missing and strict:
         raise KeyError(f"checkpoint {ckpt} holds no state for {missing}; "
                        f"it has {sorted(doc['state'])}")
