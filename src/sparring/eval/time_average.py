@@ -61,8 +61,7 @@ class StrategyHistory:
         return exploitability(tree, tree.average_strategy([t for _, t in tables]))
 
     def state_dict(self) -> dict[str, Any]:
-        return {"window": self.window,
-                "tables": {g: [[s, t] for s, t in v] for g, v in self.tables.items()}}
+        return {"tables": {g: [[s, t] for s, t in v] for g, v in self.tables.items()}}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.tables = {}
