@@ -170,6 +170,25 @@ class GameTree:
         plain = (w[:, None] * sigmas).sum(0)
         return np.where(den > 0, num / np.where(den > 0, den, 1.0), plain)
 
+    def action_values(self, sigma: np.ndarray) -> np.ndarray:
+        """``[n_slots]``: the acting seat's expected utility of each action given that its
+        information set is reached, everyone playing ``sigma``:
+
+            Q(I, a) = sum_{h in I} pi_{-i}(h) v_i(h.a) / sum_{h in I} pi_{-i}(h),
+
+        pi_{-i} the other seats' and chance's reach. Where the others never reach I, 0."""
+        reach, v = self.reach(sigma), self.values(sigma)
+        num, den = np.zeros(self.n_slots), np.zeros(self.n_slots)
+        for lv in self.levels:
+            d = lv.decision
+            par, col, sl = lv.parent[d], lv.col[d], lv.slot[d]
+            others = reach[par].copy()
+            others[np.arange(len(par)), col] = 1.0
+            others = np.prod(others, axis=1)
+            num += np.bincount(sl, others * v[lv.child[d], col], minlength=self.n_slots)
+            den += np.bincount(sl, others, minlength=self.n_slots)
+        return np.where(den > 0, num / np.where(den > 0, den, 1.0), 0.0)
+
     # --- passes --------------------------------------------------------------
     def reach(self, sigma: np.ndarray) -> np.ndarray:
         """Reach probability of every node split by contributor: ``[n_nodes, P + 1]``
