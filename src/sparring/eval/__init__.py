@@ -1,7 +1,8 @@
 """Evaluation: exact exploitability (games that declare their tree: Kuhn, Leduc), the match
 runner (on the arena), Wilson intervals, Elo. A model policy against bots and its
 exploitability: `sparring.eval.games`; a training run's periodic evaluation:
-`sparring.eval.periodic`."""
+`sparring.eval.periodic`; the fixed point an entropy bonus pulls self-play towards:
+`sparring.eval.logit_equilibrium`."""
 
 from sparring.eval.exploitability import exploitability, game_tree, nash_conv, uniform_policy
 from sparring.eval.matches import MatchResult, Record, play_match, round_robin
