@@ -118,8 +118,8 @@ def main() -> None:
     for arm in args.arms:
         kind, _, c = arm.partition(":")
         coef = float(c) if c else 0.0
-        if kind != "none":
-            regulariser(torch.zeros(1, 2), kind)  # an unknown kind fails before any run
+        if kind not in ("none", "entropy", "mutation"):
+            raise SystemExit(f"unknown arm {arm!r}; use none, entropy:C or mutation:C")
         res = [train(s, mode=args.mode, kind=kind, coef=coef, k=args.k, steps=steps,
                      batch=args.batch, lr=args.lr, epochs=args.epochs, init=args.init,
                      shared=args.shared)

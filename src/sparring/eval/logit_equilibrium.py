@@ -47,12 +47,16 @@ class LogitEquilibrium:
     converged: bool
 
 
-def logit_response(tree: GameTree, q: np.ndarray, alpha: float) -> np.ndarray:
-    """``[n_slots]``: softmax of ``q / alpha`` within each information set."""
-    z = q / alpha
+def infoset_softmax(tree: GameTree, z: np.ndarray) -> np.ndarray:
+    """``[n_slots]``: softmax of the logits ``z`` within each information set."""
     z = z - np.maximum.reduceat(z, tree.offset[:-1])[tree.slot_infoset]
     e = np.exp(z)
     return e / np.add.reduceat(e, tree.offset[:-1])[tree.slot_infoset]
+
+
+def logit_response(tree: GameTree, q: np.ndarray, alpha: float) -> np.ndarray:
+    """``[n_slots]``: the logit response to the action values ``q``, softmax of ``q / alpha``."""
+    return infoset_softmax(tree, q / alpha)
 
 
 def residual(tree: GameTree, sigma: np.ndarray, alpha: float) -> float:
@@ -78,8 +82,8 @@ def logit_equilibrium(game: Any, alpha: float, *, start: np.ndarray | None = Non
     while last > tol and it < max_iterations:
         for _ in range(check_every):
             q = tree.action_values(sigma)
-            logit = (np.log(np.maximum(sigma, 1e-300)) + eta * q) / (1.0 + eta * alpha)
-            sigma = logit_response(tree, logit, 1.0)
+            sigma = infoset_softmax(
+                tree, (np.log(np.maximum(sigma, 1e-300)) + eta * q) / (1.0 + eta * alpha))
         it += check_every
         now = residual(tree, sigma, alpha)
         if now > 0.99 * last:

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from sparring.envs import env_entry, has_game_tree, make
 from sparring.envs.bots import check_opponents, make_bot
+from sparring.eval.exploitability import exploitability, game_tree
 from sparring.eval.games import (
     evaluate_together,
     evaluate_vs_bot,
@@ -51,7 +52,6 @@ from sparring.eval.games import (
     policy_strategy,
     policy_vs_minimax,
 )
-from sparring.eval.exploitability import exploitability, game_tree
 from sparring.eval.time_average import StrategyHistory
 from sparring.policy.hf import HFPolicy
 from sparring.rollout.arena import Arena

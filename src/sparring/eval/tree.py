@@ -16,6 +16,11 @@ from typing import Any
 import numpy as np
 
 
+def _ratio(num: np.ndarray, den: np.ndarray, fallback: Any) -> np.ndarray:
+    """``num / den`` where ``den > 0``, else ``fallback``."""
+    return np.where(den > 0, num / np.where(den > 0, den, 1.0), fallback)
+
+
 @dataclass
 class Level:
     """Edges whose parent is at one depth. ``col``: the acting seat, or P for chance."""
@@ -168,7 +173,7 @@ class GameTree:
         coef = w[:, None] * reach[:, self.slot_infoset]  # [K, n_slots]
         num, den = (coef * sigmas).sum(0), coef.sum(0)
         plain = (w[:, None] * sigmas).sum(0)
-        return np.where(den > 0, num / np.where(den > 0, den, 1.0), plain)
+        return _ratio(num, den, plain)
 
     def action_values(self, sigma: np.ndarray) -> np.ndarray:
         """``[n_slots]``: the acting seat's expected utility of each action given that its
@@ -187,7 +192,7 @@ class GameTree:
             others = np.prod(others, axis=1)
             num += np.bincount(sl, others * v[lv.child[d], col], minlength=self.n_slots)
             den += np.bincount(sl, others, minlength=self.n_slots)
-        return np.where(den > 0, num / np.where(den > 0, den, 1.0), 0.0)
+        return _ratio(num, den, 0.0)
 
     # --- passes --------------------------------------------------------------
     def reach(self, sigma: np.ndarray) -> np.ndarray:
