@@ -29,6 +29,7 @@ from sparring.policy import precision
 from sparring.policy.hf import HFPolicy, resolve_device
 from sparring.rollout.schedule import Rollouts
 from sparring.train.config import Config, policy_config
+from sparring.train.determinism import use_deterministic_kernels
 
 
 @dataclass
@@ -94,6 +95,7 @@ def build_parts(cfg: Config, run_dir: str | Path | None = None) -> RunParts:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # pool snapshots save/load every few steps
+    use_deterministic_kernels(cfg.train.deterministic)  # here: Ray workers build parts too
     if not cfg.envs:
         raise ValueError("config has no envs: add at least one, e.g. envs: [{name: tictactoe}]")
     several, shared = bool(cfg.policies), bool(cfg.policies) and cfg.lora.shared_base
