@@ -645,3 +645,38 @@ def test_share_rows_runs_each_distinct_row_once_with_the_same_logprobs_and_gradi
     assert len(g0) == len(g1) > 0
     for a, b in zip(g0, g1):
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
+
+
+def test_body_lr_scale_moves_the_body_at_its_fraction_and_zero_freezes_it():
+    """Adam's first step moves every weight with a gradient by exactly lr (m/sqrt(v) = sign g),
+    so the output layer moves by 1e-3 and the body by scale * 1e-3; at 0 the body gets no
+    gradient at all and the optimizer holds the head alone."""
+    batch, adv = ragged_batch(n=8)
+    for scale in (0.25, 0.0):
+        model = th.tiny_qwen(2)
+        before = {k: v.clone() for k, v in model.named_parameters()}
+        learner = Learner(model, make_cfg(optim__body_lr_scale=scale, optim__eps=1e-12))
+        learner.update(batch, adv)
+        for name, p in model.named_parameters():
+            step = (p.detach() - before[name]).abs()
+            moved = step[step > 0]
+            want = 1e-3 if name == "lm_head.weight" else scale * 1e-3
+            if want == 0:
+                assert moved.numel() == 0 and p.grad is None and not p.requires_grad, name
+            else:
+                torch.testing.assert_close(moved, torch.full_like(moved, want), rtol=1e-3,
+                                           atol=0, msg=name)
+        assert (learner.params == [model.lm_head.weight]) is (scale == 0)
+
+
+def test_body_lr_scale_head_is_the_tied_embedding_and_lora_is_refused():
+    from sparring.train.param_groups import output_layer_names
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tied = Qwen2ForCausalLM(Qwen2Config(vocab_size=40, hidden_size=32, intermediate_size=64,
+                                        num_hidden_layers=1, num_attention_heads=4,
+                                        num_key_value_heads=2, tie_word_embeddings=True))
+    assert output_layer_names(tied) == {"model.embed_tokens.weight"}
+    assert output_layer_names(th.tiny_qwen()) == {"lm_head.weight"}
+    with pytest.raises(ConfigError, match="optim.body_lr_scale.*leave it at 1 with LoRA"):
+        make_cfg(optim__body_lr_scale=0.5, lora__enabled=True)

@@ -10,6 +10,15 @@ Constrained decoding: ``allowed`` (``TurnBatch.allowed``) gives, per row, a dict
 over the allowed ids only, ``log p(x) = z_x - logsumexp_{y in allowed} z_y`` (and the
 entropy is that of the restricted distribution), exactly what the sampler recorded.
 
+``bonus``: what the per-token "entropy" tensor holds, the quantity an entropy bonus weighs
+(`algorithm.entropy_bonus`): ``"entropy"``, ``H(pi) = logsumexp z - sum_a pi_a z_a``, or
+``"uniform_kl"``, ``-KL(u || pi) = log k + (1/k) sum_a log pi_a`` with ``u`` uniform over the
+k allowed ids (the whole vocabulary where nothing constrains). Its gradient on a logit is
+``(1/k - pi_a)``: a pull towards uniform play that does not fade as ``pi_a -> 0``, where the
+entropy's ``-pi_a (log pi_a + H)`` does; our logit-space reading of the mutation term of the
+selection-mutation dynamics (Hofbauer and Huttegger, Games 2015), under which signalling
+games leave their partial-pooling traps (docs/benchmarks.md, "Two-policy signalling").
+
 A value head (`sparring.critic.value_head`) reads the same forward's last hidden states
 (`token_logprobs_and_hidden`), so a critic on the policy costs no second pass and shares its
 prompts as the log-probs do.
@@ -17,6 +26,7 @@ prompts as the log-probs do.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from contextlib import nullcontext
 
@@ -29,10 +39,16 @@ from sparring.policy.prefix import Prefixes, shared_prefix_logits, to_rows
 Allowed = Sequence[dict[int, list[int]] | None]
 
 
+BONUSES = ("entropy", "uniform_kl")
+
+
 def logprobs_from_logits(logits: Tensor, ids: Tensor, temperature: float = 1.0,
-                         with_entropy: bool = False, allowed: Allowed | None = None
-                         ) -> tuple[Tensor, Tensor | None]:
-    """``logits [n, T, V]`` predicting ``ids [n, T]`` shifted by one -> ``[n, T]`` (and entropy)."""
+                         with_entropy: bool = False, allowed: Allowed | None = None,
+                         bonus: str = "entropy") -> tuple[Tensor, Tensor | None]:
+    """``logits [n, T, V]`` predicting ``ids [n, T]`` shifted by one -> ``[n, T]`` (and the
+    ``bonus`` per token, module docstring)."""
+    if bonus not in BONUSES:
+        raise ValueError(f"unknown bonus {bonus!r}; known: {', '.join(BONUSES)}")
     lg = logits[:, :-1].float()
     if temperature != 1.0:
         lg = lg / temperature
@@ -42,16 +58,20 @@ def logprobs_from_logits(logits: Tensor, ids: Tensor, temperature: float = 1.0,
     lp[:, 1:] = picked - logz
     ent = None
     if with_entropy:
-        p = torch.softmax(lg, dim=-1)
         ent = torch.zeros_like(lp)
-        ent[:, 1:] = logz - (p * lg).sum(-1)
+        if bonus == "entropy":
+            ent[:, 1:] = logz - (torch.softmax(lg, dim=-1) * lg).sum(-1)
+        else:
+            ent[:, 1:] = math.log(lg.shape[-1]) + lg.mean(-1) - logz
     if allowed is not None and any(allowed):
-        _restrict(lg, ids, allowed, lp, ent)
+        _restrict(lg, ids, allowed, lp, ent, bonus)
     return lp, ent
 
 
-def _restrict(lg: Tensor, ids: Tensor, allowed: Allowed, lp: Tensor, ent: Tensor | None) -> None:
-    """Overwrite ``lp``/``ent`` at constrained positions with the restricted distribution.
+def _restrict(lg: Tensor, ids: Tensor, allowed: Allowed, lp: Tensor, ent: Tensor | None,
+              bonus: str = "entropy") -> None:
+    """Overwrite ``lp``/``ent`` at constrained positions with the restricted distribution
+    (``ent``: its ``bonus``).
 
     Flattens every (row, position, allowed id) triple and reduces per position with
     scatter ops (segment logsumexp), so the cost is one gather over the allowed ids."""
@@ -75,45 +95,53 @@ def _restrict(lg: Tensor, ids: Tensor, allowed: Allowed, lp: Tensor, ent: Tensor
     sumexp = torch.zeros(m, device=dev).index_add_(0, S, (vals - mx[S]).exp())
     logz = mx + sumexp.log()
     lp[R, P] = lg[R, P - 1, ids[R, P]] - logz
-    if ent is not None:
+    if ent is None:
+        return
+    if bonus == "entropy":
         p = (vals - logz[S]).exp()
         ent[R, P] = logz - torch.zeros(m, device=dev).index_add_(0, S, p * vals)
+    else:  # log k + mean_a z_a - logsumexp_a z_a
+        k = torch.zeros(m, device=dev).index_add_(0, S, torch.ones_like(vals))
+        ent[R, P] = k.log() + torch.zeros(m, device=dev).index_add_(0, S, vals) / k - logz
 
 
 def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor,
                    temperature: float = 1.0, with_entropy: bool = False,
-                   allowed: Allowed | None = None, prefixes: Prefixes | None = None
-                   ) -> tuple[Tensor, Tensor | None]:
-    """Forward ``model`` on right-padded ``input_ids [n, T]``; returns log-probs ``[n, T]``.
+                   allowed: Allowed | None = None, prefixes: Prefixes | None = None,
+                   bonus: str = "entropy") -> tuple[Tensor, Tensor | None]:
+    """Forward ``model`` on right-padded ``input_ids [n, T]``; returns log-probs ``[n, T]``
+    (and, ``with_entropy``, the ``bonus`` per token, module docstring).
 
     ``allowed``: per row ``{position: allowed token ids}`` from constrained decoding
     (``TurnBatch.allowed``), or None. ``prefixes``: `prefix.find_prefixes` of the rows to run
     each distinct prefix once (`prefix.shared_prefix_logits`); positions before a row's
     prefix end then get 0 (they are never action tokens)."""
     lp, ent, _ = _forward(model, input_ids, attention_mask, temperature, with_entropy,
-                          allowed, prefixes, keep_hidden=False)
+                          allowed, prefixes, keep_hidden=False, bonus=bonus)
     return lp, ent
 
 
 def token_logprobs_and_hidden(model: torch.nn.Module, input_ids: Tensor,
                               attention_mask: Tensor, temperature: float = 1.0,
                               with_entropy: bool = False, allowed: Allowed | None = None,
-                              prefixes: Prefixes | None = None
+                              prefixes: Prefixes | None = None, bonus: str = "entropy"
                               ) -> tuple[Tensor, Tensor | None, Tensor]:
     """`token_logprobs` and the hidden states ``[n, T, H]`` they were computed from:
     ``hidden[:, t]`` is the last hidden state of the context ``ids[<t]`` (the state in which
     token ``t`` is predicted; 0 at t = 0 and, with ``prefixes``, before the row's prefix end)."""
     return _forward(model, input_ids, attention_mask, temperature, with_entropy, allowed,
-                    prefixes, keep_hidden=True)
+                    prefixes, keep_hidden=True, bonus=bonus)
 
 
 def _forward(model, input_ids, attention_mask, temperature, with_entropy, allowed, prefixes,
-             keep_hidden: bool) -> tuple[Tensor, Tensor | None, Tensor | None]:
+             keep_hidden: bool, bonus: str = "entropy"
+             ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     if prefixes is None:
         with capture_hidden(model) if keep_hidden else nullcontext([]) as hs:
             out = model(input_ids=input_ids, attention_mask=attention_mask.long(),
                         use_cache=False)
-        lp, ent = logprobs_from_logits(out.logits, input_ids, temperature, with_entropy, allowed)
+        lp, ent = logprobs_from_logits(out.logits, input_ids, temperature, with_entropy, allowed,
+                                       bonus)
         return lp, ent, shift_right(hs[-1]) if keep_hidden else None  # hs[-1][:, t]: token t + 1
     logits, targets, pos, h = shared_prefix_logits(model, input_ids, attention_mask, prefixes,
                                                    keep_hidden=keep_hidden)
@@ -122,7 +150,7 @@ def _forward(model, input_ids, attention_mask, temperature, with_entropy, allowe
         pl = prefixes.plen.tolist()
         shifted = [None if d is None else {t - pl[i] + 1: a for t, a in d.items()}
                    for i, d in enumerate(allowed)]
-    lp, ent = logprobs_from_logits(logits, targets, temperature, with_entropy, shifted)
+    lp, ent = logprobs_from_logits(logits, targets, temperature, with_entropy, shifted, bonus)
     T = input_ids.shape[1]
     hidden = None
     if h is not None:  # h[:, s] predicts the token at plen + s, i.e. logits' layout shifted

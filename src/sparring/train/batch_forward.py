@@ -79,8 +79,10 @@ class BatchForward:
         return pre if pays else None
 
     def forward(self, ids: Tensor, att: Tensor, *, with_values: bool, allowed=None,
-                amask: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Policy log-probs, entropies and (when asked and there is a critic) critic values,
+                amask: Tensor | None = None, bonus: str = "entropy"
+                ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Policy log-probs, entropies (or another ``bonus`` per token,
+        `sparring.policy.forward`) and (when asked and there is a critic) critic values,
         ``[n, T]`` each. ``allowed``: the rows' constrained-decoding restrictions;
         ``amask``: their action masks (to share prompts, see `prefixes`)."""
         head = with_values and self.critic is not None and self.critic.kind == "head"
@@ -91,7 +93,7 @@ class BatchForward:
                 out = self.forward(ids[f], att[f], with_values=with_values,
                                    allowed=None if allowed is None else
                                    [allowed[i] for i in first],
-                                   amask=None if amask is None else amask[f])
+                                   amask=None if amask is None else amask[f], bonus=bonus)
                 inv = torch.as_tensor(inverse, device=ids.device)
                 return tuple(None if x is None else x[inv] for x in out)
         pre = self.prefixes(ids, att, amask)
@@ -100,11 +102,12 @@ class BatchForward:
             if head:  # the value head reads this forward's hidden states
                 logp, ent, hidden = token_logprobs_and_hidden(
                     self.model, ids, att, self.temperature, with_entropy=True,
-                    allowed=allowed, prefixes=pre)
+                    allowed=allowed, prefixes=pre, bonus=bonus)
                 values = self.critic.values_from_hidden(hidden)
             else:
                 logp, ent = token_logprobs(self.model, ids, att, self.temperature,
-                                           with_entropy=True, allowed=allowed, prefixes=pre)
+                                           with_entropy=True, allowed=allowed, prefixes=pre,
+                                           bonus=bonus)
                 if with_values and self.critic is not None:
                     values = self.critic.separate_values(ids, att)
         return logp, ent, values

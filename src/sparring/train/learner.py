@@ -56,6 +56,7 @@ from sparring.train.guarded_step import NonFiniteError, guarded_step
 from sparring.train.lora import is_adapter_weight, use_adapter
 from sparring.train.loss import micro_loss
 from sparring.train.reference import Reference
+from sparring.train.param_groups import freeze_body, param_groups
 from sparring.train.schedule import LRSchedule, lr_at
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,8 @@ class Learner:
         self.model, self.cfg, self.adapter = model, cfg, adapter
         use_adapter(model, adapter)
         self.needs = frozenset(needs)
+        if cfg.optim.body_lr_scale == 0:  # a linear policy on the network's first features
+            freeze_body(model)
         # the weights this learner trains (magnet and optimizer follow them)
         self.trained = {n for n, p in model.named_parameters() if p.requires_grad
                         and (adapter is None or is_adapter_weight(n, adapter))}
@@ -105,13 +108,18 @@ class Learner:
         self.critic: Critic | None = None
         if self.archer is None and self._wants_values():
             self.critic = Critic(model, c.kind, c.hidden).to(self.device)
-        params = [p for n, p in model.named_parameters() if n in self.trained]
-        if self.critic is not None:
-            params += [p for p in self.critic.parameters() if p.requires_grad]
-        self.params = params
+        groups = param_groups(model, self.trained, o.body_lr_scale)
+        if self.critic is not None:  # at the full lr, in the head's group (one group at scale 1)
+            critic = [p for p in self.critic.parameters() if p.requires_grad]
+            full = [g for g in groups if g["lr_scale"] == 1.0]
+            if full:
+                full[0]["params"] += critic
+            else:
+                groups.append({"params": critic, "lr_scale": 1.0})
+        self.params = [p for g in groups for p in g["params"]]
         self.passes = BatchForward(model, cfg, self.temperature, adapter=adapter,
                                    critic=self.critic, reference=self.reference)
-        self.optimizer = torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps,
+        self.optimizer = torch.optim.AdamW(groups, lr=o.lr, betas=tuple(o.betas), eps=o.eps,
                                            weight_decay=o.weight_decay)
         self.schedule = LRSchedule(self.optimizer, lr=o.lr, schedule=o.schedule,
                                    warmup_steps=o.warmup_steps, total_steps=cfg.train.steps,
@@ -199,7 +207,8 @@ class Learner:
         ids, att, L = row_slices(batch, rows)
         logp, ent, values = self.passes.forward(ids, att, with_values=self.critic is not None,
                                                 allowed=allowed_of(batch, rows),
-                                                amask=batch.action_mask[rows, :L])
+                                                amask=batch.action_mask[rows, :L],
+                                                bonus=self.cfg.algorithm.entropy_bonus)
         return micro_loss(self.cfg, batch, rows, logp, ent, values, adv=adv, old=old, ref=ref,
                           mask=mask, counts=counts, entropy_coef=self.entropy_coef(),
                           sampler_correction=self.sampler_correction,

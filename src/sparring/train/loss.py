@@ -95,7 +95,10 @@ def micro_loss(cfg: Config, batch: TurnBatch, rows: Tensor,
             keep_max(stats, "sampler/is_weight_max", float((w * mf).max()))
         # k3 of KL(pi_old || pi) on the tokens pi_old sampled
         stats["_tok/approx_kl"] += float(kl_estimate(old_r, logp, m, "k3").sum())
-        stats["_tok/entropy"] += float((ent * mf).sum())
+        if a.entropy_bonus == "entropy":
+            stats["_tok/entropy"] += float((ent * mf).sum())
+        else:  # ent holds -KL(u || pi) (sparring.policy.forward)
+            stats["_tok/uniform_kl"] -= float((ent * mf).sum())
         if ntok > 0:  # the objective's own diagnostics (clip_frac, ratio, ...)
             for k, v in diagnostics.items():
                 if k.endswith("_max"):  # a maximum over the step, not a mean

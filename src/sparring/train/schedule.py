@@ -34,7 +34,8 @@ def lr_at(step: int, *, lr: float, schedule: str, warmup_steps: int = 0, total_s
 
 
 class LRSchedule:
-    """Sets the optimizer's lr before each update; its state is the update count."""
+    """Sets the optimizer's lr before each update (times a group's ``lr_scale``, if it has
+    one: `sparring.train.param_groups`); its state is the update count."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, **kw: Any):
         self.optimizer, self.kw, self.step_count = optimizer, kw, 0
@@ -45,7 +46,7 @@ class LRSchedule:
 
     def apply(self) -> None:
         for g in self.optimizer.param_groups:
-            g["lr"] = self.current()
+            g["lr"] = self.current() * g.get("lr_scale", 1.0)
 
     def step(self) -> None:
         self.step_count += 1

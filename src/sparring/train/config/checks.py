@@ -73,7 +73,8 @@ def _options_check(kind: str, name: str, options: dict[str, Any], key: str) -> N
 
 def validate(cfg: Config) -> Config:
     """Cross-field checks, registry names and their options; returns ``cfg``."""
-    _algorithm_check(cfg.algorithm, cfg.envs, "algorithm", cfg.rollout.explore)
+    _algorithm_check(cfg.algorithm, cfg.envs, "algorithm", cfg.rollout.explore,
+                     cfg.rollout.invalid_action)
     _critic_check(cfg.critic, cfg.algorithm.estimator, "critic")
     for i, env in enumerate(cfg.envs):
         _registry_check("env", env.name, f"envs.{i}.name")
@@ -81,6 +82,7 @@ def validate(cfg: Config) -> Config:
         if cfg.league.explore_tactical and "pool" in env.opponents:
             _lookahead_check(i, game)
     _betas_check(cfg.optim.betas, "optim.betas")
+    _body_lr_check(cfg, "optim.body_lr_scale")
     if cfg.train.microbatch_size and cfg.train.minibatch_size \
             and cfg.train.microbatch_size > cfg.train.minibatch_size:
         raise ConfigError("train.microbatch_size: must not exceed train.minibatch_size")
@@ -105,10 +107,18 @@ def validate(cfg: Config) -> Config:
 
 
 def _algorithm_check(a: AlgorithmConfig, envs: list[EnvSpec], key: str,
-                     explore: float = 0.0) -> None:
+                     explore: float = 0.0, invalid_action: str = "constrained") -> None:
     """Registry names and keyword options of ``a`` (``algorithm``, or a policy's own at
     ``key``), the estimator's options of every env spec, recomputed old log-probs where
-    ``rollout.explore`` > 0."""
+    ``rollout.explore`` > 0, constrained decoding for the uniform-KL bonus."""
+    if a.entropy_bonus == "uniform_kl":
+        if invalid_action != "constrained":
+            raise ConfigError(f"{key}.entropy_bonus: 'uniform_kl' pulls towards uniform play "
+                              "over the legal moves, which only constrained decoding knows; "
+                              "set rollout.invalid_action=constrained (or use 'entropy')")
+        if a.entropy_target is not None:
+            raise ConfigError(f"{key}.entropy_target holds the token entropy, which "
+                              f"{key}.entropy_bonus='uniform_kl' does not weigh; drop one")
     if explore > 0 and not a.recompute_old_logp:
         raise ConfigError(f"rollout.explore: {explore} plays moves the sampler did not sample, "
                           "so they have no sampler log-probs; set "
@@ -157,6 +167,14 @@ def _critic_check(c: CriticConfig, estimator: str, key: str) -> None:
                           "trains; set it to auto or on")
 
 
+def _body_lr_check(cfg: Config, key: str) -> None:
+    """``optim.body_lr_scale`` below 1 needs a trained output layer, which LoRA has not."""
+    if cfg.optim.body_lr_scale != 1 and cfg.lora.enabled:
+        raise ConfigError(f"{key}: {cfg.optim.body_lr_scale} scales the lr of all but the "
+                          "output layer, and with lora.enabled only adapters train (no "
+                          "output layer); leave it at 1 with LoRA")
+
+
 def _betas_check(betas: list[float], key: str) -> None:
     if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
         raise ConfigError(f"{key}: expected two numbers in [0, 1), got {betas}")
@@ -194,10 +212,11 @@ def _policies_check(cfg: Config) -> None:
         _model_check(pc.model, f"policies.{n}.model")
         if cfg.policies[n].algorithm:
             _algorithm_check(pc.algorithm, cfg.envs, f"policies.{n}.algorithm",
-                             cfg.rollout.explore)
+                             cfg.rollout.explore, cfg.rollout.invalid_action)
         if cfg.policies[n].algorithm or cfg.policies[n].critic:
             _critic_check(pc.critic, pc.algorithm.estimator, f"policies.{n}.critic")
         _betas_check(pc.optim.betas, f"policies.{n}.optim.betas")
+        _body_lr_check(pc, f"policies.{n}.optim.body_lr_scale")
         if cfg.lora.shared_base and cfg.policies[n].model:
             raise ConfigError(f"policies.{n}.model: with lora.shared_base every policy is an "
                               "adapter on the one base model (`model`); drop it or set "

@@ -255,6 +255,12 @@ class AlgorithmConfig:
         None, "constant C of seq-mean-token-sum-norm (null: the batch's padded length)", gt=0)
     kl: KLConfig = opt(KLConfig(), "KL regularisation towards a reference policy")
     entropy_coef: float = opt(0.0, "entropy bonus weight (subtracted from the loss)", ge=0)
+    entropy_bonus: Literal["entropy", "uniform_kl"] = opt(
+        "entropy", "what entropy_coef weighs, per action token: 'entropy', H(pi); "
+        "'uniform_kl', -KL(u || pi) with u uniform over the tokens constrained decoding "
+        "allows there, a pull c (1/k - pi_a) on each logit that does not fade for a move "
+        "the policy has given up, where the entropy's does (needs "
+        "rollout.invalid_action=constrained; logged as uniform_kl instead of entropy)")
     entropy_schedule: Literal["constant", "cosine"] = opt(
         "constant", "'constant'; 'cosine': the bonus decays from entropy_coef to "
         "entropy_final_ratio * entropy_coef over train.steps (explore early, settle late)")
@@ -309,6 +315,11 @@ class OptimConfig:
     lr_final_ratio: float = opt(0.0, "final lr of the cosine schedule as a fraction of lr",
                                 ge=0, le=1)
     max_grad_norm: float | None = opt(1.0, "gradient clipping norm (null: no clipping)", gt=0)
+    body_lr_scale: float = opt(
+        1.0, "lr of every trained weight but the output layer (the LM head), as a fraction "
+        "of lr; 0 freezes them: a linear policy on the network's features as they start, "
+        "which RL cannot merge (sparring.train.param_groups). Not with LoRA, which trains "
+        "no output layer", ge=0, le=1)
 
 
 @dataclass

@@ -1,0 +1,56 @@
+"""``optim.body_lr_scale``: the output layer learns at the optimizer's lr, the rest of the
+network at a fraction of it.
+
+The output layer is the model's ``get_output_embeddings()`` (the LM head; with tied
+embeddings, the one matrix that is both the head and the input embedding). Every other
+trained weight (the body: embeddings, attention, MLPs, norms) learns at ``body_lr_scale *
+lr``; at 0 the body is frozen (``requires_grad`` off, so the backward pass stops at the
+head and gradient clipping sees the head alone), and the policy is a linear softmax over
+the features the network had at the start. Why a recipe would want that: under RL the
+body can merge inputs that the reward does not yet tell apart, and a pull on the output
+distribution cannot split them again (docs/benchmarks.md, "Two-policy signalling");
+kept features are the premise of linear probing (Kumar et al., "Fine-Tuning can Distort
+Pretrained Features and Underperform Out-of-Distribution", ICLR 2022, train the head
+first for this reason).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+
+def output_layer_names(model: nn.Module) -> set[str]:
+    """Names (as ``named_parameters`` gives them) of the output layer's parameters."""
+    head = model.get_output_embeddings()
+    if head is None:
+        raise ValueError(f"{type(model).__name__} has no output embeddings "
+                         "(get_output_embeddings() is None); optim.body_lr_scale needs one")
+    ids = {id(p) for p in head.parameters()}
+    return {n for n, p in model.named_parameters() if id(p) in ids}
+
+
+def freeze_body(model: nn.Module) -> None:
+    """``requires_grad`` off for every parameter outside the output layer."""
+    head = output_layer_names(model)
+    for n, p in model.named_parameters():
+        if n not in head:
+            p.requires_grad_(False)
+
+
+def param_groups(model: nn.Module, trained: set[str], body_lr_scale: float
+                 ) -> list[dict[str, Any]]:
+    """Optimizer groups of the ``trained`` weights: one group at scale 1 when
+    ``body_lr_scale`` is 1, else the output layer at 1 and the body at ``body_lr_scale``
+    (`sparring.train.schedule.LRSchedule` multiplies each group's ``lr_scale`` in)."""
+    params = [(n, p) for n, p in model.named_parameters() if n in trained]
+    if body_lr_scale == 1:
+        return [{"params": [p for _, p in params], "lr_scale": 1.0}]
+    head = output_layer_names(model)
+    groups = [{"params": [p for n, p in params if n in head], "lr_scale": 1.0},
+              {"params": [p for n, p in params if n not in head], "lr_scale": body_lr_scale}]
+    return [g for g in groups if g["params"]]
+
+
+__all__ = ["freeze_body", "output_layer_names", "param_groups"]
