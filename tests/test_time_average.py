@@ -34,7 +34,7 @@ def test_the_average_plays_like_the_mixture_of_its_policies(game):
         mine = seat_slots(tree, seat)
         opponent = random_sigma(tree, rng)
 
-        def root_value(own):
+        def root_value(own, mine=mine, opponent=opponent):
             return tree.values(np.where(mine, own, opponent))[0]
 
         want = sum(wk * root_value(s) for wk, s in zip(w, sigmas))

@@ -670,8 +670,9 @@ def test_body_lr_scale_moves_the_body_at_its_fraction_and_zero_freezes_it():
 
 
 def test_body_lr_scale_head_is_the_tied_embedding_and_lora_is_refused():
-    from sparring.train.param_groups import output_layer_names
     from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from sparring.train.param_groups import output_layer_names
 
     tied = Qwen2ForCausalLM(Qwen2Config(vocab_size=40, hidden_size=32, intermediate_size=64,
                                         num_hidden_layers=1, num_attention_heads=4,

@@ -55,8 +55,8 @@ from sparring.train.entropy_target import EntropyTarget
 from sparring.train.guarded_step import NonFiniteError, guarded_step
 from sparring.train.lora import is_adapter_weight, use_adapter
 from sparring.train.loss import micro_loss
-from sparring.train.reference import Reference
 from sparring.train.param_groups import freeze_body, param_groups
+from sparring.train.reference import Reference
 from sparring.train.schedule import LRSchedule, lr_at
 
 log = logging.getLogger(__name__)
