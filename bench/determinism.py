@@ -59,7 +59,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2)
-    args = ap.parse_args()
+    args = ap.parse_intermixed_args()
     root = Path(tempfile.mkdtemp(prefix="sparring-determinism-"))
     runs: dict[bool, list[list[dict]]] = {False: [], True: []}
     for i in range(args.repeats):

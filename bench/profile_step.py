@@ -30,7 +30,7 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*", help="config overrides, key=value")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--top", type=int, default=30, help="rows of the profile to print")
-    args = ap.parse_args()
+    args = ap.parse_intermixed_args()
     cfg = load_config(find_recipe(args.recipe), [
         *args.overrides, f"train.steps={args.steps}", "eval.at_start=false", "eval.every=0",
         "logging.progress=false", "checkpoint.every=0"])
