@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from sparring.policy.forward import token_logprobs, token_logprobs_and_hidden
-from sparring.policy.prefix import find_prefixes, first_action_positions
+from sparring.policy.prefix import find_prefixes, first_action_positions, select_rows
 from sparring.policy.tiny import build_tiny_model
 
 SMALL = {"hidden_size": 32, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
@@ -134,3 +134,27 @@ def test_shared_prefix_hidden_states_equal_full_forward(longest, shared, cluster
     want = torch.zeros_like(last)
     want[:, 1:] = last[:, :-1]
     torch.testing.assert_close(h1, want * amask[..., None], atol=1e-5, rtol=1e-4)
+
+
+def test_select_rows_adds_repeated_rows_in_a_fixed_order_on_two_threads():
+    """The backward of a gather that repeats prefix rows sums each prefix's row gradients.
+    x[sel] sums them in an order set by thread timing on a multi-threaded CPU (9 of 9 repeats
+    differed here); select_rows (index_select) gives the same bits every time. Two threads
+    for this test only (the suite runs on one, tests/conftest.py)."""
+    g = torch.Generator().manual_seed(0)
+    keys = torch.randn(4, 64, 256, generator=g, requires_grad=True)
+    sel = torch.randint(0, 4, (256,), generator=g)
+    upstream = torch.randn(256, 64, 256, generator=g)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        grads = []
+        for _ in range(10):
+            keys.grad = None
+            (selected,), = select_rows(((keys,),), sel)
+            selected.backward(upstream)
+            grads.append(keys.grad.clone())
+    finally:
+        torch.set_num_threads(threads)
+    torch.testing.assert_close(grads[0], torch.zeros_like(keys).index_add_(0, sel, upstream))
+    assert all(torch.equal(grads[0], q) for q in grads[1:])

@@ -116,11 +116,21 @@ def cache_of(out: Any) -> Any:
 
 def select_rows(cache: Any, sel: Tensor) -> Any:
     """Rows ``sel`` of a KV cache (a transformers Cache, or legacy per-layer (k, v) tuples);
-    differentiable."""
+    differentiable, with ``index_select`` wherever the cache's tensors are reachable (its
+    backward adds repeated rows in a fixed order; the ``t[sel]`` a Cache uses does not on a
+    multi-threaded CPU)."""
+    layers = getattr(cache, "layers", None)
+    if layers is not None and all(hasattr(layer, "keys") and hasattr(layer, "values")
+                                  for layer in layers):
+        for layer in layers:
+            if isinstance(layer.keys, Tensor) and layer.keys.numel():
+                layer.keys = layer.keys.index_select(0, sel)
+                layer.values = layer.values.index_select(0, sel)
+        return cache
     if hasattr(cache, "batch_select_indices"):
         cache.batch_select_indices(sel)
         return cache
-    return tuple(tuple(t[sel] for t in layer) for layer in cache)
+    return tuple(tuple(t.index_select(0, sel) for t in layer) for layer in cache)
 
 
 SHARED_PREFIX_MIN = 8  # tokens: a common prompt start shorter than this is not split off
@@ -248,9 +258,12 @@ def shared_prefix_logits(model: torch.nn.Module, ids: Tensor, att: Tensor, pre: 
     # 1. the distinct prefixes (their common start once), left-padded to end together
     with capture_hidden(model) if keep_hidden else nullcontext([]) as hs:
         cache, last, pre_att, _ = run_prompts(model, pre.tokens, pad_id, dev, pre.common)
-    last = last[pre.inverse]  # [n, V]: predicts the token at plen
+    # index_select, not x[inverse]: on a CPU the latter's backward (index_put with
+    # accumulate) sums the rows of one prefix in a thread-timed order; index_select's does
+    # not (docs/reliability.md)
+    last = last.index_select(0, pre.inverse)  # [n, V]: predicts the token at plen
     # run_prompts' last pass holds every prompt, its lm_head input their final hidden states
-    h_parts = [hs[-1][:, -1][pre.inverse][:, None]] if keep_hidden else []
+    h_parts = [hs[-1][:, -1].index_select(0, pre.inverse)[:, None]] if keep_hidden else []
     C = int((lens - plen).max()) if n else 0
     pos = plen[:, None] + torch.arange(max(C, 1), device=dev)
     valid = pos < lens[:, None]

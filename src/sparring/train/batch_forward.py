@@ -95,7 +95,8 @@ class BatchForward:
                                    [allowed[i] for i in first],
                                    amask=None if amask is None else amask[f], bonus=bonus)
                 inv = torch.as_tensor(inverse, device=ids.device)
-                return tuple(None if x is None else x[inv] for x in out)
+                # index_select: a fixed order of the repeated rows' gradients
+                return tuple(None if x is None else x.index_select(0, inv) for x in out)
         pre = self.prefixes(ids, att, amask)
         values = None
         with autocast_for(self.model):

@@ -2,13 +2,13 @@
 with several threads or on a GPU.
 
 Two runs of one config and seed need not agree bit for bit once torch runs two or more
-threads, or a GPU: a kernel may sum in an order set by thread timing or atomics (on an AMX
-Xeon with two threads, runs parted at the 14th update by about 1e-8; docs/reliability.md).
+threads, or a GPU: a kernel may sum in an order set by thread timing or atomics. The one
+met on a CPU so far (a gather's backward in the shared-prompt path) is fixed at its source
+(docs/reliability.md); this switch is for the others.
 ``torch.use_deterministic_algorithms(True, warn_only=True)`` makes torch pick an ordered
 kernel wherever it has one and warn, once per op, where it has none; cuBLAS also needs
 ``CUBLAS_WORKSPACE_CONFIG`` before its first handle, so it is set here unless the user set
-it. One CPU thread is bit-exact without the switch. Whether it gives bit-equal runs here,
-and what it costs, is measured by `bench/determinism.py`.
+it. What it costs is measured by `bench/determinism.py`.
 """
 
 from __future__ import annotations

@@ -340,8 +340,8 @@ class TrainConfig:
     seed: int = opt(0, "seed of python, numpy and torch", ge=0, le=2**32 - 1)
     deterministic: bool = opt(
         False, "torch's deterministic kernels (torch.use_deterministic_algorithms, warning "
-        "where an op has none): a run with two or more threads, or on a GPU, repeats bit for "
-        "bit on the same machine. One CPU thread is bit-exact without it "
+        "where an op has none), for a GPU run, or a multi-threaded one, that must repeat bit "
+        "for bit: the CPU kernel that broke two-thread runs is ordered without it "
         "(docs/reliability.md; its cost: bench/determinism.py)")
     max_skipped_updates: int = opt(
         5, "stop after this many consecutive updates skipped for non-finite values", ge=1)
