@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-VOLATILE = ("time/", "throughput/")
+from sparring.report import TIMING
 
 
 def run_once(recipe: str, steps: int, threads: int, deterministic: bool, folder: Path,
@@ -45,7 +45,7 @@ def run_once(recipe: str, steps: int, threads: int, deterministic: bool, folder:
 def first_parting(runs: list[list[dict]]) -> int | None:
     """The first step whose non-timing metrics differ between any two runs (None: none)."""
     def fixed(row: dict) -> dict:
-        return {k: v for k, v in row.items() if not k.startswith(VOLATILE)}
+        return {k: v for k, v in row.items() if not k.startswith(TIMING)}
     for rows in zip(*runs, strict=True):
         if any(fixed(r) != fixed(rows[0]) for r in rows[1:]):
             return rows[0]["step"]

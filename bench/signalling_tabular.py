@@ -26,9 +26,10 @@ for one colour moves the others nearly as much.
 
 Either adds a regulariser of weight ``c`` to each policy: ``entropy`` (``+c H(pi)``, the
 recipe's `algorithm.entropy_coef`), or ``mutation`` (``-c KL(u || pi)``, u uniform over the
-legal moves, the framework's ``algorithm.entropy_bonus: uniform_kl``: our logit-space reading of the selection-mutation dynamics of Hofbauer and
-Huttegger (Games 2015), whose pull ``c (1/k - pi_a)`` on a logit does not vanish as ``pi_a -> 0``, where
-the entropy's ``-pi_a (log pi_a + H)`` does). A seed reaches the full code when the greedy
+legal moves; the framework's ``algorithm.entropy_bonus: uniform_kl``): our logit-space
+reading of the selection-mutation dynamics of Hofbauer and Huttegger (Games 2015), whose pull
+``c (1/k - pi_a)`` on a logit does not vanish as ``pi_a -> 0``, where the entropy's
+``-pi_a (log pi_a + H)`` does. A seed reaches the full code when the greedy
 listener inverts the greedy speaker on every colour.
 
     PYTHONPATH=src python bench/signalling_tabular.py --seeds 20

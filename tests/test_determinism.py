@@ -3,11 +3,13 @@ in the process that builds a run's parts, sets cuBLAS's workspace unless the use
 leaves torch alone when off, and a run under it computes what the plain run computes."""
 
 import math
+import os
 
 import pytest
 import torch
 
 from sparring import Config, Trainer
+from sparring.report import TIMING
 from sparring.train.determinism import CUBLAS_WORKSPACE, use_deterministic_kernels
 
 FAST = ["train.steps=2", "rollout.episodes_per_step=16", "envs.0.group_size=4",
@@ -37,7 +39,6 @@ def test_the_switch_sets_torch_and_cublas_and_off_leaves_them(torch_flags, monke
     use_deterministic_kernels(True)
     assert torch.are_deterministic_algorithms_enabled()
     assert torch.is_deterministic_algorithms_warn_only_enabled()  # an op without one warns
-    import os
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == CUBLAS_WORKSPACE
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
     use_deterministic_kernels(True)
@@ -61,6 +62,6 @@ def test_a_deterministic_run_computes_what_the_plain_run_computes(recipe, tmp_pa
     for plain, det in zip(rows[False], rows[True], strict=True):
         assert plain.keys() == det.keys()
         for key, value in plain.items():
-            if key.startswith(("time/", "throughput/")):
+            if key.startswith(TIMING):
                 continue
             assert math.isclose(value, det[key], rel_tol=1e-5, abs_tol=1e-6), key

@@ -108,14 +108,9 @@ class Learner:
         self.critic: Critic | None = None
         if self.archer is None and self._wants_values():
             self.critic = Critic(model, c.kind, c.hidden).to(self.device)
-        groups = param_groups(model, self.trained, o.body_lr_scale)
-        if self.critic is not None:  # at the full lr, in the head's group (one group at scale 1)
-            critic = [p for p in self.critic.parameters() if p.requires_grad]
-            full = [g for g in groups if g["lr_scale"] == 1.0]
-            if full:
-                full[0]["params"] += critic
-            else:
-                groups.append({"params": critic, "lr_scale": 1.0})
+        critic = [] if self.critic is None else [p for p in self.critic.parameters()
+                                                 if p.requires_grad]
+        groups = param_groups(model, self.trained, o.body_lr_scale, full_lr=critic)
         self.params = [p for g in groups for p in g["params"]]
         self.passes = BatchForward(model, cfg, self.temperature, adapter=adapter,
                                    critic=self.critic, reference=self.reference)

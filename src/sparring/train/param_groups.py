@@ -16,6 +16,7 @@ first for this reason).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from torch import nn
@@ -39,18 +40,19 @@ def freeze_body(model: nn.Module) -> None:
             p.requires_grad_(False)
 
 
-def param_groups(model: nn.Module, trained: set[str], body_lr_scale: float
-                 ) -> list[dict[str, Any]]:
-    """Optimizer groups of the ``trained`` weights: one group at scale 1 when
-    ``body_lr_scale`` is 1, else the output layer at 1 and the body at ``body_lr_scale``
+def param_groups(model: nn.Module, trained: set[str], body_lr_scale: float,
+                 full_lr: Iterable[nn.Parameter] = ()) -> list[dict[str, Any]]:
+    """Optimizer groups of the ``trained`` weights and of ``full_lr`` (e.g. a separate
+    critic's): a group at scale 1 (everything when ``body_lr_scale`` is 1, else the output
+    layer and ``full_lr``), then the body at ``body_lr_scale`` if it has weights to train
     (`sparring.train.schedule.LRSchedule` multiplies each group's ``lr_scale`` in)."""
     params = [(n, p) for n, p in model.named_parameters() if n in trained]
-    if body_lr_scale == 1:
-        return [{"params": [p for _, p in params], "lr_scale": 1.0}]
-    head = output_layer_names(model)
-    groups = [{"params": [p for n, p in params if n in head], "lr_scale": 1.0},
-              {"params": [p for n, p in params if n not in head], "lr_scale": body_lr_scale}]
-    return [g for g in groups if g["params"]]
+    head = {n for n, _ in params} if body_lr_scale == 1 else output_layer_names(model)
+    groups = [{"params": [p for n, p in params if n in head] + list(full_lr), "lr_scale": 1.0}]
+    body = [p for n, p in params if n not in head]
+    if body:
+        groups.append({"params": body, "lr_scale": body_lr_scale})
+    return groups
 
 
 __all__ = ["freeze_body", "output_layer_names", "param_groups"]
