@@ -33,6 +33,7 @@ from contextlib import nullcontext
 import torch
 from torch import Tensor
 
+from sparring.policy.feature_cache import cached_prefix_logits, feature_cache_of
 from sparring.policy.hidden import capture_hidden, shift_right
 from sparring.policy.prefix import Prefixes, shared_prefix_logits, to_rows
 
@@ -143,13 +144,19 @@ def _forward(model, input_ids, attention_mask, temperature, with_entropy, allowe
         lp, ent = logprobs_from_logits(out.logits, input_ids, temperature, with_entropy, allowed,
                                        bonus)
         return lp, ent, shift_right(hs[-1]) if keep_hidden else None  # hs[-1][:, t]: token t + 1
-    logits, targets, pos, h = shared_prefix_logits(model, input_ids, attention_mask, prefixes,
-                                                   keep_hidden=keep_hidden)
     shifted = None
     if allowed is not None:  # position t of row i -> t - plen_i + 1 of the shared logits
         pl = prefixes.plen.tolist()
         shifted = [None if d is None else {t - pl[i] + 1: a for t, a in d.items()}
                    for i, d in enumerate(allowed)]
+    cache = feature_cache_of(model)  # a frozen network's features, run once per context
+    if cache is None:
+        logits, targets, pos, h = shared_prefix_logits(model, input_ids, attention_mask,
+                                                       prefixes, keep_hidden=keep_hidden)
+    else:
+        logits, targets, pos, h, shifted = cached_prefix_logits(
+            model, cache, input_ids, attention_mask, prefixes, keep_hidden=keep_hidden,
+            allowed=shifted)
     lp, ent = logprobs_from_logits(logits, targets, temperature, with_entropy, shifted, bonus)
     T = input_ids.shape[1]
     hidden = None

@@ -31,6 +31,8 @@ import torch
 from torch import Tensor
 
 from sparring.memo import BoundedMemo
+from sparring.policy.feature_cache import feature_cache_of
+from sparring.policy.hidden import output_embedding
 from sparring.policy.precision import autocast_for
 from sparring.policy.prefix import cache_of, distinct, run_prompts, select_rows, with_cache
 from sparring.policy.sampling import (
@@ -80,6 +82,9 @@ def activate_adapter(model: Any, adapter: str) -> None:
         for name, p in model.named_parameters():
             if is_adapter_weight(name, adapter):
                 p.requires_grad_(False)
+
+
+PREFETCH_FIRST_TOKENS = 64  # a cached prompt's legal first tokens computed with it (at most)
 
 
 class HFPolicy:
@@ -167,7 +172,7 @@ class HFPolicy:
         tries = [None if a is None else self.encode_actions(a) for a in (allowed or [None] * B)]
         nodes = [0] * B
 
-        cache, z_next, mask, next_pos = self._prefill(prompts)
+        cache, z_next, mask, next_pos = self._first_logits(prompts, tries)
 
         rows = list(range(B))  # original index of each live batch row
         toks: list[list[int]] = [[] for _ in range(B)]
@@ -180,11 +185,12 @@ class HFPolicy:
             z = z_next.float() / sp.temperature
             cons = [k for k, r in enumerate(rows) if tries[r] is not None]
             if cons:
-                keep = torch.zeros_like(z, dtype=torch.bool)
+                keep = torch.ones_like(z, dtype=torch.bool)  # free rows (allowed None) keep all
                 for k in cons:
                     r = rows[k]
                     a = tries[r].allowed(nodes[r])
                     alw[r].append(a)
+                    keep[k] = False
                     keep[k, a] = True
                 z = z.masked_fill(~keep, float("-inf"))
             z = filter_logits(z, sp.top_k, sp.top_p)
@@ -221,9 +227,13 @@ class HFPolicy:
                 break
             if len(live) < len(rows):
                 sel = torch.as_tensor(live, device=self.device)
-                cache = select_rows(cache, sel)
-                mask, next_pos, tok = mask[sel], next_pos[sel], tok[sel]
+                if cache is not None:
+                    cache = select_rows(cache, sel)
+                    mask, next_pos = mask[sel], next_pos[sel]
+                tok = tok[sel]
                 rows = [rows[k] for k in live]
+            if cache is None:  # the first token came from cached features: run the prompts
+                cache, _, mask, next_pos = self._prefill([prompts[r] for r in rows])
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             out = self.model(input_ids=tok[:, None], attention_mask=mask,
                              position_ids=next_pos[:, None], **with_cache(cache))
@@ -235,6 +245,30 @@ class HFPolicy:
             text=self.tokenizer.decode(toks[i], skip_special_tokens=True),
             finish_reason=finish[i], entropies=ents[i] if sp.with_entropy else None,
             allowed_ids=alw[i] if tries[i] is not None else None) for i in range(B)]
+
+    def _first_logits(self, prompts: Sequence[Sequence[int]],
+                      tries: Sequence[TokenTrie | None]
+                      ) -> tuple[Any, Tensor, Tensor | None, Tensor | None]:
+        """`_prefill`, or, for a model with a feature cache (a frozen network,
+        `sparring.policy.feature_cache`), the head on the prompts' cached features and no KV
+        cache yet (None, with the mask and positions): `_decode` runs the prompts only for
+        rows that go on past their first token. A constrained row's legal first tokens
+        (up to `PREFETCH_FIRST_TOKENS`) are computed with its prompt, a token each over the
+        prompt's KV cache: the learner scores the sampled move's next token after them, and
+        later that context would cost the prompt's pass again."""
+        features = feature_cache_of(self.model)
+        if features is None:
+            return self._prefill(prompts)
+        first, inverse = distinct([tuple(p) for p in prompts])
+        ahead = []
+        for i in first:
+            legal = [] if tries[i] is None else tries[i].allowed(0)
+            if len(legal) <= PREFETCH_FIRST_TOKENS:
+                ahead += [(prompts[i], (t,)) for t in legal]
+        contexts = [(prompts[i], ()) for i in first]
+        h = features.features(contexts + ahead)[:len(first)].to(self.device)
+        z = features.head_logits(output_embedding(self.model), h)
+        return None, z.index_select(0, torch.as_tensor(inverse, device=self.device)), None, None
 
     def _prefill(self, prompts: Sequence[Sequence[int]]) -> tuple[Any, Tensor, Tensor, Tensor]:
         """Run the prompts: (KV cache, next-token logits ``[B, V]``, attention mask ``[B, L]``,

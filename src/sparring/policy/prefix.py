@@ -253,7 +253,6 @@ def shared_prefix_logits(model: torch.nn.Module, ids: Tensor, att: Tensor, pre: 
     """
     n, T = ids.shape
     dev = ids.device
-    lens = att.sum(1)
     plen = pre.plen.to(dev)
     # 1. the distinct prefixes (their common start once), left-padded to end together
     with capture_hidden(model) if keep_hidden else nullcontext([]) as hs:
@@ -264,10 +263,7 @@ def shared_prefix_logits(model: torch.nn.Module, ids: Tensor, att: Tensor, pre: 
     last = last.index_select(0, pre.inverse)  # [n, V]: predicts the token at plen
     # run_prompts' last pass holds every prompt, its lm_head input their final hidden states
     h_parts = [hs[-1][:, -1].index_select(0, pre.inverse)[:, None]] if keep_hidden else []
-    C = int((lens - plen).max()) if n else 0
-    pos = plen[:, None] + torch.arange(max(C, 1), device=dev)
-    valid = pos < lens[:, None]
-    targets = torch.where(valid, ids.gather(1, pos.clamp(max=T - 1)), pad_id)[:, :max(C, 0)]
+    C, pos, valid, targets = continuation_targets(ids, att, plen, pad_id)
     parts = [last[:, None]]
     if C > 1:  # 2. the rest of every row, attending to its prefix through the cache
         cache = select_rows(cache, pre.inverse)  # differentiable: gradients add per prefix
@@ -286,6 +282,20 @@ def shared_prefix_logits(model: torch.nn.Module, ids: Tensor, att: Tensor, pre: 
     pad = torch.full((n, 1), pad_id, dtype=ids.dtype, device=dev)
     return torch.cat(parts, 1), torch.cat([pad, targets], 1), \
         torch.where(valid, pos, T)[:, :max(C, 0)], hidden
+
+
+def continuation_targets(ids: Tensor, att: Tensor, plen: Tensor, pad_id: int = 0
+                         ) -> tuple[int, Tensor, Tensor, Tensor]:
+    """What the rows' continuations score: (C = the longest ``len - plen``, positions
+    ``plen + s`` ``[n, max(C, 1)]``, ``valid`` (a token is there), the tokens ``[n, C]``,
+    ``pad_id`` past a row's end)."""
+    T = ids.shape[1]
+    lens = att.sum(1)
+    C = int((lens - plen).max()) if ids.shape[0] else 0
+    pos = plen[:, None] + torch.arange(max(C, 1), device=ids.device)
+    valid = pos < lens[:, None]
+    targets = torch.where(valid, ids.gather(1, pos.clamp(max=T - 1)), pad_id)[:, :max(C, 0)]
+    return C, pos, valid, targets
 
 
 def to_rows(x: Tensor, positions: Tensor, T: int) -> Tensor:

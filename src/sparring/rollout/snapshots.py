@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from safetensors import SafetensorError
 
+from sparring.policy.feature_cache import attach_feature_cache, feature_cache_of
 from sparring.policy.hf import HFPolicy
 from sparring.seeding import stable_seed
 from sparring.train.atomic import atomic_write_text
@@ -107,6 +108,9 @@ class SnapshotStore:
         p = HFPolicy.from_pretrained(self.run_dir / path, device=m.device, dtype=m.dtype,
                                      seed=self.seed(path), name=Path(path).name)
         p.tokenizer = policy.tokenizer
+        # a frozen network (optim.body_lr_scale 0) is the same in every snapshot of the run:
+        # the snapshot reads the policy's cached features (sparring.policy.feature_cache)
+        attach_feature_cache(p.model, feature_cache_of(policy.model))
         return p
 
     def _load_adapter(self, path: str, policy: HFPolicy) -> HFPolicy:

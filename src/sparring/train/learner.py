@@ -49,6 +49,7 @@ from sparring.critic.value_head import Critic
 from sparring.data import TurnBatch
 from sparring.objectives import OBJECTIVES
 from sparring.objectives import _load_families as _load_objectives
+from sparring.policy.feature_cache import FeatureCache, attach_feature_cache
 from sparring.train.batch_forward import BatchForward, allowed_of, row_slices
 from sparring.train.config import Config
 from sparring.train.entropy_target import EntropyTarget
@@ -112,6 +113,13 @@ class Learner:
                                                  if p.requires_grad]
         groups = param_groups(model, self.trained, o.body_lr_scale, full_lr=critic)
         self.params = [p for g in groups for p in g["params"]]
+        self.features: FeatureCache | None = None  # the frozen network's outputs
+        if cfg.optim.body_lr_scale == 0 and cfg.train.feature_cache:
+            self.features = FeatureCache(model, cfg.train.feature_cache,
+                                         center=cfg.train.feature_center)
+            attach_feature_cache(model, self.features)
+            if self.reference is not None and self.reference.copy is not None:
+                attach_feature_cache(self.reference.copy, self.features)  # the same body
         self.passes = BatchForward(model, cfg, self.temperature, adapter=adapter,
                                    critic=self.critic, reference=self.reference)
         self.optimizer = torch.optim.AdamW(groups, lr=o.lr, betas=tuple(o.betas), eps=o.eps,
@@ -327,6 +335,9 @@ class Learner:
             st["entropy_target"] = self.entropy_target.state_dict()
         if self.archer is not None:
             st["archer"] = self.archer.state_dict()
+        center = None if self.features is None else self.features.center_state()
+        if center is not None:
+            st["feature_center"] = center
         magnet = None if self.reference is None else self.reference.magnet_state()
         if magnet is not None:
             st["magnet"] = magnet
@@ -339,6 +350,8 @@ class Learner:
         self.gen.set_state(st["gen"])
         self.consecutive_skips = int(st["consecutive_skips"])
         self.total_skips = int(st["total_skips"])
+        if self.features is not None and "feature_center" in st:
+            self.features.load_center_state(st["feature_center"])
         if self.critic is not None:
             self.critic.load_state_dict(st["critic"])
         if self.entropy_target is not None and "entropy_target" in st:

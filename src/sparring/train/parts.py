@@ -30,6 +30,7 @@ from sparring.policy.hf import HFPolicy, resolve_device
 from sparring.rollout.schedule import Rollouts
 from sparring.train.config import Config, policy_config
 from sparring.train.determinism import use_deterministic_kernels
+from sparring.train.param_groups import untie_output_layer
 
 
 @dataclass
@@ -51,8 +52,11 @@ class RunParts:
 def load_model(cfg: Config) -> tuple[Any, Any]:
     """``model.name``: 'tiny' (built from ``model.options``), 'smollm2', or an HF folder/id;
     the weights in ``model.dtype``, the compute precision of ``model.precision`` recorded on
-    the model (`sparring.policy.precision`)."""
+    the model (`sparring.policy.precision`); a tied LM head untied when
+    ``optim.body_lr_scale`` is below 1 (`untie_output_layer`)."""
     model, tok = _load_weights(cfg)
+    if cfg.optim.body_lr_scale != 1:  # the head learns apart from the input embeddings
+        untie_output_layer(model)
     mode = model_precision(cfg, model)
     precision.apply(model, mode.mode)
     return model, tok

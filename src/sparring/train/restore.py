@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from sparring.policy.feature_cache import FeatureCache, attach_feature_cache
 from sparring.policy.hf import HFPolicy, device_unavailable
 from sparring.train.checkpoint import (
     CheckpointError,
@@ -158,6 +159,8 @@ def load_policy(path: str | Path, device: str | None = None, *, trust_remote_cod
         load_trainable_state(model, load_weights(ckpt, f"model{suffix}", verify=False))
     if average:
         load_magnet(model, ckpt, policy)
+    if pcfg.train.feature_center and pcfg.optim.body_lr_scale == 0 and pcfg.train.feature_cache:
+        load_feature_center(model, ckpt, pcfg.train.feature_cache, policy)
     loaded = HFPolicy(model, tok, device=device, seed=cfg.train.seed,
                       name=f"{run.name}{'/' + policy if policy else ''}@{ckpt.name}"
                       f"{'/average' if average else ''}")
@@ -171,6 +174,30 @@ def load_magnet(model: torch.nn.Module, ckpt: Path, policy: str | None = None) -
     parameters only: the adapter with LoRA). In self-play it is often steadier than the
     last policy (docs/benchmarks.md: Kuhn poker)."""
     load_checkpoint(ckpt, {state_key("learner", policy): _MagnetInto(model, ckpt)}, verify=False)
+
+
+def load_feature_center(model: torch.nn.Module, ckpt: Path, max_entries: int,
+                        policy: str | None = None) -> None:
+    """Give ``model`` the centered feature cache its run trained with
+    (``train.feature_center``, `sparring.policy.feature_cache`): its head reads features
+    minus the run's mean, so without it the loaded policy would not be the trained one."""
+    features = FeatureCache(model, max_entries, center=True)
+    load_checkpoint(ckpt, {state_key("learner", policy): _CenterInto(features, ckpt)},
+                    verify=False)
+    attach_feature_cache(model, features)
+
+
+class _CenterInto:
+    """Takes a learner's checkpoint state and loads its feature centering."""
+
+    def __init__(self, features: FeatureCache, ckpt: Path) -> None:
+        self.features, self.ckpt = features, ckpt
+
+    def load_state_dict(self, state: dict) -> None:
+        if "feature_center" not in state:
+            raise CheckpointError(f"{self.ckpt} holds no feature centering (a run with "
+                                  "train.feature_center checkpointed before its first step?)")
+        self.features.load_center_state(state["feature_center"])
 
 
 class _MagnetInto:

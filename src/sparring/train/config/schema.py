@@ -318,8 +318,9 @@ class OptimConfig:
     body_lr_scale: float = opt(
         1.0, "lr of every trained weight but the output layer (the LM head), as a fraction "
         "of lr; 0 freezes them: a linear policy on the network's features as they start, "
-        "which RL cannot merge (sparring.train.param_groups). Not with LoRA, which trains "
-        "no output layer", ge=0, le=1)
+        "which RL cannot merge (sparring.train.param_groups). A head tied to the input "
+        "embeddings gets its own copy. Not with LoRA, which trains no output layer",
+        ge=0, le=1)
 
 
 @dataclass
@@ -337,6 +338,17 @@ class TrainConfig:
                              "prompts share, once per forward (same loss and gradient, fewer "
                              "FLOPs; used when at most half the rows' prompts are distinct or "
                              "they share 8+ leading tokens)")
+    feature_cache: int = opt(
+        65536, "with optim.body_lr_scale 0 (a frozen network under a trained head): how many "
+        "contexts' last hidden states to keep, each computed once on its own, so sampling, "
+        "the learner, the KL reference and evaluations apply the head to stored features "
+        "instead of running the network (sparring.policy.feature_cache); 0: off", ge=0)
+    feature_center: bool = opt(
+        False, "with the feature cache: the head reads the features minus their mean over the "
+        "run's first batch, plus the starting head's logits of that mean (the starting policy "
+        "is unchanged; the head's gradient leaves out what all positions share, which "
+        "dominates a real model's features: sparring.policy.feature_cache, "
+        "bench/linear_probe.py --center)")
     seed: int = opt(0, "seed of python, numpy and torch", ge=0, le=2**32 - 1)
     deterministic: bool = opt(
         False, "torch's deterministic kernels (torch.use_deterministic_algorithms, warning "
