@@ -24,7 +24,12 @@ Rows (all at the old Kuhn recipe's batch, 32 episodes a step, where the ratio is
 - ``tictactoe no critic``: the same with per-(group, seat) returns-to-go (``turn_rtg``, the
   recipe before session 19), so the two rows show what the critic adds to a step;
 - ``tictactoe last 10 layers``: the recipe with adapters in SmolLM2's last 10 of 30 layers
-  only (``lora.last_layers=10``), so the backward stops there.
+  only (``lora.last_layers=10``), so the backward stops there;
+- ``tictactoe frozen network`` / ``..., feature cache``: the recipe with no LoRA and the
+  network frozen under its LM head (``optim.body_lr_scale=0``), without and with the
+  frozen network's feature cache (``train.feature_cache``, `sparring.policy.feature_cache`):
+  the cache runs each context once, so its steps get cheaper as the run meets fewer new
+  positions (take ``--steps`` well past the first few to see where it settles).
 
 ``--random-weights DIR``: where SmolLM2's weights cannot travel (the lent GPU), DIR holds
 its ``config.json`` and tokenizer files only, and every row runs a model of that shape with
@@ -63,6 +68,7 @@ optim: {lr: 0.0005}
 train: {steps: 40, epochs: 1, microbatch_size: 16, name: smollm2_kuhn}
 """
 BATCH = "rollout.episodes_per_step=32"
+FROZEN = ["lora.enabled=false", "optim.body_lr_scale=0"]  # the head alone trains
 ROWS = {
     "kuhn before": (None, []),
     "kuhn before + bf16": (None, ["model.precision=auto"]),
@@ -75,6 +81,9 @@ ROWS = {
         BATCH, "algorithm.estimator=turn_rtg",
         "algorithm.estimator_options={scope: group_agent, std: false}"]),
     "tictactoe last 10 layers": ("smollm2_tictactoe", [BATCH, "lora.last_layers=10"]),
+    "tictactoe frozen network": ("smollm2_tictactoe", [
+        BATCH, *FROZEN, "train.feature_cache=0"]),
+    "tictactoe frozen network, feature cache": ("smollm2_tictactoe", [BATCH, *FROZEN]),
 }
 
 

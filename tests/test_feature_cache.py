@@ -226,3 +226,14 @@ def frozen_tiny_from_run(run):
     cfg = read_run_config(run / "config.yaml")
     torch.manual_seed(cfg.train.seed)
     return load_model(cfg)
+
+
+def test_feature_center_needs_a_frozen_network_with_a_cache():
+    from sparring.train.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="train.feature_center.*optim.body_lr_scale=0"):
+        load_config(None, ["train.feature_center=true"])
+    with pytest.raises(ConfigError, match="train.feature_center.*got 0.0 and 0"):
+        load_config(None, ["train.feature_center=true", "optim.body_lr_scale=0",
+                           "train.feature_cache=0"])
+    assert load_config(None, ["train.feature_center=true", "optim.body_lr_scale=0"])

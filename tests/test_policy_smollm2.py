@@ -48,7 +48,8 @@ def test_smollm2_plays_a_few_turns():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", ["smollm2_kuhn", "smollm2_kuhn_free", "smollm2_tictactoe"])
+@pytest.mark.parametrize("recipe", ["smollm2_kuhn", "smollm2_kuhn_free", "smollm2_tictactoe",
+                                    "smollm2_tictactoe_head"])
 def test_each_smollm2_recipe_trains_a_few_steps(recipe, tmp_path):
     """Each shipped SmolLM2 recipe, as a user runs it, for two small steps and an evaluation:
     it exits 0, logs both steps and its evaluation, and says which precision it chose."""
