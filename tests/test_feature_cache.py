@@ -178,7 +178,8 @@ def rows(run):
 
 @pytest.mark.parametrize("center", [False, True])
 def test_a_frozen_body_run_matches_one_without_the_cache_and_resumes_exactly(center, tmp_path):
-    """The default recipe with a frozen body (its snapshots in the league from step 1): the
+    """The default recipe with a frozen body (its snapshots in the league from step 1, each
+    its trained head alone): the
     same losses with and without the cache (to float rounding; centered, the first step's,
     before any update); resumed from step 2 it logs the uninterrupted run's step 3 bit for
     bit (the cache starts empty and recomputes the same features; the centering comes from
@@ -196,6 +197,9 @@ def test_a_frozen_body_run_matches_one_without_the_cache_and_resumes_exactly(cen
         for k in ("policy_loss", "entropy") if center else (
                 "loss", "policy_loss", "value_loss", "entropy", "grad_norm"):
             assert got[k] == pytest.approx(want[k], rel=1e-4, abs=1e-6), k
+    snaps = sorted((cached / "pool").iterdir())  # the trained head alone, not the network
+    assert snaps and all((s / "trained.safetensors").is_file()
+                         and not (s / "model.safetensors").exists() for s in snaps)
     shutil.copytree(cached, cut)
     shutil.rmtree(step_dirs(cut)[-1][1])
     (cut / "metrics.jsonl").write_text("".join(

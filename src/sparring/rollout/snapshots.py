@@ -24,7 +24,8 @@ Several policies: each has a pool of its own; a snapshot of policy P is
 policy takes one, and the rules above hold per policy.
 
 What a snapshot holds: the plain model the policy plays with (``model.safetensors``, LoRA
-merged into its layers, and the tokenizer); with ``lora.shared_base`` the policy's adapter
+merged into its layers, and the tokenizer); with frozen weights (``optim.body_lr_scale``
+0) the trained ones alone (``trained.safetensors``, loaded into a copy of the live model); with ``lora.shared_base`` the policy's adapter
 alone, in PEFT's format (``adapter_config.json``, ``adapter_model.safetensors``: its LoRA
 weights), so a pool costs adapter-sized disk and memory. Such a snapshot loads as one more
 adapter of the run's one model, frozen, named ``pool-step-NNNNNN-P``, and plays as an
@@ -35,6 +36,7 @@ the arena may still be playing it).
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import shutil
@@ -50,15 +52,18 @@ from sparring.seeding import stable_seed
 from sparring.train.atomic import atomic_write_text
 from sparring.train.checkpoint import (
     FORMAT,
+    read_tensors,
     step_dirs,
     storage_error,
     verify_folder,
     write_manifest,
+    write_tensors,
 )
 from sparring.train.lora import (
     delete_adapter,
     is_peft,
     load_frozen_adapter,
+    load_parameters,
     merged_state,
     save_adapter,
 )
@@ -68,6 +73,7 @@ if TYPE_CHECKING:
     from sparring.train.config import Config
 
 _SNAPSHOT_RE = re.compile(r"^step-(\d+)(?:\.([A-Za-z][\w-]*))?$")  # .NAME: policy NAME's
+TRAINED_FILE = "trained.safetensors"  # a snapshot of a model with frozen weights
 SNAPSHOT_FILE = "snapshot.json"  # {"format", "step"}: says the snapshot has a manifest
 
 
@@ -100,6 +106,8 @@ class SnapshotStore:
         verify_folder(self.run_dir / path, SNAPSHOT_FILE)  # CheckpointError if damaged
         if policy.adapter is not None:
             return self._load_adapter(path, policy)
+        if (self.run_dir / path / TRAINED_FILE).is_file():
+            return self._load_trained(path, policy)
         m = self.cfg.model
         if owner is not None:
             from sparring.train.config import policy_config
@@ -110,6 +118,17 @@ class SnapshotStore:
         p.tokenizer = policy.tokenizer
         # a frozen network (optim.body_lr_scale 0) is the same in every snapshot of the run:
         # the snapshot reads the policy's cached features (sparring.policy.feature_cache)
+        attach_feature_cache(p.model, feature_cache_of(policy.model))
+        return p
+
+    def _load_trained(self, path: str, policy: HFPolicy) -> HFPolicy:
+        """A snapshot of the trained weights alone (`_save`): a copy of the live model (whose
+        frozen weights are the snapshot's) with them loaded, reading the policy's cached
+        features (`sparring.policy.feature_cache`)."""
+        model = copy.deepcopy(policy.model)
+        load_parameters(model, read_tensors(self.run_dir / path / TRAINED_FILE))
+        p = HFPolicy(model, policy.tokenizer, device=policy.device, seed=self.seed(path),
+                     name=Path(path).name)
         attach_feature_cache(p.model, feature_cache_of(policy.model))
         return p
 
@@ -168,10 +187,18 @@ class SnapshotStore:
 
     @staticmethod
     def _save(policy: HFPolicy, folder: Path) -> None:
-        """The weights ``policy`` plays with: its adapter alone on a shared base, else the
-        plain model (LoRA adapters merged into their layers) and its tokenizer."""
+        """The weights ``policy`` plays with: its adapter alone on a shared base; the trained
+        weights alone (`TRAINED_FILE`) of a model with frozen ones (``optim.body_lr_scale``
+        0: the frozen network is the run's own, so a snapshot is its head, 113 MB for
+        SmolLM2-135M instead of 650 MB); else the plain model (LoRA adapters merged into
+        their layers) and its tokenizer."""
         if policy.adapter is not None:
             save_adapter(policy.model, policy.adapter, folder)
+            return
+        if not is_peft(policy.model) and _has_frozen_weights(policy.model):
+            folder.mkdir(parents=True, exist_ok=True)
+            write_tensors(folder / TRAINED_FILE, {n: p for n, p in policy.model.named_parameters()
+                                                  if p.requires_grad})
             return
         model = policy.model.get_base_model() if is_peft(policy.model) else policy.model
         try:
@@ -216,3 +243,8 @@ class SnapshotStore:
         ``step-N.P`` for policy P of several), else None."""
         m = _SNAPSHOT_RE.match(name)
         return m if m and (m.group(2) or "") in self.policies else None
+
+
+def _has_frozen_weights(model) -> bool:
+    """Some weight of ``model`` does not train (a frozen network under a trained head)."""
+    return any(not p.requires_grad for p in model.parameters())
