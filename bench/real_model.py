@@ -25,7 +25,7 @@ Rows (all at the old Kuhn recipe's batch, 32 episodes a step, where the ratio is
   recipe before session 19), so the two rows show what the critic adds to a step;
 - ``tictactoe last 10 layers``: the recipe with adapters in SmolLM2's last 10 of 30 layers
   only (``lora.last_layers=10``), so the backward stops there;
-- ``tictactoe frozen network`` / ``..., feature cache``: the recipe with no LoRA and the
+- ``tictactoe frozen network`` / ``... cached``: the recipe with no LoRA and the
   network frozen under its LM head (``optim.body_lr_scale=0``), without and with the
   frozen network's feature cache (``train.feature_cache``, `sparring.policy.feature_cache`):
   the cache runs each context once, so its steps get cheaper as the run meets fewer new
@@ -83,7 +83,7 @@ ROWS = {
     "tictactoe last 10 layers": ("smollm2_tictactoe", [BATCH, "lora.last_layers=10"]),
     "tictactoe frozen network": ("smollm2_tictactoe", [
         BATCH, *FROZEN, "train.feature_cache=0"]),
-    "tictactoe frozen network, feature cache": ("smollm2_tictactoe", [BATCH, *FROZEN]),
+    "tictactoe frozen network cached": ("smollm2_tictactoe", [BATCH, *FROZEN]),
 }
 
 
