@@ -39,11 +39,11 @@ def main() -> None:
     args = ap.parse_intermixed_args()
     from sparring.envs import make
     from sparring.envs.bots.minimax import optimal_children
+    from sparring.eval.games import position_prompts
     from sparring.eval.periodic import env_options
     from sparring.eval.vs_minimax import exact_vs_minimax
+    from sparring.policy.feature_cache import FeatureCache
     from sparring.policy.hf import HFPolicy
-    from sparring.policy.precision import autocast_for
-    from sparring.rollout.prompts import PromptBuilder, PromptConfig
     from sparring.rollout.schedule import make_arena
     from sparring.train.config import load_config
     from sparring.train.config.files import find_recipe
@@ -55,9 +55,6 @@ def main() -> None:
     options = env_options(cfg, game)
     policy = HFPolicy(*load_model(cfg), device="cpu", name="base")
     arena = make_arena(cfg.rollout)
-    builder = PromptBuilder(policy.tokenizer, PromptConfig(
-        history="state", max_prompt_tokens=arena.prompt.max_prompt_tokens,
-        system_prompt=arena.prompt.system_prompt, answer_prefix=arena.prompt.answer_prefix))
     points: dict[tuple[str, int], tuple[int, object]] = {}  # (observation, seat) -> (seat, env)
     seen: set[str] = set()
 
@@ -77,31 +74,11 @@ def main() -> None:
     walk(root)
     keys = list(points)
     t0 = time.perf_counter()
-
-    def prompt(env, seat):
-        return builder.build(env.system_prompt(seat), [], env.observation(seat)).ids
-
-    @torch.no_grad()
-    def features(prompts: list[list[int]]) -> torch.Tensor:
-        out = []
-        for s in range(0, len(prompts), 32):
-            batch = prompts[s:s + 32]
-            T = max(len(p) for p in batch)
-            ids = torch.full((len(batch), T), policy.pad_id, dtype=torch.long)
-            att = torch.zeros(len(batch), T, dtype=torch.long)
-            for j, p in enumerate(batch):
-                ids[j, :len(p)] = torch.tensor(p)
-                att[j, :len(p)] = 1
-            with autocast_for(policy.model):
-                hs = policy.model(input_ids=ids, attention_mask=att,
-                                  output_hidden_states=True).hidden_states[-1]
-            last = torch.tensor([len(p) - 1 for p in batch])
-            out.append(hs[torch.arange(len(batch)), last].float())
-        return torch.cat(out)
-
     seats = [points[k][0] for k in keys]
     envs = [points[k][1] for k in keys]
-    H = features([prompt(e, s) for e, s in zip(envs, seats)])
+    # each prompt's last hidden state, computed alone (the recipe's feature cache)
+    H = FeatureCache(policy.model, len(keys)).features(
+        [(p, ()) for p in position_prompts(policy, arena, list(zip(envs, seats)))])
     cos = torch.nn.functional.normalize(H, dim=-1)
     print(f"mean cosine between two positions' features: {float((cos @ cos.T).mean()):.3f}")
     if args.center:

@@ -196,17 +196,24 @@ def action_probabilities(policy: HFPolicy, prompts: list[list[int]],
     return [{a: p / z for a, p in row.items()} for row, z in zip(out, totals)]
 
 
-def probabilities_at(policy: HFPolicy, arena: Arena, positions: Sequence[tuple[Any, int]]
-                      ) -> list[dict[str, float]]:
-    """`action_probabilities` of ``policy`` at each (env, seat), the prompt being the seat's
-    current observation only (and the arena's system prompt), cut to the arena's
-    ``max_prompt_tokens`` as the rollouts cut it, 256 positions a batch."""
+def position_prompts(policy: HFPolicy, arena: Arena, positions: Sequence[tuple[Any, int]]
+                     ) -> list[list[int]]:
+    """The prompt token ids of each (env, seat): the seat's current observation only (and
+    the arena's system prompt), cut to the arena's ``max_prompt_tokens`` as the rollouts
+    cut it."""
     builder = PromptBuilder(policy.tokenizer, PromptConfig(
         history="state", max_prompt_tokens=arena.prompt.max_prompt_tokens,
         system_prompt=arena.prompt.system_prompt,
         answer_prefix=arena.prompt.answer_prefix))  # it ends the prompt
-    prompts = [builder.build(e.system_prompt(seat), [], e.observation(seat)).ids
-               for e, seat in positions]
+    return [builder.build(e.system_prompt(seat), [], e.observation(seat)).ids
+            for e, seat in positions]
+
+
+def probabilities_at(policy: HFPolicy, arena: Arena, positions: Sequence[tuple[Any, int]]
+                      ) -> list[dict[str, float]]:
+    """`action_probabilities` of ``policy`` at each (env, seat), prompted as
+    `position_prompts` says, 256 positions a batch."""
+    prompts = position_prompts(policy, arena, positions)
     legal = [e.legal_actions(seat) for e, seat in positions]
     return [pr for s in range(0, len(prompts), 256)
             for pr in action_probabilities(policy, prompts[s:s + 256], legal[s:s + 256],

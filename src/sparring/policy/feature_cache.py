@@ -49,8 +49,7 @@ Context = tuple[Sequence[int] | Tensor, Sequence[int] | Tensor]  # (prompt, cont
 def context_key(prompt: Sequence[int] | Tensor, continuation: Sequence[int] | Tensor = ()
                 ) -> tuple[bytes, bytes]:
     """A context's token ids, split where its prompt ends, as a compact hashable key."""
-    return tuple(np.asarray(x.tolist() if isinstance(x, Tensor) else x, dtype=np.int64)
-                 .tobytes() for x in (prompt, continuation))
+    return tuple(np.asarray(_ints(x), dtype=np.int64).tobytes() for x in (prompt, continuation))
 
 
 class FeatureCache:
@@ -200,11 +199,9 @@ def cached_prefix_logits(model: nn.Module, cache: FeatureCache, ids: Tensor, att
     rows = ids.tolist()
     feats = cache.features([(rows[i][:plen[i]], rows[i][plen[i]:plen[i] + s])
                                    for i, s in slots])
+    scored = valid[:, :C]  # the slots, in the same (row, slot) order
     hidden = torch.zeros(n, C + 1, feats.shape[-1], dtype=feats.dtype, device=ids.device)
-    if slots:
-        at_row = torch.tensor([i for i, _ in slots], device=ids.device)
-        at_col = torch.tensor([s for _, s in slots], device=ids.device)
-        hidden[at_row, at_col] = feats.to(ids.device)
+    hidden[:, :C][scored] = feats.to(ids.device)
     head = output_embedding(model)
     pad = torch.full((n, 1), pad_id, dtype=ids.dtype, device=ids.device)
     targets = torch.cat([pad, targets], 1)
@@ -219,10 +216,8 @@ def cached_prefix_logits(model: nn.Module, cache: FeatureCache, ids: Tensor, att
         logits = cache.head_logits(head, hidden, rows_)
         lookup = torch.zeros(max(sub) + 1, dtype=ids.dtype, device=ids.device)
         lookup[rows_] = torch.arange(len(sub), dtype=ids.dtype, device=ids.device)
-        at = [(i, s + 1) for i, s in slots]
         keep = torch.zeros_like(targets, dtype=torch.bool)
-        if at:
-            keep[[i for i, _ in at], [j for _, j in at]] = True
+        keep[:, 1:] = scored  # targets[:, s + 1] is the token slot s predicts
         targets = torch.where(keep, lookup[targets.clamp(max=max(sub))], 0)
         allowed = [None if d is None else {j: [index[t] for t in a] for j, a in d.items()}
                    for d in allowed]

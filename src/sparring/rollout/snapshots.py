@@ -116,9 +116,6 @@ class SnapshotStore:
         p = HFPolicy.from_pretrained(self.run_dir / path, device=m.device, dtype=m.dtype,
                                      seed=self.seed(path), name=Path(path).name)
         p.tokenizer = policy.tokenizer
-        # a frozen network (optim.body_lr_scale 0) is the same in every snapshot of the run:
-        # the snapshot reads the policy's cached features (sparring.policy.feature_cache)
-        attach_feature_cache(p.model, feature_cache_of(policy.model))
         return p
 
     def _load_trained(self, path: str, policy: HFPolicy) -> HFPolicy:
