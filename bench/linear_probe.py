@@ -1,6 +1,7 @@
 """Can a linear readout of a model's frozen features play a game without a blunder?
 
-    PYTHONPATH=src python bench/linear_probe.py [RECIPE] [--iters N] [--seed S]
+    PYTHONPATH=src python bench/linear_probe.py [RECIPE] [--iters N] [--lr LR]
+        [--center | --whiten EPS]
 
 The ceiling of a recipe that trains only the output layer (``optim.body_lr_scale: 0``):
 the recipe's untrained model reads every decision point of the game (its exact prompt, as
@@ -10,6 +11,11 @@ LM-head rows, is then fitted by full-batch Adam to put its probability on minima
 optimal moves:
 
     loss = - mean over positions of log sum_{a in A*(s)} softmax_{legal}(W h(s))_a
+
+With ``--center`` or ``--whiten`` the head's change reads the transformed features, as
+the recipe's with ``train.feature_center`` / ``train.feature_whiten``
+(`sparring.policy.feature_cache`: ``W_0 h + (W - W_0) z``, the transform from all the
+decision points): the same optimum, reached in fewer iterations.
 
 This is supervised, a diagnostic only: it says whether the features separate the
 positions well enough that *some* linear policy on them plays perfectly, not whether RL
@@ -34,7 +40,11 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=0.01)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--center", action="store_true",
-                    help="subtract the features' mean over the positions first")
+                    help="the head's change reads the features minus their mean over the "
+                    "positions (train.feature_center)")
+    ap.add_argument("--whiten", type=float, default=0.0, metavar="EPS",
+                    help="... centered and whitened, the covariance shrunk by EPS "
+                    "(train.feature_whiten)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_intermixed_args()
     from sparring.envs import make
@@ -77,12 +87,13 @@ def main() -> None:
     seats = [points[k][0] for k in keys]
     envs = [points[k][1] for k in keys]
     # each prompt's last hidden state, computed alone (the recipe's feature cache)
-    H = FeatureCache(policy.model, len(keys)).features(
+    cache = FeatureCache(policy.model, len(keys), center=args.center, whiten=args.whiten)
+    H = cache.features(
         [(p, ()) for p in position_prompts(policy, arena, list(zip(envs, seats)))])
     cos = torch.nn.functional.normalize(H, dim=-1)
     print(f"mean cosine between two positions' features: {float((cos @ cos.T).mean()):.3f}")
-    if args.center:
-        H = H - H.mean(0)
+    cache.fix_transform()  # the recipe's transform, here from every decision point
+    Z = cache.head_input(H)  # z = P (h - mu), or h itself
     actions = sorted({a for e, s in zip(envs, seats) for a in e.legal_actions(s)})
     tok = [policy.tokenizer.encode(arena.written_format.format(a), add_special_tokens=False)
            for a in actions]
@@ -99,8 +110,9 @@ def main() -> None:
     print(f"{len(keys)} decision points, features {tuple(H.shape)} in "
           f"{time.perf_counter() - t0:.0f} s; {len(actions)} moves")
 
-    def probs(W: torch.Tensor) -> torch.Tensor:
-        return torch.softmax((H @ W.T).masked_fill(~legal, float("-inf")), -1)
+    def probs(W: torch.Tensor) -> torch.Tensor:  # feature_cache.head_logits over the moves
+        logits = H @ head0.T + Z @ (W - head0).T
+        return torch.softmax(logits.masked_fill(~legal, float("-inf")), -1)
 
     def report(label: str, W: torch.Tensor) -> None:
         P = probs(W).detach()
@@ -127,7 +139,7 @@ def main() -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
-        if it in (10, 100, 500, 1000) or it == args.iters:
+        if it in (10, 30, 100, 300, 500, 1000) or it == args.iters:
             print(f"iteration {it}: loss {loss.item():.4f}")
             report(f"  fitted head, iteration {it}", W)
 

@@ -109,14 +109,16 @@ def test_a_contexts_features_do_not_depend_on_its_batch_and_equal_the_plain_forw
     assert len(full.store) == 2
 
 
+@pytest.mark.parametrize("free_row", [True, False])
 @pytest.mark.parametrize("greedy", [True, False])
-def test_the_sampler_reads_cached_features_and_decodes_on_past_them(greedy):
-    """Constrained rows (moves of 1 to 3 tokens) and free rows (3 tokens): with the cache the
-    first token comes from stored features and the rest from a prefill run only for rows
-    that go on; tokens and log-probs are those of the plain sampler."""
+def test_the_sampler_reads_cached_features_and_decodes_on_past_them(greedy, free_row):
+    """Constrained rows (moves of 1 to 3 tokens) and a free row (3 tokens) or none (the head
+    then runs over the allowed first tokens only): with the cache the first token comes from
+    stored features and the rest from a prefill run only for rows that go on; tokens and
+    log-probs are those of the plain sampler."""
     model, tok = frozen_tiny()
     prompts = [tok.encode(t) for t in ("board one", "board two", "board one", "other")]
-    allowed = [["a", "bcd", "ef"], ["a", "b"], ["a", "bcd", "ef"], None]
+    allowed = [["a", "bcd", "ef"], ["a", "b"], ["a", "bcd", "ef"], None if free_row else ["x", "yz"]]
     sp = SamplingParams(max_new_tokens=4, greedy=greedy, with_entropy=True)
     out = []
     for cache in (None, FeatureCache(model, 100)):
@@ -132,27 +134,82 @@ def test_the_sampler_reads_cached_features_and_decodes_on_past_them(greedy):
     assert cache.prompt_passes == 3  # the distinct prompts
 
 
-def test_centered_features_keep_the_starting_logits_and_drop_the_shared_part_of_the_gradient():
-    """``W (h - mu) + W_0 mu``: at ``W = W_0`` the model's own logits; the head's gradient is
-    ``delta (h - mu)^T``, by hand."""
+@pytest.mark.parametrize("whiten", [0.0, 0.1])
+def test_transformed_features_keep_the_starting_logits_and_precondition_the_gradient(whiten):
+    """``W_0 h + (W - W_0) z``, ``z = P (h - mu)``: before `fix_transform` and at ``W = W_0``
+    the model's own logits, bit for bit; the head's gradient is ``delta z^T``, by hand, with
+    ``mu`` the mean of the contexts held at the fix and ``P`` the identity (centering) or
+    the inverse square root of their covariance shrunk by ``whiten`` (checked by its
+    defining property ``P (S + eps tr(S)/H I) P = I``); later contexts change neither."""
     model, _ = frozen_tiny()
-    cache = FeatureCache(model, 100, center=True)
-    p1, p2 = [5, 8, 13, 21, 34], [7, 7, 9]
-    feats = cache.features([(p1, ()), (p2, ())])
-    mu = feats.mean(0)
-    torch.testing.assert_close(cache.mean, mu)
+    cache = FeatureCache(model, 100, center=True, whiten=whiten)
+    prompts = [[5, 8, 13, 21, 34], [7, 7, 9], [2, 4], [11, 3, 3, 6], [1]]
+    feats = cache.features([(p, ()) for p in prompts]).double()
     head = model.get_output_embeddings()
     h = torch.randn(4, SMALL["hidden_size"])
-    torch.testing.assert_close(cache.head_logits(head, h), head(h), atol=1e-5, rtol=1e-5)
+    assert torch.equal(cache.head_logits(head, h), head(h))  # not fixed yet: the plain head
+    cache.fix_transform()
+    assert torch.equal(cache.head_logits(head, h), head(h))
+    rows = torch.tensor([3, 9])
+    assert torch.equal(cache.head_logits(head, h, rows),
+                       torch.nn.functional.linear(h, head.weight[rows]))
+    mu = feats.mean(0)
+    torch.testing.assert_close(cache.mean, mu.float())
+    if whiten:
+        S = (feats - mu).T @ (feats - mu) / len(feats)
+        S += whiten * S.trace() / len(S) * torch.eye(len(S), dtype=S.dtype)
+        P = cache.precondition.double()
+        torch.testing.assert_close(P, P.T)
+        torch.testing.assert_close(P @ S @ P, torch.eye(len(S), dtype=S.dtype),
+                                   atol=1e-4, rtol=0)
+    else:
+        assert cache.precondition is None
+        P = torch.eye(SMALL["hidden_size"], dtype=torch.float64)
+    z = ((h.double() - mu) @ P).float()
+    torch.testing.assert_close(cache.head_input(h), z, atol=1e-4, rtol=1e-4)
     delta = torch.randn(4, head.weight.shape[0])
     head.weight.grad = None
     (cache.head_logits(head, h) * delta).sum().backward()
-    torch.testing.assert_close(head.weight.grad, delta.T @ (h - mu), atol=1e-5, rtol=1e-5)
-    rows = torch.tensor([3, 9])
-    torch.testing.assert_close(cache.head_logits(head, h, rows), head(h)[:, rows],
-                               atol=1e-5, rtol=1e-5)
-    cache.features([([1, 2, 3], ())])  # later batches leave mu as it was
-    torch.testing.assert_close(cache.mean, mu)
+    torch.testing.assert_close(head.weight.grad, delta.T @ z, atol=1e-4, rtol=1e-4)
+    with torch.no_grad():  # a moved head: W_0 h + (W - W_0) z
+        start = head.weight.clone()
+        head.weight.add_(0.1 * torch.randn_like(head.weight))
+        torch.testing.assert_close(cache.head_logits(head, h),
+                                   h @ start.T + z @ (head.weight - start).T,
+                                   atol=1e-4, rtol=1e-4)
+    cache.features([([1, 2, 3], ())])
+    cache.fix_transform()  # once: later contexts leave the transform as it was
+    torch.testing.assert_close(cache.mean, mu.float())
+
+
+def test_the_sampler_decodes_with_the_transformed_head_past_the_first_token():
+    """Whitened, with a moved head, free rows of 3 tokens: every sampled token's log-prob
+    (the first from stored features, the rest from the decoding pass) is the transformed
+    head's ``W_0 h + (W - W_0) z`` on that context's own features, as the learner scores
+    it, not the model's plain head."""
+    model, tok = frozen_tiny()
+    prompts = [tok.encode(t) for t in ("board one", "other", "board two")]
+    cache = FeatureCache(model, 100, whiten=0.1)
+    cache.features([(p, ()) for p in prompts] + [([3, 1, 4], ()), ([1, 5], ())])
+    cache.fix_transform()
+    head = model.get_output_embeddings()
+    with torch.no_grad():
+        head.weight.add_(0.5 * torch.randn_like(head.weight))
+    attach_feature_cache(model, cache)
+    try:
+        gens = HFPolicy(model, tok, seed=1).generate(
+            prompts, SamplingParams(max_new_tokens=3), None, seeds=[1, 2, 3])
+        for p, g in zip(prompts, gens):
+            assert len(g.token_ids) >= 2  # a token past the first, from the decoding pass
+            h = cache.features([(p, tuple(g.token_ids[:j])) for j in range(len(g.token_ids))])
+            with torch.no_grad():
+                want = torch.log_softmax(cache.head_logits(head, h), -1)
+                plain = torch.log_softmax(head(h), -1)
+            want = want[torch.arange(len(h)), g.token_ids]
+            torch.testing.assert_close(torch.tensor(g.logprobs), want, atol=1e-5, rtol=0)
+            assert (plain[torch.arange(len(h)), g.token_ids] - want).abs().max() > 1e-3
+    finally:
+        attach_feature_cache(model, None)
 
 
 def test_a_copy_of_the_model_does_not_inherit_the_cache():
@@ -176,21 +233,23 @@ def rows(run):
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("center", [False, True])
-def test_a_frozen_body_run_matches_one_without_the_cache_and_resumes_exactly(center, tmp_path):
+@pytest.mark.parametrize("transform", ["none", "center", "whiten"])
+def test_a_frozen_body_run_matches_one_without_the_cache_and_resumes_exactly(transform, tmp_path):
     """The default recipe with a frozen body (its snapshots in the league from step 1, each
     its trained head alone): the
     same losses with and without the cache (to float rounding; centered, the first step's,
     before any update); resumed from step 2 it logs the uninterrupted run's step 3 bit for
-    bit (the cache starts empty and recomputes the same features; the centering comes from
+    bit (the cache starts empty and recomputes the same features; the transform comes from
     the checkpoint); the saved policy has the trained head, the untouched input embeddings
-    and, centered, the run's mean features."""
+    and, with a transform, the run's (fixed at step 1, the same in every checkpoint)."""
     from sparring.cli import main
     from sparring.train.checkpoint import step_dirs
     from sparring.train.restore import load_policy
 
     cached, plain, cut = tmp_path / "cached", tmp_path / "plain", tmp_path / "cut"
-    arm = [f"train.feature_center={center}"]
+    center = transform != "none"
+    arm = {"none": [], "center": ["train.feature_center=true"],
+           "whiten": ["train.feature_whiten=0.1"]}[transform]
     assert main(["train", *SMALL_RUN, *arm, f"train.run_dir={cached}"]) == 0
     assert main(["train", *SMALL_RUN, "train.feature_cache=0", f"train.run_dir={plain}"]) == 0
     for want, got in zip(rows(plain)[:1 if center else 3], rows(cached)):
@@ -216,8 +275,12 @@ def test_a_frozen_body_run_matches_one_without_the_cache_and_resumes_exactly(cen
                            start.get_output_embeddings().weight)
     if center:
         first, _, _ = load_policy(step_dirs(cached)[0][1])
-        mean = feature_cache_of(first.model).mean
-        assert mean is not None and torch.equal(feature_cache_of(model).mean, mean)
+        want, got = feature_cache_of(first.model), feature_cache_of(model)
+        assert want.mean is not None and torch.equal(got.mean, want.mean)
+        assert torch.equal(got.start, want.start)
+        assert (got.precondition is None) == (transform == "center")
+        if transform == "whiten":
+            assert torch.equal(got.precondition, want.precondition)
     else:
         assert feature_cache_of(model) is None
 
@@ -232,12 +295,15 @@ def frozen_tiny_from_run(run):
     return load_model(cfg)
 
 
-def test_feature_center_needs_a_frozen_network_with_a_cache():
+@pytest.mark.parametrize("arm", ["train.feature_center=true", "train.feature_whiten=0.1"])
+def test_a_feature_transform_needs_a_frozen_network_with_a_cache(arm):
     from sparring.train.config import ConfigError, load_config
 
-    with pytest.raises(ConfigError, match="train.feature_center.*optim.body_lr_scale=0"):
-        load_config(None, ["train.feature_center=true"])
-    with pytest.raises(ConfigError, match="train.feature_center.*got 0.0 and 0"):
-        load_config(None, ["train.feature_center=true", "optim.body_lr_scale=0",
-                           "train.feature_cache=0"])
-    assert load_config(None, ["train.feature_center=true", "optim.body_lr_scale=0"])
+    key = arm.split("=")[0]
+    with pytest.raises(ConfigError, match=f"{key}.*optim.body_lr_scale=0"):
+        load_config(None, [arm])
+    with pytest.raises(ConfigError, match=f"{key}.*got 0.0 and 0"):
+        load_config(None, [arm, "optim.body_lr_scale=0", "train.feature_cache=0"])
+    assert load_config(None, [arm, "optim.body_lr_scale=0"])
+    with pytest.raises(ConfigError, match="train.feature_whiten"):
+        load_config(None, ["train.feature_whiten=-1", "optim.body_lr_scale=0"])

@@ -24,6 +24,7 @@ base, ``lora.shared_base``, and the pool's snapshots of them) that this policy i
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ from torch import Tensor
 
 from sparring.memo import BoundedMemo
 from sparring.policy.feature_cache import feature_cache_of
-from sparring.policy.hidden import output_embedding
+from sparring.policy.hidden import capture_hidden, output_embedding
 from sparring.policy.precision import autocast_for
 from sparring.policy.prefix import cache_of, distinct, run_prompts, select_rows, with_cache
 from sparring.policy.sampling import (
@@ -235,9 +236,15 @@ class HFPolicy:
             if cache is None:  # the first token came from cached features: run the prompts
                 cache, _, mask, next_pos = self._prefill([prompts[r] for r in rows])
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            out = self.model(input_ids=tok[:, None], attention_mask=mask,
-                             position_ids=next_pos[:, None], **with_cache(cache))
+            features = feature_cache_of(self.model)
+            transformed = features is not None and features.mean is not None
+            with capture_hidden(self.model) if transformed else nullcontext() as hs:
+                out = self.model(input_ids=tok[:, None], attention_mask=mask,
+                                 position_ids=next_pos[:, None], **with_cache(cache))
             cache, z_next = cache_of(out), out.logits[:, -1]
+            if transformed:  # the head reads transformed features (feature_cache.head_logits)
+                z_next = features.head_logits(output_embedding(self.model),
+                                              hs[-1][:, -1].float())
             next_pos = next_pos + 1
 
         return [Generation(
@@ -255,19 +262,28 @@ class HFPolicy:
         rows that go on past their first token. A constrained row's legal first tokens
         (up to `PREFETCH_FIRST_TOKENS`) are computed with its prompt, a token each over the
         prompt's KV cache: the learner scores the sampled move's next token after them, and
-        later that context would cost the prompt's pass again."""
+        later that context would cost the prompt's pass again. When every row is
+        constrained the head runs over the allowed first tokens only (the others' logits
+        are -inf, which the constraint would give them anyway), as the learner's does."""
         features = feature_cache_of(self.model)
         if features is None:
             return self._prefill(prompts)
         first, inverse = distinct([tuple(p) for p in prompts])
         ahead = []
-        for i in first:
-            legal = [] if tries[i] is None else tries[i].allowed(0)
-            if len(legal) <= PREFETCH_FIRST_TOKENS:
-                ahead += [(prompts[i], (t,)) for t in legal]
+        legal = [None if tries[i] is None else tries[i].allowed(0) for i in first]
+        for i, ids in zip(first, legal):
+            if ids is not None and len(ids) <= PREFETCH_FIRST_TOKENS:
+                ahead += [(prompts[i], (t,)) for t in ids]
         contexts = [(prompts[i], ()) for i in first]
         h = features.features(contexts + ahead)[:len(first)].to(self.device)
-        z = features.head_logits(output_embedding(self.model), h)
+        head = output_embedding(self.model)
+        if any(ids is None for ids in legal):
+            z = features.head_logits(head, h)
+        else:  # every row constrained: the head's rows of the allowed first tokens only
+            sub = torch.as_tensor(sorted(set().union(*legal)), device=self.device)
+            z = torch.full((len(first), head.weight.shape[0]), float("-inf"),
+                           device=self.device)
+            z[:, sub] = features.head_logits(head, h, sub).float()
         return None, z.index_select(0, torch.as_tensor(inverse, device=self.device)), None, None
 
     def _prefill(self, prompts: Sequence[Sequence[int]]) -> tuple[Any, Tensor, Tensor, Tensor]:

@@ -116,7 +116,8 @@ class Learner:
         self.features: FeatureCache | None = None  # the frozen network's outputs
         if cfg.optim.body_lr_scale == 0 and cfg.train.feature_cache:
             self.features = FeatureCache(model, cfg.train.feature_cache,
-                                         center=cfg.train.feature_center)
+                                         center=cfg.train.feature_center,
+                                         whiten=cfg.train.feature_whiten)
             attach_feature_cache(model, self.features)
             if self.reference is not None and self.reference.copy is not None:
                 attach_feature_cache(self.reference.copy, self.features)  # the same body
@@ -247,6 +248,8 @@ class Learner:
             raise ValueError(f"keep has shape {tuple(keep.shape)}, expected ({n},)")
         cfg, a = self.cfg, self.cfg.algorithm
         use_adapter(self.model, self.adapter)
+        if self.features is not None:
+            self.features.fix_transform()  # from the first batch's features, once
         mask = batch.action_mask & keep[:, None]
         norm = a.aggregation_norm if a.aggregation_norm is not None else float(T)
         mb = cfg.train.minibatch_size or max(n, 1)  # no rows: no optimizer step

@@ -159,7 +159,8 @@ def load_policy(path: str | Path, device: str | None = None, *, trust_remote_cod
         load_trainable_state(model, load_weights(ckpt, f"model{suffix}", verify=False))
     if average:
         load_magnet(model, ckpt, policy)
-    if pcfg.train.feature_center and pcfg.optim.body_lr_scale == 0 and pcfg.train.feature_cache:
+    if (pcfg.train.feature_center or pcfg.train.feature_whiten) \
+            and pcfg.optim.body_lr_scale == 0 and pcfg.train.feature_cache:
         load_feature_center(model, ckpt, pcfg.train.feature_cache, policy)
     loaded = HFPolicy(model, tok, device=device, seed=cfg.train.seed,
                       name=f"{run.name}{'/' + policy if policy else ''}@{ckpt.name}"
@@ -178,9 +179,10 @@ def load_magnet(model: torch.nn.Module, ckpt: Path, policy: str | None = None) -
 
 def load_feature_center(model: torch.nn.Module, ckpt: Path, max_entries: int,
                         policy: str | None = None) -> None:
-    """Give ``model`` the centered feature cache its run trained with
-    (``train.feature_center``, `sparring.policy.feature_cache`): its head reads features
-    minus the run's mean, so without it the loaded policy would not be the trained one."""
+    """Give ``model`` the feature cache its run trained with, with the run's transform
+    (``train.feature_center``, ``train.feature_whiten``, `sparring.policy.feature_cache`):
+    its head's change reads transformed features, so without it the loaded policy would
+    not be the trained one."""
     features = FeatureCache(model, max_entries, center=True)
     load_checkpoint(ckpt, {state_key("learner", policy): _CenterInto(features, ckpt)},
                     verify=False)
@@ -195,8 +197,9 @@ class _CenterInto:
 
     def load_state_dict(self, state: dict) -> None:
         if "feature_center" not in state:
-            raise CheckpointError(f"{self.ckpt} holds no feature centering (a run with "
-                                  "train.feature_center checkpointed before its first step?)")
+            raise CheckpointError(f"{self.ckpt} holds no feature transform (a run with "
+                                  "train.feature_center or feature_whiten checkpointed "
+                                  "before its first step?)")
         self.features.load_center_state(state["feature_center"])
 
 

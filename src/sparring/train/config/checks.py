@@ -83,12 +83,13 @@ def validate(cfg: Config) -> Config:
             _lookahead_check(i, game)
     _betas_check(cfg.optim.betas, "optim.betas")
     _body_lr_check(cfg, "optim.body_lr_scale")
-    if cfg.train.feature_center and not (cfg.optim.body_lr_scale == 0
-                                         and cfg.train.feature_cache):
-        raise ConfigError("train.feature_center: centers the features of a frozen network's "
-                          "cache; it needs optim.body_lr_scale=0 and train.feature_cache "
-                          f"above 0 (got {cfg.optim.body_lr_scale} and "
-                          f"{cfg.train.feature_cache})")
+    for key in ("feature_center", "feature_whiten"):
+        if getattr(cfg.train, key) and not (cfg.optim.body_lr_scale == 0
+                                            and cfg.train.feature_cache):
+            raise ConfigError(f"train.{key}: transforms the features of a frozen network's "
+                              "cache; it needs optim.body_lr_scale=0 and train.feature_cache "
+                              f"above 0 (got {cfg.optim.body_lr_scale} and "
+                              f"{cfg.train.feature_cache})")
     if cfg.train.microbatch_size and cfg.train.minibatch_size \
             and cfg.train.microbatch_size > cfg.train.minibatch_size:
         raise ConfigError("train.microbatch_size: must not exceed train.minibatch_size")

@@ -344,11 +344,16 @@ class TrainConfig:
         "the learner, the KL reference and evaluations apply the head to stored features "
         "instead of running the network (sparring.policy.feature_cache); 0: off", ge=0)
     feature_center: bool = opt(
-        False, "with the feature cache: the head reads the features minus their mean over the "
-        "run's first batch, plus the starting head's logits of that mean (the starting policy "
-        "is unchanged; the head's gradient leaves out what all positions share, which "
-        "dominates a real model's features: sparring.policy.feature_cache, "
-        "bench/linear_probe.py --center)")
+        False, "with the feature cache: the head's change since the start reads the features "
+        "minus their mean over the run's first batch (the starting policy is unchanged; the "
+        "head's gradient leaves out what all positions share, which dominates a real model's "
+        "features: sparring.policy.feature_cache, bench/linear_probe.py --center)")
+    feature_whiten: float = opt(
+        0.0, "with the feature cache: the head's change since the start reads the features "
+        "centered and whitened by their covariance over the run's first batch, shrunk "
+        "towards the identity by this fraction of the mean variance (ZCA; centering "
+        "included; the starting policy is unchanged; a linear policy fits ~10x faster: "
+        "bench/linear_probe.py --whiten); 0: off", ge=0)
     seed: int = opt(0, "seed of python, numpy and torch", ge=0, le=2**32 - 1)
     deterministic: bool = opt(
         False, "torch's deterministic kernels (torch.use_deterministic_algorithms, warning "
