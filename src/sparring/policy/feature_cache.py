@@ -113,7 +113,8 @@ class FeatureCache:
         if self.whiten:
             d = h - self.mean
             cov = d.T @ d / len(d)
-            cov += self.whiten * cov.diagonal().mean() * torch.eye(len(cov), dtype=cov.dtype)
+            cov += self.whiten * cov.diagonal().mean() * torch.eye(len(cov), dtype=cov.dtype,
+                                                              device=cov.device)
             evals, evecs = torch.linalg.eigh(cov)
             self.precondition = (evecs * evals.rsqrt()) @ evecs.T
             self.precondition = self.precondition.float()
