@@ -118,7 +118,8 @@ def test_the_sampler_reads_cached_features_and_decodes_on_past_them(greedy, free
     log-probs are those of the plain sampler."""
     model, tok = frozen_tiny()
     prompts = [tok.encode(t) for t in ("board one", "board two", "board one", "other")]
-    allowed = [["a", "bcd", "ef"], ["a", "b"], ["a", "bcd", "ef"], None if free_row else ["x", "yz"]]
+    allowed = [["a", "bcd", "ef"], ["a", "b"], ["a", "bcd", "ef"],
+               None if free_row else ["x", "yz"]]
     sp = SamplingParams(max_new_tokens=4, greedy=greedy, with_entropy=True)
     out = []
     for cache in (None, FeatureCache(model, 100)):

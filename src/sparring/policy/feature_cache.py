@@ -109,16 +109,15 @@ class FeatureCache:
         if not self.center or self.mean is not None or not self.store:
             return
         h = torch.stack(list(self.store.values())).double()
-        self.mean = h.mean(0)
+        mean = h.mean(0)
         if self.whiten:
-            d = h - self.mean
+            d = h - mean
             cov = d.T @ d / len(d)
             cov += self.whiten * cov.diagonal().mean() * torch.eye(len(cov), dtype=cov.dtype,
                                                               device=cov.device)
             evals, evecs = torch.linalg.eigh(cov)
-            self.precondition = (evecs * evals.rsqrt()) @ evecs.T
-            self.precondition = self.precondition.float()
-        self.mean = self.mean.float()
+            self.precondition = ((evecs * evals.rsqrt()) @ evecs.T).float()
+        self.mean = mean.float()
         self.start = output_embedding(self.model).weight.detach().float().clone()
 
     def head_logits(self, head: nn.Module, h: Tensor, rows: Tensor | None = None) -> Tensor:

@@ -174,6 +174,8 @@ class HFPolicy:
         nodes = [0] * B
 
         cache, z_next, mask, next_pos = self._first_logits(prompts, tries)
+        features = feature_cache_of(self.model)  # a transformed head: decode through it too
+        transformed = features is not None and features.mean is not None
 
         rows = list(range(B))  # original index of each live batch row
         toks: list[list[int]] = [[] for _ in range(B)]
@@ -236,8 +238,6 @@ class HFPolicy:
             if cache is None:  # the first token came from cached features: run the prompts
                 cache, _, mask, next_pos = self._prefill([prompts[r] for r in rows])
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            features = feature_cache_of(self.model)
-            transformed = features is not None and features.mean is not None
             with capture_hidden(self.model) if transformed else nullcontext() as hs:
                 out = self.model(input_ids=tok[:, None], attention_mask=mask,
                                  position_ids=next_pos[:, None], **with_cache(cache))

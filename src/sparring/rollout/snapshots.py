@@ -25,9 +25,9 @@ policy takes one, and the rules above hold per policy.
 
 What a snapshot holds: the plain model the policy plays with (``model.safetensors``, LoRA
 merged into its layers, and the tokenizer); with frozen weights (``optim.body_lr_scale``
-0) the trained ones alone (``trained.safetensors``, loaded into a copy of the live model); with ``lora.shared_base`` the policy's adapter
-alone, in PEFT's format (``adapter_config.json``, ``adapter_model.safetensors``: its LoRA
-weights), so a pool costs adapter-sized disk and memory. Such a snapshot loads as one more
+0) the trained ones alone (``trained.safetensors``, loaded into a copy of the live
+model); with ``lora.shared_base`` the policy's adapter alone, in PEFT's format
+(``adapter_config.json``, ``adapter_model.safetensors``: its LoRA weights), so a pool costs adapter-sized disk and memory. Such a snapshot loads as one more
 adapter of the run's one model, frozen, named ``pool-step-NNNNNN-P``, and plays as an
 `HFPolicy` on that model with ``adapter=`` its name; once its pool lets it go (dropped, or
 evicted from the cache) the adapter is deleted, at the start of the next play (`release`:
