@@ -1,11 +1,11 @@
-"""GPU figures in one command (issue 30): model throughput and recipe steps on a device.
+"""GPU figures in one command: model throughput and recipe steps on a device.
 
-    PYTHONPATH=src python bench/gpu.py --out OUT                      # on the lent GPU
+    PYTHONPATH=src python bench/gpu.py --out OUT                      # on the GPU machine
     PYTHONPATH=src python bench/gpu.py --out OUT --cpu-steps-per-s default=0.9,kuhn_selfplay=1.2
     PYTHONPATH=src python bench/gpu.py --device cpu --quick --out OUT  # the CPU smoke test
 
 Writes ``OUT/gpu.md`` (tables) and ``OUT/gpu.json`` (and ``OUT/tests.xml``, pytest's
-report). Models are built from configs with random weights (the lent machine has no network
+report). Models are built from configs with random weights (so the GPU machine needs no network
 and no SmolLM2 file; throughput does not depend on the weights):
 
 0. **The device tests**: the suite's tests that take the ``device`` fixture (`DEVICE_TESTS`:

@@ -1,4 +1,4 @@
-"""Bring a LoRA run back from the lent GPU: pack it there, unpack it here into a run folder
+"""Bring a LoRA run back from a GPU machine: pack it there, unpack it here into a run folder
 this machine can load (`bench/gpu_seeds.sh` packs each seed).
 
     python bench/gpu_pack.py pack RUN_DIR OUT/seed0.tar.gz         # on the GPU machine
@@ -7,8 +7,8 @@ this machine can load (`bench/gpu_seeds.sh` packs each seed).
     PYTHONPATH=src python bench/must_block.py RUN_DIR --device cpu
 
 The archive holds the run's config, metrics and log and its last checkpoint's adapter in
-bf16: the device tool brings back files of at most 16 MiB, and SmolLM2's rank-16 adapter
-on every projection is 19.6 MB in float32. The unpacked run has one checkpoint with that
+bf16, so that it stays under 16 MiB: SmolLM2's rank-16 adapter on every projection is
+19.6 MB in float32. The unpacked run has one checkpoint with that
 adapter in float32 again (bf16-rounded: a relative change of at most 2^-9 a weight) and
 no optimizer, league or RNG state: it loads for evaluation and play, and ``--resume``
 refuses it (it holds no state for the learner)."""

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Seeds of one recipe as parallel processes on one lent GPU, stopped at a deadline; each
-# seed's log, metrics and last adapter come back packed for the device tool's $OUT.
+# Seeds of one recipe as parallel processes on one GPU, stopped at a deadline; each
+# seed's log, metrics and last adapter are packed into $OUT to be copied back.
 #
 #   bash bench/gpu_seeds.sh RECIPE "0 1 2" SECONDS [overrides...]
 #

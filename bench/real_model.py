@@ -1,4 +1,4 @@
-"""Real-model training steps: the SmolLM2 recipes as they were against the new defaults.
+"""Real-model training steps: the SmolLM2 recipes in their earlier and current forms.
 
     PYTHONPATH=src python bench/real_model.py                 # 1 warm-up + 3 timed steps a row
     PYTHONPATH=src python bench/real_model.py --steps 5 --device cuda
@@ -11,18 +11,18 @@ a second and peak memory (resident set; on CUDA also the allocator's peak). The 
 step of a row is a warm-up and is not counted.
 
 Rows (all at the old Kuhn recipe's batch, 32 episodes a step, where the ratio is taken):
-- ``kuhn before``: configs/smollm2_kuhn.yaml as it was before issue 33 (`OLD_KUHN`):
+- ``kuhn before``: the earlier form of configs/smollm2_kuhn.yaml (`OLD_KUHN`):
   float32, free decoding run to all 12 tokens, micro-batches of 16, a frozen reference;
 - ``kuhn before + bf16``: the same with ``model.precision=auto`` (bf16-mixed on a CPU with
   AVX-512 BF16 or AMX, or a GPU);
 - ``kuhn free decoding``: configs/smollm2_kuhn_free.yaml (stop string, bf16, one micro-batch);
-- ``kuhn``: configs/smollm2_kuhn.yaml, the new default (legal moves, magnet, bf16);
+- ``kuhn``: configs/smollm2_kuhn.yaml as shipped (legal moves, magnet, bf16);
 - ``kuhn float32``: the same in float32 (what a device without bf16 runs);
 - ``tictactoe before`` / ``tictactoe``: configs/smollm2_tictactoe.yaml in float32 and as
   shipped (RAGEN's bi-level GAE, ``turn_gae``, whose value head reads the policy's own
   forward);
 - ``tictactoe no critic``: the same with per-(group, seat) returns-to-go (``turn_rtg``, the
-  recipe before session 19), so the two rows show what the critic adds to a step;
+  recipe's earlier estimator), so the two rows show what the critic adds to a step;
 - ``tictactoe last 10 layers``: the recipe with adapters in SmolLM2's last 10 of 30 layers
   only (``lora.last_layers=10``), so the backward stops there;
 - ``tictactoe frozen network`` / ``... cached``: the recipe with no LoRA and the
@@ -31,9 +31,9 @@ Rows (all at the old Kuhn recipe's batch, 32 episodes a step, where the ratio is
   the cache runs each context once, so its steps get cheaper as the run meets fewer new
   positions (take ``--steps`` well past the first few to see where it settles).
 
-``--random-weights DIR``: where SmolLM2's weights cannot travel (the lent GPU), DIR holds
-its ``config.json`` and tokenizer files only, and every row runs a model of that shape with
-random weights (seed 0) instead. The timings keep their meaning where the answers do not
+``--random-weights DIR``: where SmolLM2's weights are not available (a GPU machine without
+network), DIR holds its ``config.json`` and tokenizer files only, and every row runs a model
+of that shape with random weights (seed 0) instead. The timings keep their meaning where the answers do not
 depend on the weights: the constrained rows (``kuhn``, ``tictactoe``) play full games; the
 free-decoding rows run every answer to ``max_new_tokens`` (a random model writes no stop
 string) and, in ``kuhn free decoding``, forfeit at the first turn.

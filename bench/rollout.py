@@ -1,6 +1,6 @@
 """Rollout throughput: the batched arena against a naive loop and against bare model.generate.
 
-    PYTHONPATH=src python bench/rollout.py            # 256 episodes (the issue's setting)
+    PYTHONPATH=src python bench/rollout.py            # 256 episodes (the default)
     PYTHONPATH=src python bench/rollout.py --quick    # a small run to check the script works
 
 Prints, from one run, with the tiny model on tic-tac-toe self-play (constrained decoding,
@@ -37,7 +37,7 @@ def _check_env() -> None:
     try:
         make("tictactoe")
     except (KeyError, ModuleNotFoundError) as e:
-        sys.exit(f"bench/rollout.py needs the tic-tac-toe environment (games branch) merged: {e}")
+        sys.exit(f"bench/rollout.py needs the tic-tac-toe environment: {e}")
 
 
 class Recorder:

@@ -3,8 +3,8 @@
 #
 # * If the environment already has a torch (a CUDA build on a GPU machine), that exact
 #   version is pinned, so nothing replaces it.
-# * Otherwise torch==2.13.0 is installed first; on these machines pip resolves it to the
-#   local CPU wheel, so no multi-GB CUDA build is pulled.
+# * Otherwise torch==2.13.0 (or $SPARRING_TORCH) is installed first, from the index pip is
+#   configured with (point it at a CPU wheel index to avoid a multi-GB CUDA build).
 # Extras: SPARRING_EXTRAS (default "dev,lora,openspiel,pettingzoo,gymnasium,tensorboard,wandb,ray":
 # what the default tests exercise), e.g. SPARRING_EXTRAS=dev,vllm.
 #

@@ -1,9 +1,10 @@
 """GiGPO vs GRPO on FrozenLake and Sokoban.
 
-Claim tested (Group-in-Group Policy Optimization, GiGPO; /work/shared/CATALOGUE.md): where
-states repeat across a group's episodes, adding a step-level advantage over turns taken
-from the same anchor state (A = A_episode + omega * A_step) beats GRPO's episode-level
-advantage alone (ALFWorld, WebShop, Sokoban in the paper).
+Claim tested (Feng et al., Group-in-Group Policy Optimization for LLM Agent Training, 2025,
+arXiv:2505.10978; GiGPO): where states repeat across a group's episodes, adding a
+step-level advantage over turns taken from the same anchor state
+(A = A_episode + omega * A_step) beats GRPO's episode-level advantage alone (ALFWorld,
+WebShop, Sokoban in the paper).
 
 Arms (configs/frozenlake_gigpo.yaml: tiny model, groups of 8 episodes from one start
 state, constrained moves, PPO clip, 2 epochs):

@@ -1,7 +1,7 @@
 """2-GRPO vs 16-GRPO at an equal rollout budget, on verifiable arithmetic.
 
-Claim tested (It Takes Two: Your GRPO Is Secretly DPO; /work/shared/CATALOGUE.md): GRPO
-with groups of 2 (A = +-1/sqrt(2) when the two rewards differ, a DPO-like winner/loser
+Claim tested (Wu et al., It Takes Two: Your GRPO Is Secretly DPO, 2025, arXiv:2510.00977):
+GRPO with groups of 2 (A = +-1/sqrt(2) when the two rewards differ, a DPO-like winner/loser
 update) matches groups of 16 at 1/8 of the rollouts, with about 70% less training time.
 
 Arms (configs/arithmetic_grpo.yaml and configs/arithmetic_2grpo.yaml: tiny model, 1-digit

@@ -2,7 +2,7 @@
 per-(group, seat) normalisation, in self-play.
 
 Claim tested (MARS: Reinforcing Multi-Agent Reasoning of LLMs through Self-Play in
-Strategic Games, 2025; /work/shared/CATALOGUE.md): a turn-level advantage estimator with
+Strategic Games, Yuan et al. 2025, arXiv:2510.15414): a turn-level advantage estimator with
 agent-specific advantage normalisation beats trajectory-level GRPO in self-play, and the
 self-play transfers to held-out games (up to +28.7%).
 
@@ -47,10 +47,11 @@ from pathlib import Path
 
 from runner import Arm, Job, main
 
-# the recipe as this study ran it: no per-seat views, entropy 0.01 (session 8 changed both)
+# the recipe as this study runs it: no per-seat views, entropy 0.01 (the default recipe
+# differs in both)
 TTT = ["envs.0.opponents=[self]", "envs.0.symmetric_views=false",
        "algorithm.entropy_coef=0.01", "train.epochs=2", "eval.every=20"]
-TURN = "algorithm.estimator=turn_rtg"  # the default recipe's estimator is turn_gae since session 7
+TURN = "algorithm.estimator=turn_rtg"  # the default recipe's estimator is turn_gae
 KUHN: list[str] = []
 TTT_STEPS, KUHN_STEPS = 80, 400
 

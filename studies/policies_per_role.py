@@ -1,9 +1,10 @@
-"""One shared policy for every seat vs one policy per role (issue 12), 3 seeds each.
+"""One shared policy for every seat vs one policy per role, 3 seeds each.
 
 The question: does giving each role its own weights, optimizer and estimator state help
-where the roles differ? AT-GRPO (CATALOGUE.md, "agent- and turn-wise grouped RL") reports
-large gains from role-specialised policies on cooperative multi-agent tasks; the usual
-default (and Sparring's) is one policy conditioned on its seat's observation.
+where the roles differ? AT-GRPO (Zhao et al., Stronger Together: On-Policy Reinforcement
+Learning for Collaborative LLMs, 2025, arXiv:2510.11062; "agent- and turn-wise grouped RL")
+reports large gains from role-specialised policies on cooperative multi-agent tasks; the
+usual default (and Sparring's) is one policy conditioned on its seat's observation.
 
 Arms, the same recipe and budget apart from the `policies` section:
 

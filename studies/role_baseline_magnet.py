@@ -1,7 +1,8 @@
 """SPIRAL's role-conditioned baseline on and off, and the magnet KL on and off, in self-play.
 
-Claim tested (SPIRAL, self-play on zero-sum games, role-conditioned advantage estimation;
-/work/shared/CATALOGUE.md): without a per-role baseline, self-play training collapses;
+Claim tested (Liu et al., SPIRAL: Self-Play on Zero-Sum Games Incentivizes Reasoning via
+Multi-Agent Multi-Turn Reinforcement Learning, 2025, arXiv:2506.24119; role-conditioned
+advantage estimation): without a per-role baseline, self-play training collapses;
 with `role_ema` (A = R - b[game, role], b <- 0.95 b + 0.05 mean R, read before the update)
 it does not. Second factor: the magnet, a KL pull towards an exponential moving average
 of the policy's own weights (R-NaD / magnetic mirror descent, our recipes' stabiliser:
@@ -41,7 +42,8 @@ from runner import Arm, main, tail_mean
 KUHN_STEPS, TTT_STEPS = 400, 50
 GAMES = {
     "kuhn": ("kuhn_selfplay", [], KUHN_STEPS),
-    # the recipe as this study ran it: no per-seat views, entropy 0.01 (session 8 changed both)
+    # the recipe as this study runs it: no per-seat views, entropy 0.01 (the default recipe
+    # differs in both)
     "ttt": ("default", ["envs.0.opponents=[self]", "envs.0.symmetric_views=false",
                         "algorithm.entropy_coef=0.01", "train.epochs=2", "eval.every=25"],
             TTT_STEPS),

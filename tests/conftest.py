@@ -6,7 +6,7 @@ import torch
 # The device of the tests that take the `device` fixture (learner, sampler, loop, the
 # catalogue on a device): the CPU unless SPARRING_TEST_DEVICE names another, e.g.
 #   SPARRING_TEST_DEVICE=cuda pytest tests/test_on_device.py tests/test_train_learner.py
-# (bench/gpu.py runs that selection on the lent GPU).
+# (bench/gpu.py runs that selection on a GPU).
 TEST_DEVICE = os.environ.get("SPARRING_TEST_DEVICE", "cpu")
 
 # One policy for torch threads: every test runs with one (tiny models gain nothing from a

@@ -35,8 +35,9 @@ def _stage(nim_eps):
 
 
 def test_per_env_rule_does_not_depend_on_option_values():
-    """Defect 2: equal per-env options used to pool the whole batch (batch whitening over
-    all four returns), unequal ones split it. Statistics are now always per environment."""
+    """Statistics are always per environment, whether the per-env options are equal or
+    not: equal options do not pool the whole batch (batch whitening over all four
+    returns)."""
     b = _two_env_batch()
     same, _ = _stage(1e-6)(b)
     other, _ = _stage(1.0000001e-6)(b)
@@ -44,7 +45,7 @@ def test_per_env_rule_does_not_depend_on_option_values():
     s = 1 / math.sqrt(2)
     assert same.sum(1).tolist() == pytest.approx([s, -s, -s, s], abs=1e-5)
     assert other.sum(1).tolist() == pytest.approx(same.sum(1).tolist(), abs=1e-9)
-    # the pooled numbers the old code gave for equal options: mean 1.125, std over 4
+    # the pooled numbers (mean 1.125, std over all 4), which equal options must not give
     pooled = [(r - 1.125) / (math.sqrt(sum((x - 1.125) ** 2 for x in (1, 0, .5, 3)) / 3))
               for r in (1, 0, .5, 3)]
     assert same.sum(1).tolist() != pytest.approx(pooled, abs=1e-3)

@@ -81,9 +81,9 @@ def test_trainer_errors(tmp_path):
 
 
 def test_an_api_run_logs_what_the_cli_run_logs(tmp_path):
-    """Issue 31: `Trainer.fit` wrapped the rollouts in a closure, so the loop found no
-    `league_metrics` (nor the Ray workers' `correct`) and an API run logged no `league/*`
-    keys. The same config from Python and from the command line: the same rows."""
+    """The same config from Python (`Trainer.fit`) and from the command line logs the same
+    rows, `league/*` keys included: the loop reaches the rollouts' `league_metrics` (and
+    the Ray workers' `correct`) through the API as it does through the CLI."""
     from sparring.train.metrics import read_metrics
 
     league = ["envs.0.opponents=[self, pool]", "league.bots=[random]",

@@ -1,4 +1,4 @@
-"""bench/gpu.py (issue 30) runs whole on a CPU: the smoke test the lent GPU relies on."""
+"""bench/gpu.py runs whole on a CPU: the smoke test for its runs on a GPU."""
 
 import json
 

@@ -1,6 +1,6 @@
-"""Issue 16, the user-facing side: an ordinary user error at the command line is one line on
-stderr naming the key or the file (exit code 2; Ctrl-C: 130), never a traceback (that
-needs --debug), and it leaves no run folder behind and no run broken; a run folder is
+"""The user-facing side of reliability: an ordinary user error at the command line is one
+line on stderr naming the key or the file (exit code 2; Ctrl-C: 130), never a traceback
+(that needs --debug), and it leaves no run folder behind and no run broken; a run folder is
 data, never code. docs/reliability.md lists each promise with the test here that holds it."""
 
 import errno
@@ -63,16 +63,16 @@ def run(tmp_path_factory):
     (["algorithm.estimator=gae", "algorithm.estimator_options={}", "critic.enabled=off"],
      "critic.enabled: estimator 'gae' needs values"),
     (["trian.steps=1"], "unknown key 'trian'; did you mean 'train'"),
-    # issue 32: a quoted "false" meant true, and any text passed for a bool
+    # a bool option takes a bool: a quoted "false" or other text is refused, not read as true
     (["envs.0.options.canonical='false'"],
      "envs.0.options: tictactoe option 'canonical' takes a bool, got 'false'"),
     (["envs.0.options.compact=abc"],
      "envs.0.options: tictactoe option 'compact' takes a bool, got 'abc'"),
-    # issue 32: trained, then failed at the first evaluation (the tree is too large)
+    # refused before training, not at the first evaluation (the game tree is too large)
     (["envs.0.name=connect_four", "envs.0.options={}", "eval.opponents=[minimax]"],
      "eval.opponents: minimax cannot play envs.0 (connect_four): exact minimax gave up"),
     (["model.name=/nonexistent"], "model.name: '/nonexistent' does not exist; give a "
-     "Hugging Face model folder"),  # issue 32: it was the hub's repo-id message
+     "Hugging Face model folder"),  # a missing local path, not the hub's repo-id message
     (["algorithm.estimator_options={whiten: 1}"],
      "estimator 'turn_gae' option 'whiten' takes a bool, got 1"),
 ])
@@ -178,14 +178,14 @@ def test_play_ends_cleanly_on_ctrl_d_and_ctrl_c(run, capsys, monkeypatch):
 
 
 def test_play_with_stdin_closed_is_one_line(run, capsys, monkeypatch):
-    """Issue 32: `sparring play RUN <&-` gave a traceback (Python's stdin is None)."""
+    """`sparring play RUN <&-` (Python's stdin is None) is one line, not a traceback."""
     monkeypatch.setattr(sys, "stdin", None)
     rc, _, err = cli(capsys, "play", str(run))
     assert rc == 2 and "stdin, which is closed" in one_line_error(err)
 
 
 def test_play_shows_an_environments_escape_sequences_escaped(run, capsys, monkeypatch):
-    """Issue 32: `sparring play` printed the env's text raw, escape sequences included."""
+    """`sparring play` prints the env's text with escape sequences escaped, never raw."""
     from sparring.envs.games.tictactoe import TicTacToe
     from sparring.play import printable
 
@@ -199,7 +199,7 @@ def test_play_shows_an_environments_escape_sequences_escaped(run, capsys, monkey
 
 
 def test_play_scores_a_task_instead_of_calling_it_a_draw():
-    """Issue 16: a wrong calculator answer printed "draw"."""
+    """A wrong calculator answer is scored as the task's result, not printed as "draw"."""
     from types import SimpleNamespace
 
     from sparring.envs import make
@@ -249,8 +249,9 @@ def test_resume_of_a_folder_without_checkpoint(tmp_path, capsys):
 
 
 def test_a_resume_override_of_the_model_is_refused_before_anything_is_written(run, capsys):
-    """Issue 16: `--resume RUN model.options.hidden_size=32` rewrote config.yaml, then failed
-    with a size mismatch, and the run could never be resumed, evaluated or played again."""
+    """`--resume RUN model.options.hidden_size=64` is refused in one line before any file is
+    written, so the run can still be resumed, evaluated and played (rewriting config.yaml and
+    then failing on a size mismatch would break it for good)."""
     before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
     rc, _, err = cli(capsys, "train", "--resume", str(run), "model.options.hidden_size=64")
     assert rc == 2
@@ -262,8 +263,9 @@ def test_a_resume_override_of_the_model_is_refused_before_anything_is_written(ru
 
 
 def test_resume_with_no_steps_left_says_so_and_writes_nothing(tmp_path, capsys):
-    """Issue 32: `--resume RUN train.steps=3` on a run at step 6 exited 0, trained nothing,
-    said nothing and rewrote config.yaml to steps 3; a finished run's resume was silent."""
+    """`--resume RUN train.steps=N` on a run that has trained more than N steps, or a resume
+    of a finished run, is refused in one line naming the counts, and nothing is written
+    (config.yaml keeps its steps); it never exits 0 having trained nothing."""
     folder = tmp_path / "run"
     assert main(["train", *TINY, "train.steps=2", "checkpoint.every=1",
                  f"train.run_dir={folder}"]) == 0
@@ -299,9 +301,9 @@ def test_an_unwritable_run_folder_is_one_line(tmp_path, monkeypatch, capsys):
 @pytest.mark.parametrize("raised", ["OSError", "SafetensorError"])
 def test_a_full_disk_while_checkpointing_says_the_last_checkpoint_is_intact(raised, tmp_path,
                                                                             monkeypatch, capsys):
-    """Issue 32: a real full disk fails inside safetensors' writer with a `SafetensorError`
-    ("... No space left on device (os error 28)"), not an `OSError`, and was a traceback;
-    it is the same one line as an `OSError` ENOSPC."""
+    """A real full disk fails inside safetensors' writer with a `SafetensorError`
+    ("... No space left on device (os error 28)"), not an `OSError`; it is the same one
+    line as an `OSError` ENOSPC, never a traceback."""
     from safetensors import SafetensorError
 
     import sparring.train.checkpoint as ck
@@ -358,8 +360,8 @@ def test_ctrl_c_while_training_says_what_was_kept(tmp_path, monkeypatch, capsys)
 
 
 def test_sigterm_while_training_keeps_a_checkpoint_and_says_so(tmp_path, monkeypatch, capsys):
-    """Issue 32: SIGTERM (what timeout, Docker and Slurm send) ended the run with no message
-    and no crash checkpoint; now it is handled as Ctrl-C is, with exit code 143."""
+    """SIGTERM (what timeout, Docker and Slurm send) is handled as Ctrl-C is: a crash
+    checkpoint, a message saying what was kept, and exit code 143."""
     import os
     import signal
 
@@ -399,9 +401,10 @@ BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
 @pytest.mark.parametrize("command", ["eval", "train --resume"])
 def test_a_damaged_run_config_is_one_line_naming_the_file(damage, says, command, run,
                                                            tmp_path, capsys):
-    """Issue 32: an empty config.yaml built the default model and failed with a size
-    mismatch; garbage bytes gave a decode error without the file; `--resume` said "config
-    has no envs"; deep nesting and an alias bomb gave a RecursionError or a hang."""
+    """A damaged config.yaml in a run folder (empty, garbage bytes, deep nesting, an alias
+    bomb) is one line naming the file, for eval and --resume: not the default model and a size
+    mismatch, a decode error without the file, "config has no envs", a RecursionError or a
+    hang."""
     import shutil
 
     copy = tmp_path / "run"
@@ -458,8 +461,9 @@ def _hostile_run(tmp_path: Path, marker: Path, *, model_code: bool = False,
 @pytest.mark.parametrize("command", [["eval"], ["play"], ["export", "OUT"]])
 @pytest.mark.parametrize("vector", ["model_code", "plugin"])
 def test_a_run_folder_runs_no_code_without_the_flag(command, vector, tmp_path, capsys, caplog):
-    """Issue 16: `sparring eval FOLDER` ran the folder's Python file because its own
-    config.yaml said trust_remote_code: true (and a listed plugin is code too)."""
+    """`eval`, `play` and `export` run none of a run folder's code: its config.yaml saying
+    trust_remote_code: true is ignored with a warning, and a listed plugin (code too) is
+    refused without the flag."""
     marker = tmp_path / "marker"
     run = _hostile_run(tmp_path, marker, **{vector: True})
     args = [command[0], str(run), *[str(tmp_path / a) for a in command[1:]]]
@@ -473,9 +477,9 @@ def test_a_run_folder_runs_no_code_without_the_flag(command, vector, tmp_path, c
 @pytest.mark.parametrize("adapter", ["gymnasium", "pettingzoo"])
 def test_a_run_folder_imports_no_module_its_env_options_name(command, adapter, tmp_path,
                                                              capsys, monkeypatch):
-    """Issue 32: an adapter option naming ``"module:attr"`` was imported while `eval`,
-    `play`, `export` or `--resume` checked the folder's config, and the working directory
-    is searched, so a module shipped in the folder ran. It is refused, naming the option."""
+    """An adapter option naming ``"module:attr"`` in a run folder's config is refused, naming
+    the option, when `eval`, `play`, `export` or `--resume` checks it: importing it would
+    search the working directory and run a module shipped in the folder."""
     marker = tmp_path / "marker"
     run = _hostile_run(tmp_path, marker, reference=adapter)
     monkeypatch.chdir(run)
@@ -576,7 +580,7 @@ def test_eval_against_minimax_adds_the_exact_row_and_the_blunders(run, capsys):
                 f"against minimax with mean win probability {sum(w) / len(w):.3f}") in out
 
 
-# ---------------------------------------------------------------- damaged checkpoints (issue 32)
+# ---------------------------------------------------------------- damaged checkpoints
 
 
 @pytest.fixture(scope="module")
@@ -623,10 +627,10 @@ UNTRUSTED = {
 @pytest.mark.parametrize("damage", list(UNTRUSTED))
 def test_eval_falls_back_from_a_checkpoint_whose_manifest_cannot_be_trusted(
         damage, run2, tmp_path, capsys, caplog):
-    """Issue 32: with manifest.json deleted and the weights garbled, eval used them; a
-    malformed manifest was a traceback; an entry naming /dev/zero or a ``../`` path hung or
-    read outside the checkpoint. Each makes step 2 damaged: eval warns why and evaluates
-    step 1 (the newest intact checkpoint), reading nothing outside the checkpoints."""
+    """A deleted manifest.json with garbled weights, a malformed manifest, an entry naming
+    /dev/zero or a ``../`` path: each makes step 2 damaged, and eval warns why and evaluates
+    step 1 (the newest intact checkpoint), without a traceback or a hang and reading
+    nothing outside the checkpoints."""
     from tests.helpers import deadline
 
     run = tmp_path / "run"
@@ -643,7 +647,8 @@ def test_eval_falls_back_from_a_checkpoint_whose_manifest_cannot_be_trusted(
 @pytest.mark.parametrize("command", ["eval", "export"])
 def test_a_damaged_checkpoint_named_directly_is_one_line(command, run2, tmp_path, capsys):
     """A checkpoint folder given directly (no fallback) is verified as a whole before it is
-    read: a state.json that is a fifo hung `export`; garbled weights were evaluated."""
+    read: a state.json that is a fifo does not hang `export`, garbled weights are not
+    evaluated."""
     import os
 
     from tests.helpers import deadline
@@ -661,9 +666,9 @@ def test_a_damaged_checkpoint_named_directly_is_one_line(command, run2, tmp_path
 
 @pytest.mark.parametrize("damage", ["flipped bits", "truncated"])
 def test_a_damaged_pool_snapshot_stops_the_resume_with_one_line(damage, tmp_path, capsys):
-    """Issue 32: flipped bits in a pool snapshot resumed silently with different numbers,
-    a truncated one was a traceback. Snapshots carry a manifest like checkpoints: the
-    resume stops with one line naming the snapshot file and the problem."""
+    """Snapshots carry a manifest like checkpoints: with flipped bits or truncated, a pool
+    snapshot stops the resume with one line naming the snapshot file and the problem (not
+    a silent resume with different numbers, nor a traceback)."""
     folder = tmp_path / "run"
     pool = ["envs.0.opponents=[pool]", "league.bots=[random]", "league.every=1",
             "checkpoint.every=1"]
@@ -685,7 +690,7 @@ def test_a_damaged_pool_snapshot_stops_the_resume_with_one_line(damage, tmp_path
 def test_a_resume_trains_with_the_config_the_command_read(tmp_path, capsys):
     """`train --resume` reads the run's config once, with its checks, and the loop trains
     with that config: a plugin named with --plugin on the resume is part of the run (its
-    saved config lists it), where the loop used to read config.yaml again without it."""
+    saved config lists it); the loop does not read config.yaml a second time."""
     folder = tmp_path / "run"
     assert cli(capsys, "train", *TINY, "train.steps=1", f"train.run_dir={folder}")[0] == 0
     plugin = tmp_path / "noop_plugin.py"

@@ -1,5 +1,5 @@
-"""Old config keys (issue 31: the `league` and `critic` sections, `<thing>_final_ratio`)
-are still read, from YAML, overrides and a run folder's saved config, with a warning."""
+"""Old config keys (the `league` and `critic` sections, `<thing>_final_ratio`) are still
+read, from YAML, overrides and a run folder's saved config, with a warning."""
 
 import logging
 import typing

@@ -1,4 +1,4 @@
-"""Issue 16: property-based fuzzing of configs. Invalid configs are generated from the config
+"""Property-based fuzzing of configs. Invalid configs are generated from the config
 dataclasses themselves (unknown keys at every depth, values of the wrong type, numbers out of
 their declared range, unknown registry names and options) and each must fail in `validate`
 with a `ConfigError` that names the key, and `sparring train` must say so in one line
@@ -178,7 +178,7 @@ def _bad_spellings(tp: Any, meta: Any) -> list[str]:
 
 
 # leaves a command line can get wrong (a str field keeps any text): the test draws only these,
-# so no example passes without checking anything (issue 31)
+# so no example passes without checking anything
 SPELLABLE = [(k, tp, m) for k, tp, m in LEAVES if _bad_spellings(tp, m)]
 
 

@@ -334,7 +334,7 @@ def test_two_policies_on_workers_are_the_single_process_run(local_ray, tmp_path,
 
 
 def test_a_shared_base_league_on_a_worker_is_the_single_process_run(local_ray, tmp_path):
-    """Issue 29: with lora.shared_base the pool's snapshots are adapters; the worker loads
+    """With lora.shared_base the pool's snapshots are adapters; the worker loads
     each into its own mirror of the model (and deletes those its pools let go), so its
     episodes, hence the metrics, are the single process's."""
     over = {"envs": [{"name": "signalling", "options": {"k": 3}, "group_size": 2,

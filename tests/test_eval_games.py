@@ -203,8 +203,9 @@ class Garbage:
 
 @pytest.mark.parametrize("penalty", [0.0, -1.0])
 def test_a_forfeited_game_is_a_loss_whatever_the_penalty(penalty):
-    """Issue 16: with invalid_action=forfeit a model that never plays a legal move scored
-    draw = non_loss = 1 (a game forfeited before any reward has score 0)."""
+    """With invalid_action=forfeit a model that never plays a legal move loses every game,
+    whatever the penalty: a game forfeited before any reward has score 0, and it counts
+    as a loss, not a draw (non_loss 0)."""
     from sparring.envs.bots import make_bot
     from sparring.envs.invalid import InvalidActionPolicy
     from sparring.eval.games import evaluate_vs_bot
@@ -275,8 +276,8 @@ def test_with_an_answer_prefix_the_exact_evaluation_scores_what_follows_it(tmp_p
 
 def test_action_probabilities_sum_to_one_when_rounding_drifts(tmp_path, monkeypatch):
     """A move's probability is a product over its tokens; under bf16 autocast the products
-    of a position summed to 1 + 1.1e-6 and the exploitability walk refused them (a
-    SmolLM2 free-decoding run crashed at its first evaluation). Rows are renormalised."""
+    of a position can sum to 1 + 1.1e-6, which the exploitability walk would refuse. Rows
+    are renormalised."""
     import sparring.eval.games as games
 
     policy = build(_cfg(), tmp_path).policy

@@ -96,8 +96,8 @@ def test_export_errors(tmp_path):
 
 
 def test_export_never_writes_over_its_run_or_a_foreign_folder(tmp_path):
-    """Issue 32: `sparring export RUN RUN --overwrite` deleted the run (exit 0). OUT may not
-    overlap the run, and --overwrite replaces only an earlier export."""
+    """OUT may not overlap the run (`sparring export RUN RUN --overwrite` is refused and
+    the run is untouched), and --overwrite replaces only an earlier export."""
     from sparring.train.checkpoint import step_dirs
 
     run = tmp_path / "run"

@@ -1,4 +1,4 @@
-"""The package's modules import one another without cycles (issue 31).
+"""The package's modules import one another without cycles.
 
 A walk over every ``import`` statement of ``src/sparring`` (function-level imports too,
 since a cycle through one is only postponed; not those under ``if TYPE_CHECKING:``, which

@@ -134,7 +134,7 @@ def test_round_robin_elo_orders_players():
 
 
 def test_a_forfeit_is_a_loss_even_without_a_penalty():
-    """Issue 16: with penalty 0 a game forfeited before any reward has returns [0, 0]; the
+    """With penalty 0 a game forfeited before any reward has returns [0, 0]; the
     forfeiting seat still loses (and loses its Elo pairings), the other seat wins."""
     junk = Scripted(lambda prompt: "zz", name="junk")
     res = play_match("tictactoe", {"bot": lowest, "junk": junk}, games=2, penalty=0.0)

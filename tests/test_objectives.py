@@ -297,7 +297,7 @@ def test_dual_clip_with_an_overflowing_ratio_has_a_finite_gradient():
     # token 0: log ratio 100 -> clamped to 20, rho = e^20; A = -1 so -A rho = e^20 and the
     # dual clip caps the loss at -c A = 3 (a constant: gradient 0). Token 1: rho = 1,
     # loss max(1, 1) = 1 < 3, gradient -A rho = 1. Unclamped, exp(100) = inf in float32
-    # and the gradient of token 0 was 0 * inf = NaN.
+    # and the gradient of token 0 would be 0 * inf = NaN.
     old = torch.tensor([[-101.0, -1.0]])
     logp = torch.tensor([[-1.0, -1.0]], requires_grad=True)
     adv = torch.tensor([[-1.0, -1.0]])

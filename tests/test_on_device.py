@@ -4,7 +4,7 @@ the same call on the CPU (values to float32 rounding, keep masks and diagnostics
 objectives' gradients). A tensor made on the CPU inside a formula fails here first.
 
 Skipped when the device under test is the CPU (there is nothing to compare); bench/gpu.py
-runs this file with ``SPARRING_TEST_DEVICE=cuda`` on the lent GPU."""
+runs this file with ``SPARRING_TEST_DEVICE=cuda`` on a GPU."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Several policies in one run (issue 12): config, rollouts, separate updates, multi-LoRA on
+"""Several policies in one run: config, rollouts, separate updates, multi-LoRA on
 one base, exact resume, evaluation and the command line, and a slow learning run."""
 
 import json
@@ -454,7 +454,7 @@ def _adapter_logprobs(policy, ids):
 
 def test_a_shared_base_snapshot_is_the_adapter_alone_and_plays_as_the_adapter_did(
         tmp_path, monkeypatch):
-    """Issue 29: with lora.shared_base a snapshot is its policy's adapter (PEFT's format,
+    """With lora.shared_base a snapshot is its policy's adapter (PEFT's format,
     LoRA weights only, a fraction of a full snapshot); loaded, it is one more adapter of the
     run's model whose log-probs are the policy's at the moment of the snapshot. Learners
     after steps with snapshot play train exactly their own adapter, which gets gradients."""

@@ -237,7 +237,7 @@ def test_bad_inputs_are_named(tiny):
         pol.generate([[1, 2]], allowed=[["a"], ["b"]])
     with pytest.raises(ValueError, match="at least one legal action"):
         pol.generate([[1, 2]], allowed=[[]])
-    # issue 32: a prompt past the model's positions ran on silently
+    # a prompt past the model's positions is refused, naming the setting to change
     limit = model.config.max_position_embeddings
     with pytest.raises(ValueError, match=f"a prompt of {limit - 2} tokens plus max_new_tokens=3 "
                        f"passes the model's {limit} positions: set rollout.max_prompt_tokens"):

@@ -1,4 +1,4 @@
-"""Issue 16, the loop and checkpoint side: what a run leaves behind when it is stopped,
+"""Reliability, the loop and checkpoint side: what a run leaves behind when it is stopped,
 interrupted, doubled up, or its files are damaged, and that resuming from it is exact.
 docs/reliability.md lists each promise with the test here that holds it."""
 
@@ -242,7 +242,7 @@ DAMAGE = {
     "older checkpoint (no manifest) with torn weights": (
         lambda c: (_as_older(c), _truncate(c / "model.safetensors", 0.001)),
         "not a readable safetensors file"),
-    "manifest deleted, weights garbled": (  # issue 32: this one's state.json says it had one
+    "manifest deleted, weights garbled": (  # its state.json says it has a manifest
         lambda c: ((c / "manifest.json").unlink(), _flip_last_byte(c / "model.safetensors")),
         "manifest.json is missing"),
     "manifest with string values": (
@@ -263,7 +263,7 @@ def test_resume_skips_a_damaged_checkpoint_and_stays_exact(full, tmp_path, caplo
     harm, why = DAMAGE[damage]
     harm(dict(step_dirs(run))[8])
     caplog.set_level(logging.WARNING)
-    with deadline(300):  # (a manifest naming /dev/zero hung)
+    with deadline(300):  # (a manifest naming /dev/zero must not hang)
         job(run, resume_run=True)
     assert metrics(run) == metrics(full)
     skipped = [r.getMessage() for r in caplog.records if "skipping checkpoint" in r.getMessage()]
@@ -393,7 +393,7 @@ def test_a_step_that_makes_weights_non_finite_is_undone_bit_for_bit():
                 and all(torch.equal(after[i][k], state[i][k]) for i in state for k in state[i]))
 
     for g in learner.optimizer.param_groups:
-        g["lr"] = math.inf  # optim.lr=inf: every weight NaN before the fix
+        g["lr"] = math.inf  # optim.lr=inf: the step would make every weight NaN
     with pytest.raises(NonFiniteError, match="3 consecutive updates had a non-finite weight"):
         learner.update(batch, adv)
     assert unchanged()
@@ -418,9 +418,9 @@ def test_a_run_with_a_huge_lr_stops_with_its_weights_untouched(tmp_path):
 
 
 def test_a_failed_evaluation_keeps_the_trained_step(tmp_path):
-    """Issue 32: an evaluation that raised (e.g. minimax on Connect Four) lost every step
-    since the last checkpoint. The step it evaluated is kept in a crash checkpoint with its
-    row, and the resume evaluates and logs it first: the metrics of an uninterrupted run."""
+    """An evaluation that raises (e.g. minimax on Connect Four) loses no step trained since
+    the last checkpoint: the step it evaluated is kept in a crash checkpoint with its row,
+    and the resume evaluates and logs it first: the metrics of an uninterrupted run."""
     full = tmp_path / "full"
     job(full)
     run = tmp_path / "run"

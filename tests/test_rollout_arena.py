@@ -491,8 +491,8 @@ def test_strict_format_counts_only_an_answer_that_is_exactly_the_format():
 
 def test_a_wrapped_generate_decides_seeds_for_its_own_instance_only():
     """Whether per-prompt seeds are passed is read per instance: wrapping one policy's
-    ``generate`` (as a test or a user's instrumentation may) once switched seeds off for
-    every policy of its class for the rest of the process, so rollouts no longer split."""
+    ``generate`` (as a test or a user's instrumentation may) does not switch seeds off for
+    every other policy of its class, so rollouts still split."""
     from sparring.rollout.arena import _takes_seeds
 
     class Seeded:

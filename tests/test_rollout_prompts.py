@@ -75,7 +75,8 @@ def test_bad_config_is_named():
 
 
 def test_a_lone_surrogate_is_shown_as_a_question_mark():
-    """Issue 32: an observation with a lone surrogate gave a TypeError from the tokenizer."""
+    """An observation with a lone surrogate is tokenized with "?" in its place (the
+    tokenizer would raise a TypeError on it)."""
     b = PromptBuilder(TOK, PromptConfig(history="full"))
     past = [Exchange("seen \udcff", enc("5"), "5")]
     assert b.build("rules \udcff", past, "now \udcff").ids == \

@@ -131,8 +131,9 @@ def _pool_cfg():
 
 
 def test_pool_paths_are_relative_to_the_run_folder(tmp_path):
-    """Issue 16: snapshot paths were stored as given (runs/rel/pool/step-N), so a moved run
-    folder or a relative run_dir resumed from another directory could not load them."""
+    """Snapshot paths are stored relative to the run folder (pool/step-N, not
+    runs/rel/pool/step-N), so a moved run folder, or a relative run_dir resumed from
+    another directory, still loads them."""
     roll = build(_pool_cfg(), tmp_path / "a").rollout_fn
     roll(0), roll(1), roll(2)
     paths = [c["path"] for c in roll.state_dict()["pool"]["checkpoints"]]
@@ -146,14 +147,15 @@ def test_pool_paths_are_relative_to_the_run_folder(tmp_path):
     assert len(moved(3)) == 4
     legacy = {**state["pool"], "checkpoints": [{"path": "runs/old/pool/step-000002",
                                                 "step": 2, "name": "ckpt-2"}]}
-    moved.load_state_dict({"pool": legacy})  # a run saved before paths were relative
+    moved.load_state_dict({"pool": legacy})  # the older format: paths as given
     assert moved.state_dict()["pool"]["checkpoints"][0]["path"] == "pool/step-000002"
 
 
 def test_pool_folder_keeps_the_sampled_snapshots_and_those_kept_checkpoints_need(tmp_path):
-    """Issue 16: 29 snapshots after 300 steps with league.max=5. Each step first deletes the
-    snapshots its pool no longer holds; a kept checkpoint at step c keeps the league.max
-    snapshots before c (its pool) and every later one; killed writes go on the first step."""
+    """The pool folder holds only what the pool and the kept checkpoints need, not every
+    snapshot taken. Each step first deletes the snapshots its pool no longer holds; a kept
+    checkpoint at step c keeps the league.max snapshots before c (its pool) and every later
+    one; killed writes go on the first step."""
     run = tmp_path / "run"
     roll = build(_pool_cfg(), run).rollout_fn
     (run / "pool" / "step-000009.tmp").mkdir(parents=True)  # a snapshot write that was killed
@@ -177,9 +179,9 @@ def test_pool_folder_keeps_the_sampled_snapshots_and_those_kept_checkpoints_need
 
 
 def test_each_pool_snapshot_is_loaded_once_while_the_pool_holds_it(tmp_path, monkeypatch):
-    """The soak recipe (league.max=3) spent a quarter of its time reloading snapshots: the
-    pool kept 2 loaded and drew among 3. By default every held snapshot stays loaded;
-    ``league.cache`` bounds that (each miss is a load)."""
+    """By default every snapshot the pool holds stays loaded, so each is loaded once (with
+    league.max=3, keeping only 2 loaded would cost a soak recipe about a quarter of its
+    time in reloads); ``league.cache`` bounds that (each miss is a load)."""
     from sparring.rollout.snapshots import SnapshotStore
 
     original = SnapshotStore.load
@@ -223,10 +225,9 @@ SNAPSHOT_DAMAGE = {
 
 @pytest.mark.parametrize("damage", list(SNAPSHOT_DAMAGE))
 def test_a_pool_snapshot_is_checked_against_its_manifest_when_loaded(damage, tmp_path):
-    """Issue 32: flipped bits in a snapshot played on silently (different numbers), a
-    truncated one was a traceback. A snapshot holds a manifest of its files (and
-    snapshot.json, which says so), checked when it is loaded: `CheckpointError` naming
-    the file and the problem."""
+    """A snapshot holds a manifest of its files (and snapshot.json, which says so), checked
+    when it is loaded: flipped bits or a truncated file raise `CheckpointError` naming the
+    file and the problem, rather than playing on with different numbers."""
     import json
 
     from sparring.train.checkpoint import FORMAT, CheckpointError

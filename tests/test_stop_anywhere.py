@@ -1,5 +1,5 @@
 """Stopped at a random moment (SIGINT, SIGTERM or SIGKILL), resumed: the metrics are those of a run
-that was never stopped, with no line duplicated or lost (issue 16's suite).
+that was never stopped, with no line duplicated or lost.
 
 The victim is tests/train_resume_job.py in a subprocess; the moment is drawn from a seeded
 generator after the run has logged its first row, so it falls anywhere in the rollouts,

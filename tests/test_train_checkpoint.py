@@ -1,5 +1,5 @@
 """Checkpoints: lossless state encoding, RNG round trip, atomic writes, keep-last-K, and
-manifests that are checked, never trusted (issue 32)."""
+manifests that are checked, never trusted."""
 
 import json
 import math
@@ -179,7 +179,7 @@ def test_a_snapshot_keeps_the_state_it_was_taken_with(tmp_path):
     assert back.state["rng"] == (1, [2, 3])
 
 
-# ---------------------------------------------------------------- issue 32: trust no manifest
+# ---------------------------------------------------------------- trust no manifest
 
 
 def _two_steps(tmp_path):
@@ -191,10 +191,10 @@ def _two_steps(tmp_path):
 
 
 def test_a_checkpoint_with_its_manifest_deleted_is_damaged(tmp_path, caplog):
-    """Issue 32: with manifest.json deleted and the weights garbled, eval used them (the only
-    warning: "written by an older sparring"). state.json says the checkpoint has a manifest
-    (``format``), so a missing one is damage; a checkpoint without that marker (written
-    before manifests) keeps the structure-only check, with its warning."""
+    """state.json says the checkpoint has a manifest (``format``), so a deleted manifest.json
+    is damage: loading raises and its garbled weights are never used; a checkpoint without
+    that marker (written before manifests) keeps the structure-only check, with a
+    "written by an older sparring" warning."""
     ck = _two_steps(tmp_path)[2]
     (ck / MANIFEST).unlink()
     (ck / "model.safetensors").write_bytes((ck / "model.safetensors").read_bytes()[:-4]
@@ -233,7 +233,8 @@ MALFORMED = {
 @pytest.mark.parametrize("garbage", [*MALFORMED, "trailing garbage", "not utf-8"])
 def test_a_malformed_manifest_is_damage_and_the_previous_checkpoint_is_used(tmp_path, garbage,
                                                                           caplog):
-    """Issue 32: a manifest with string values or no sha256 gave a traceback."""
+    """A malformed manifest (string values, no sha256, trailing garbage, not UTF-8) makes its
+    checkpoint damaged, with a warning, not a traceback."""
     cks = _two_steps(tmp_path)
     path = cks[2] / MANIFEST
     if garbage == "trailing garbage":
@@ -287,9 +288,9 @@ OUTSIDE = ["absolute path", "parent path", "symlink out", "symlink to /dev/zero"
 
 @pytest.mark.parametrize("how", OUTSIDE)
 def test_a_manifest_entry_outside_the_checkpoint_is_refused_unopened(tmp_path, how, caplog):
-    """Issue 32: an entry naming /dev/zero or a ``../`` path made eval, export and play hang
-    or read outside the checkpoint. Only regular files inside the checkpoint folder are
-    opened; anything else makes the checkpoint damaged, and the previous one is used."""
+    """Only regular files inside the checkpoint folder are opened: an entry naming /dev/zero
+    or a ``../`` path makes the checkpoint damaged (no hang, nothing read outside it), and
+    the previous one is used."""
     runs = tmp_path / "runs"
     cks = _two_steps(runs)
     _point_outside(cks[2], how, tmp_path)
@@ -305,7 +306,7 @@ def test_a_manifest_entry_outside_the_checkpoint_is_refused_unopened(tmp_path, h
 
 
 def test_a_safetensors_storage_error_is_the_os_error_behind_it(tmp_path, monkeypatch):
-    """Issue 32: a full disk inside safetensors was a `SafetensorError`, which no caller maps;
+    """A full disk inside safetensors is a `SafetensorError`, which no caller maps;
     `write_tensors` raises the `OSError` it stands for (ENOSPC for a full disk)."""
     import errno
 

@@ -192,7 +192,7 @@ def _expected(b):
 
 
 def test_every_shaper_from_the_config_on_a_non_grpo_estimator(tmp_path, monkeypatch):
-    """Defect 1: shaping from the config crashed at step 1. Two steps with every registered
+    """Shaping from the config runs in the loop: two steps with every registered
     shaper on rloo; the learner receives shaper(rloo(shaped rewards)) as computed by hand."""
     from sparring.advantages.shaping import SHAPERS
     from sparring.train.learner import Learner

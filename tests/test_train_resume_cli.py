@@ -55,8 +55,9 @@ def test_sigkill_then_resume_from_the_cli_matches_an_uninterrupted_run(tmp_path)
 
 def test_a_relative_run_folder_moved_elsewhere_resumes_from_another_directory(tmp_path,
                                                                               monkeypatch):
-    """Issue 16: pool snapshot paths were stored as given ('runs/rel/pool/step-000001'), so
-    a relative train.run_dir resumed from another directory, or a moved run folder, failed."""
+    """Pool snapshot paths are stored relative to the run folder ('pool/step-000001', not
+    'runs/rel/pool/step-000001'), so a relative train.run_dir resumed from another
+    directory, or a moved run folder, resumes."""
     import shutil
 
     from sparring.cli import main

@@ -353,7 +353,7 @@ def test_unknown_scope_is_named():
 @pytest.mark.parametrize("scope,key", [("batch_agent", lambda r: r["a"]),
                                        ("batch", lambda r: 0), ("group", lambda r: r["g"])])
 def test_turn_rtg_scopes_match_the_reference(scope, key):
-    """Each scope's statistics over its own rows (issue 31: this checked only finiteness)."""
+    """Each scope's statistics over its own rows, value for value against the reference."""
     b, rs = batch(), rows()
     got = per_row(estimate("turn_rtg", b, scope=scope), b)
     assert got == pytest.approx(group_norm(rs, own_rtg(rs), key), abs=1e-5)

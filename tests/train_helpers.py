@@ -1,8 +1,8 @@
 """Shared pieces of the trainer tests: a tiny Qwen2, test-only registry entries, a
 deterministic fake rollout that samples from the model.
 
-The estimator / objective registered here are test doubles written out in full (the
-catalogue's own entries live on other branches): ``test_centered`` (A = R - group mean),
+The estimator / objective registered here are test doubles written out in full
+(independent of the registered catalogue): ``test_centered`` (A = R - group mean),
 ``test_centered_v`` (the same, declaring it needs values) and ``test_clip`` (PPO-clip).
 """
 

@@ -169,7 +169,7 @@ def role_ema(batch: TurnBatch, *, state: RoleEMA | None = None, decay: float = 0
     first time starts at ``init`` (``None``: at its batch mean). With ``state`` (a `RoleEMA`)
     its baselines are read and then updated in place; with None nothing is kept.
     Non-finite returns never enter the baselines, and their rows get ``A = 0``.
-    Shapes: ``[n_rows, T]``. Source: SPIRAL (2025); decay 0.95 per the catalogue.
+    Shapes: ``[n_rows, T]``. Source: SPIRAL (2025); decay 0.95 as in the paper.
     """
     if not 0.0 <= decay <= 1.0:
         raise ValueError(f"bad decay={decay!r}; must be in [0, 1]")

@@ -172,7 +172,7 @@ class FeatureCache:
     def load_center_state(self, state: dict[str, Tensor]) -> None:
         if "start" not in state:
             raise ValueError("feature transform state without the starting head 'start' "
-                             "(a checkpoint of the session-33 centering format)")
+                             "(a checkpoint of an older centering format, which is not read)")
         # copies: a tensor loaded from a file may be a view at an unaligned offset of its
         # buffer, and a one-row matmul then rounds differently from the run that saved it
         self.mean, self.start = _owned(state["mean"]), _owned(state["start"])

@@ -1,4 +1,4 @@
-"""Old config keys, still read (issue 31): `ALIASES` maps each to its new key, and
+"""Old config keys, still read: `ALIASES` maps each to its new key, and
 `translate` (a config mapping) and `translate_overrides` (``key=value`` items) rename them
 where a config enters (`from_dict`), with a warning naming both. An old key and its new
 one given together is a `ConfigError` naming both. A key below an old one moves with it

@@ -358,7 +358,7 @@ class TrainConfig:
     deterministic: bool = opt(
         False, "torch's deterministic kernels (torch.use_deterministic_algorithms, warning "
         "where an op has none), for a GPU run, or a multi-threaded one, that must repeat bit "
-        "for bit: the CPU kernel that broke two-thread runs is ordered without it "
+        "for bit: the CPU kernel whose order varies on two threads is ordered without it "
         "(docs/reliability.md; its cost: bench/determinism.py)")
     max_skipped_updates: int = opt(
         5, "stop after this many consecutive updates skipped for non-finite values", ge=1)
