@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 from sparring.policy.hf import HFPolicy
@@ -67,11 +68,20 @@ def smollm2_folder(cache: str | Path | None = None) -> Path:
     for holder in (model.config, getattr(model, "generation_config", None)):
         if holder is not None and hasattr(holder, "quantization_config"):
             delattr(holder, "quantization_config")
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    tmp.rename(out)  # atomic: a half-written folder is never taken as done
+    # each process writes its own folder and renames it into place (atomic: a half-written
+    # folder is never taken as done); two runs converting at once both end with one folder
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", suffix=".tmp", dir=out.parent))
+    try:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        try:
+            tmp.rename(out)
+        except OSError:
+            if not (out / "config.json").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
