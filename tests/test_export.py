@@ -2,6 +2,7 @@
 folder that transformers loads with the same log-probs as the run's policy."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,6 +11,8 @@ from safetensors import safe_open
 from sparring import Config, Trainer
 from sparring.cli import main
 from sparring.policy.tiny import build_tiny_model
+
+EXAMPLES = Path(__file__).parents[1] / "examples"
 
 FAST = ["train.steps=1", "rollout.episodes_per_step=16", "eval.opponents=[]",
         "eval.at_start=false", "eval.exploitability=false", "logging.progress=false",
@@ -73,7 +76,7 @@ def test_export_merges_lora(tmp_path):
     from sparring.train.restore import load_policy
 
     run = tmp_path / "run"
-    cfg = Config.load("example_lora_magnet", [
+    cfg = Config.load(str(EXAMPLES / "lora_magnet.yaml"), [
         *FAST, "optim.lr=0.05", "optim.warmup_steps=0", "train.minibatch_size=0",
         "train.microbatch_size=0", "envs.0.group_size=4", f"train.run_dir={run}"])
     trainer = Trainer(cfg)
@@ -131,7 +134,7 @@ def test_the_average_policy_is_the_magnet_the_run_evaluated(tmp_path):
     from sparring.train.restore import load_policy
 
     run = tmp_path / "run"
-    cfg = Config.load("example_lora_magnet", [
+    cfg = Config.load(str(EXAMPLES / "lora_magnet.yaml"), [
         "train.steps=2", "rollout.episodes_per_step=32", "eval.at_start=false",
         "eval.opponents=[]", "logging.progress=false", "checkpoint.every=0", "eval.every=2",
         "optim.lr=0.05", "optim.warmup_steps=0", "algorithm.kl.magnet_rate=0.5",
