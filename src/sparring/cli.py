@@ -127,6 +127,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     from sparring.train.setup import build
 
     run_dir = Path(args.resume) if args.resume else _run_dir(cfg)
+    if not args.resume:
+        from sparring.train.runlock import check_run_dir
+
+        check_run_dir(run_dir)  # before the model is built: a folder of someone else's
     parts = build(cfg, run_dir)
     console.print(f"precision: {parts.precision}", highlight=False)
     try:
@@ -373,8 +377,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a logged key to summarise, its direction or target (repeatable; "
                     "default: the runs' headline evaluation keys)")
     wp.add_argument("--out", default=None,
-                    help="output folder (default: runs/sweeps/RECIPE-TIME); finished seeds "
-                    "in it are reused")
+                    help="output folder (default: runs/sweeps/RECIPE-TIME); a seed finished "
+                    "there with the same arguments is reused, and a folder the sweep did not "
+                    "make, or made with other arguments, stops it (nothing is deleted)")
     xp = sub.add_parser("export", help="write a trained policy as a Hugging Face model folder "
                         "(LoRA merged, tokenizer and chat template included)")
     xp.add_argument("run_dir", metavar="RUN_DIR", help="a run folder or a checkpoint folder")
@@ -470,12 +475,16 @@ def _one_line(e: BaseException) -> str:
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that mean "the input is wrong", not "the code is wrong"."""
     from sparring.registry import UnknownNameError
-    from sparring.train.runlock import RunLockedError
+    from sparring.train.runlock import NotARunFolderError, RunLockedError
 
-    return (CommandError, ValueError, OSError, UnknownNameError, RunLockedError, ImportError)
+    return (CommandError, ValueError, OSError, UnknownNameError, RunLockedError,
+            NotARunFolderError, ImportError)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from sparring.lifeline import exit_with_parent
+
+    exit_with_parent()  # a sweep's trainer ends with its sweep, however that is killed
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and args.command == "sweep" and not any(e.startswith("-") for e in extra):

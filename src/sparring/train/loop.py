@@ -87,7 +87,7 @@ from sparring.train.checkpoint import (
 from sparring.train.config import Config, ConfigError, read_yaml, save_config, to_dict
 from sparring.train.metrics import METRICS_FILE, MetricsLogger, set_aside_metrics, truncate_metrics
 from sparring.train.policies import Models, TrainedPolicy, check_rows, trained_policies
-from sparring.train.runlock import RunLock
+from sparring.train.runlock import RunLock, claim_run_dir
 from sparring.train.signals import sigterm_as_interrupt
 
 log = logging.getLogger(__name__)
@@ -181,11 +181,12 @@ def train(cfg: Config, model: Models, rollout_fn: RolloutSource, eval_fn: EvalFn
     ``stateful``: extra objects with ``state_dict``/``load_state_dict`` (running baselines,
     opponent pools, the rollout's generators) saved in every checkpoint; their state is
     also snapshotted at the start of every step (for an exact crash checkpoint), so it
-    should be small. The run folder is locked while training (`RunLockedError` if another
-    process holds it).
+    should be small. The run folder is created with its marker, or must be empty or a
+    Sparring run already (`NotARunFolderError` otherwise: a folder of someone else's is left
+    untouched), and is locked while training (`RunLockedError` if another process holds
+    it).
     """
-    run = Path(run_dir) if run_dir is not None else _run_dir(cfg)
-    run.mkdir(parents=True, exist_ok=True)
+    run = claim_run_dir(Path(run_dir) if run_dir is not None else _run_dir(cfg))
     with sigterm_as_interrupt(), RunLock(run):
         return _train(cfg, model, rollout_fn, eval_fn, stateful, run, pad_id, resume, on_row)
 
