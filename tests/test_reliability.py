@@ -29,7 +29,7 @@ from sparring.train.config import from_dict
 from sparring.train.learner import Learner, NonFiniteError
 from sparring.train.loop import resume, train
 from sparring.train.metrics import read_metrics, truncate_metrics
-from sparring.train.runlock import LOCK_FILE, RunLock, RunLockedError
+from sparring.train.runlock import LOCK_FILE, RunLock, RunLockedError, write_run_marker
 from tests import train_helpers as th
 from tests.helpers import deadline
 from tests.train_resume_job import CONFIG, STEPS
@@ -351,8 +351,9 @@ def test_a_fresh_run_sets_stale_metrics_aside_and_resume_needs_a_checkpoint(
         full, tmp_path, caplog):
     run = tmp_path / "run"
     run.mkdir()
+    write_run_marker(run)  # a run killed before its first checkpoint: its marker, metrics
     stale = '{"step": 0, "eval/p_good": 0.1}\n{"step": 1, "loss": 9.0}\n'
-    (run / "metrics.jsonl").write_text(stale)  # a run killed before its first checkpoint
+    (run / "metrics.jsonl").write_text(stale)
     with pytest.raises(FileNotFoundError, match=f"{run} has no checkpoint to resume from"):
         job(run, resume_run=True)
     with pytest.raises(FileNotFoundError, match="does not exist"):

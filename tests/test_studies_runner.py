@@ -88,10 +88,11 @@ def test_complete_runs_are_reused_and_others_rerun(tmp_path):
     assert runs[0].args == ["kuhn_selfplay", "x.y=1", "train.steps=4", "train.seed=0",
                             "logging.progress=false"]
     assert runs[0].dir == tmp_path / "a" / "seed0" and runs[0].log == tmp_path / "a" / "seed0.log"
-    write_run(runs[0].dir, 4)
-    write_run(runs[1].dir, 3)  # stopped early
-    write_run(runs[2].dir, 7)
+    for r, steps in zip(runs, (4, 3, 7, 7)):  # run 1 stopped early
+        write_run(r.dir, steps)
+        (r.dir / runner.RECORD).write_text(json.dumps({"args": r.args, "wall_s": 1.0}))
     (runs[2].dir / runner.RECORD).write_text(json.dumps({"args": ["other"], "wall_s": 1.0}))
+    (runs[3].dir / runner.RECORD).unlink()  # no record: it matches no arguments
     assert [r.complete() for r in runs] == [True, False, False, False]
     assert runner.is_complete(runs[2].dir, 7)  # without args: the steps alone
     assert runner.plan({"a": runner.Arm("r")}, [0], tmp_path, 4, steps_override=2)[0].steps == 2
@@ -99,7 +100,8 @@ def test_complete_runs_are_reused_and_others_rerun(tmp_path):
 
 def test_run_jobs_skips_done_and_records(tmp_path):
     run = runner.plan({"a": runner.Arm("r")}, [0], tmp_path, 2)[0]
-    write_run(run.dir, 1)  # incomplete: the job clears it and runs again
+    write_run(run.dir, 1)  # incomplete, with its record: the job clears it and runs again
+    (run.dir / runner.RECORD).write_text(json.dumps({"args": run.args}))
     job = run.job()
     job.cmd = [sys.executable, "-c", "print('hi')"]  # stands in for the training
     assert runner.run_jobs([job]) == []

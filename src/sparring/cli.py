@@ -127,6 +127,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     from sparring.train.setup import build
 
     run_dir = Path(args.resume) if args.resume else _run_dir(cfg)
+    if not args.resume:
+        from sparring.train.runlock import check_run_dir
+
+        check_run_dir(run_dir)  # before the model is built: a folder of someone else's
     parts = build(cfg, run_dir)
     console.print(f"precision: {parts.precision}", highlight=False)
     try:
@@ -232,6 +236,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from sparring.export import export
 
     try:
+        _import_plugins(args)
         out = export(args.run_dir, args.out_dir, dtype=args.dtype, overwrite=args.overwrite,
                      trust_remote_code=args.trust_remote_code, policy=args.policy,
                      average=args.average)
@@ -267,6 +272,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         envs = [env_entry(e).name for e in args.env or []]
     except UnknownNameError as e:
         raise CommandError(f"--env: {e}") from None
+    _import_plugins(args)
     policies, cfg, ckpt = load_policies(args.checkpoint, args.device,
                                         trust_remote_code=args.trust_remote_code,
                                         average=args.average)
@@ -294,6 +300,7 @@ def cmd_play(args: argparse.Namespace) -> int:
     if sys.stdin is None or sys.stdin.closed:
         raise CommandError("play reads your moves from stdin, which is closed: run it in a "
                            "terminal or pipe the moves in")
+    _import_plugins(args)
     policies, cfg, _ = load_policies(args.checkpoint, args.device,
                                      trust_remote_code=args.trust_remote_code,
                                      average=args.average)
@@ -370,8 +377,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a logged key to summarise, its direction or target (repeatable; "
                     "default: the runs' headline evaluation keys)")
     wp.add_argument("--out", default=None,
-                    help="output folder (default: runs/sweeps/RECIPE-TIME); finished seeds "
-                    "in it are reused")
+                    help="output folder (default: runs/sweeps/RECIPE-TIME); a seed finished "
+                    "there with the same arguments is reused, and a folder the sweep did not "
+                    "make, or made with other arguments, stops it (nothing is deleted)")
     xp = sub.add_parser("export", help="write a trained policy as a Hugging Face model folder "
                         "(LoRA merged, tokenizer and chat template included)")
     xp.add_argument("run_dir", metavar="RUN_DIR", help="a run folder or a checkpoint folder")
@@ -380,7 +388,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="weights' dtype (default: the run's model.dtype)")
     xp.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists")
     xp.add_argument("--trust-remote-code", action="store_true",
-                    help="let the model's own code run (off: the run folder's config cannot)")
+                    help="let the run folder's own code run: its model code, plugins and "
+                    "\"module:attr\" references (off: its config.yaml cannot make them run)")
     xp.add_argument("--policy", metavar="NAME",
                     help="a run with several policies: the one to export")
     rp = sub.add_parser("report", help="plots and a markdown summary of a run")
@@ -395,7 +404,8 @@ def build_parser() -> argparse.ArgumentParser:
     ep.add_argument("--games", type=_positive_int, default=400,
                     help="games per opponent (seats rotate)")
     ep.add_argument("--trust-remote-code", action="store_true",
-                    help="let the model's own code run (off: the run folder's config cannot)")
+                    help="let the run folder's own code run: its model code, plugins and "
+                    "\"module:attr\" references (off: its config.yaml cannot make them run)")
     ep.add_argument("--sample", action="store_true", help="sample instead of greedy moves")
     ep.add_argument("--seed", type=int, default=0)
     ep.add_argument("--policy", metavar="NAME",
@@ -410,7 +420,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "environment)")
     pp.add_argument("--seat", type=int, default=0, help="your seat (0 moves first)")
     pp.add_argument("--trust-remote-code", action="store_true",
-                    help="let the model's own code run (off: the run folder's config cannot)")
+                    help="let the run folder's own code run: its model code, plugins and "
+                    "\"module:attr\" references (off: its config.yaml cannot make them run)")
     pp.add_argument("--sample", action="store_true", help="the model samples instead of argmax")
     pp.add_argument("--seed", type=int, default=0)
     pp.add_argument("--policy", metavar="NAME",
@@ -420,6 +431,10 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--device", help="where the model runs: cpu, cuda, cuda:N, mps or "
                         "auto (default: the run's model.device)")
     for sp in (xp, ep, pp):
+        sp.add_argument("--plugin", action="append", metavar="MODULE",
+                        help="import a module (or .py file) that registers the run's own "
+                        "envs, estimators ... first (the run folder's `plugins` are not "
+                        "imported without --trust-remote-code)")
         sp.add_argument("--average", action="store_true",
                         help="the run's average policy instead of its last one: the magnet "
                         "(algorithm.kl.reference=magnet), an average of its recent weights")
@@ -460,12 +475,16 @@ def _one_line(e: BaseException) -> str:
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that mean "the input is wrong", not "the code is wrong"."""
     from sparring.registry import UnknownNameError
-    from sparring.train.runlock import RunLockedError
+    from sparring.train.runlock import NotARunFolderError, RunLockedError
 
-    return (CommandError, ValueError, OSError, UnknownNameError, RunLockedError, ImportError)
+    return (CommandError, ValueError, OSError, UnknownNameError, RunLockedError,
+            NotARunFolderError, ImportError)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from sparring.lifeline import exit_with_parent
+
+    exit_with_parent()  # a sweep's trainer ends with its sweep, however that is killed
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and args.command == "sweep" and not any(e.startswith("-") for e in extra):

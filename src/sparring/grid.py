@@ -2,11 +2,23 @@
 
 `plan` lays out the runs: run (arm, seed) trains in ``OUT/<arm>/seed<S>/`` as
 ``python -m sparring train RECIPE OVERRIDES... train.steps=N train.seed=S train.run_dir=DIR``,
-its output in ``OUT/<arm>/seed<S>.log``, and ``DIR/study.json`` records its arguments, exit
-status and wall seconds. `run_jobs` runs them ``n`` at a time, each on ``threads`` torch
-threads; a run whose ``metrics.jsonl`` already reaches step N with the same arguments is
-reused, so an interrupted grid resumes where it stopped, and an incomplete one starts again.
-`curve`, `last`, `wall_time` read a run folder; `plot` draws a metric over a grid's seeds.
+its output in ``OUT/<arm>/seed<S>.log``. The grid creates ``DIR`` itself, with the run
+marker (`sparring.train.runlock.RUN_MARKER`) and ``DIR/study.json``, which records the run's
+arguments from the start and its exit status and wall seconds at the end. `run_jobs` runs
+them ``n`` at a time, each on ``threads`` torch threads, as children that end with the
+grid's process (`sparring.lifeline`: a killed grid leaves no trainer behind).
+
+What an existing ``DIR`` gets (`folder_state`, checked for every run before any runs):
+
+    no study.json                  refused: the grid did not make it; left as it is
+    other arguments in study.json  refused, naming what differs; nothing is deleted
+    its run.lock held              refused: a run is training there
+    same arguments, finished       reused (its metrics.jsonl reaches step N)
+    same arguments, unfinished     deleted and started again (this grid's own earlier
+                                   attempt, killed or failed)
+
+A refusal is a `FolderError`, one line naming the folder. `curve`, `last`, `wall_time` read
+a run folder; `plot` draws a metric over a grid's seeds.
 
 Used by ``sparring sweep`` (`sparring.sweep`: one recipe over seeds) and by the studies
 (studies/runner.py: several arms, their t intervals).
@@ -21,14 +33,17 @@ import shutil
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sparring.lifeline import child_env
 from sparring.report import _smooth, series
 from sparring.train.metrics import read_metrics
+from sparring.train.runlock import lock_holder, write_run_marker
 
 RECORD = "study.json"
 _SRC = Path(__file__).resolve().parents[1]  # the folder holding the sparring package
@@ -52,12 +67,18 @@ def record(run_dir: str | Path) -> dict[str, Any] | None:
 
 
 def is_complete(run_dir: str | Path, steps: int, args: Sequence[str] | None = None) -> bool:
-    """The run's metrics reach step ``steps``, and its record (if any) has ``args``."""
+    """The run's metrics reach step ``steps``, and (given ``args``) its record holds
+    exactly ``args`` (a run without a record matches no arguments)."""
     last = final_step(run_dir)
     if last is None or last < steps:
         return False
-    rec = record(run_dir)
-    return args is None or rec is None or rec.get("args") == list(args)
+    if args is None:
+        return True
+    try:
+        rec = record(run_dir)
+    except (OSError, ValueError):
+        return False
+    return isinstance(rec, dict) and rec.get("args") == list(args)
 
 
 def last(run_dir: str | Path, key: str) -> float | None:
@@ -112,6 +133,78 @@ class Arm:
     steps: int | None = None
 
 
+class FolderError(ValueError):
+    """A run folder the grid may not use or delete; the message is one line naming it."""
+
+
+def args_difference(stored: Sequence[str], asked: Sequence[str]) -> str:
+    """What differs between two argument lists, in words."""
+    only_stored = [a for a in stored if a not in asked]
+    only_asked = [a for a in asked if a not in stored]
+    if not only_stored and not only_asked:
+        return "the same arguments in another order"
+    parts = []
+    if only_stored:
+        parts.append(f"it has {' '.join(only_stored)}")
+    if only_asked:
+        parts.append(f"this run asks {' '.join(only_asked)}")
+    return ", ".join(parts)
+
+
+def folder_state(run: Run) -> str:
+    """What to do with ``run``'s folder (module doc): "new", "done" (reuse) or "again"
+    (delete and start again); a `FolderError` for a folder to leave alone."""
+    d = run.dir
+    if not os.path.lexists(d):
+        return "new"
+    if not d.is_dir() or d.is_symlink():
+        raise FolderError(f"{d} exists and is not a run folder; it is left as it is: move it "
+                          "away or pick another --out")
+    if not (d / RECORD).is_file():
+        raise FolderError(f"{d} was not made by a sweep (no {RECORD}); it is left as it is: "
+                          "move it away or pick another --out")
+    try:
+        rec = record(d)
+        stored = rec["args"]
+        if not isinstance(stored, list):
+            raise TypeError
+    except (OSError, ValueError, TypeError, KeyError):
+        raise FolderError(f"{d / RECORD} is damaged (no argument list); the folder is left as "
+                          "it is: move it away or pick another --out") from None
+    if stored != list(run.args):
+        why = args_difference(stored, run.args)
+        raise FolderError(f"{d} holds a run with other arguments ({why}); nothing was "
+                          "deleted: pick another --out, or remove that folder yourself")
+    holder = lock_holder(d)
+    if holder is not None:
+        raise FolderError(f"{d} is in use by a training run (pid {holder}); wait for it to "
+                          "finish, or pick another --out")
+    return "done" if is_complete(d, run.steps, run.args) else "again"
+
+
+def _create(run: Run) -> None:
+    """``run.dir`` made whole or not at all: a fresh hidden sibling gets the run marker and
+    the record (no exit status yet), then takes the folder's name."""
+    run.dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = run.dir.parent / f".{run.dir.name}.new-{uuid.uuid4().hex[:12]}"
+    tmp.mkdir()  # a fresh name, the umask's mode
+    try:
+        write_run_marker(tmp)
+        _write_record(tmp, run, None, None)
+        os.rename(tmp, run.dir)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)  # our own fresh folder
+        raise FolderError(f"{run.dir}: cannot create it ({e.strerror or e})") from None
+
+
+def _write_record(folder: Path, run: Run, rc: int | None, wall: float | None) -> None:
+    from sparring.train.atomic import atomic_write_text
+
+    atomic_write_text(folder / RECORD, json.dumps(
+        {"arm": run.arm, "seed": run.seed, "args": list(run.args), "returncode": rc,
+         "wall_s": wall}, indent=1))
+
+
 @dataclass
 class Run:
     arm: str
@@ -128,25 +221,31 @@ class Run:
         return is_complete(self.dir, self.steps, self.args)
 
     def job(self) -> Job:
-        def before() -> None:
-            if self.dir.exists():  # incomplete or stale: start it again
+        def check() -> None:
+            folder_state(self)
+
+        def before() -> None:  # decided again now: a run may have started meanwhile
+            state = folder_state(self)
+            if state == "again":  # this grid's own run with these arguments, unfinished
                 shutil.rmtree(self.dir)
+            if state != "done":
+                _create(self)
 
         def after(rc: int, wall: float) -> None:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            (self.dir / RECORD).write_text(json.dumps(
-                {"arm": self.arm, "seed": self.seed, "args": self.args, "returncode": rc,
-                 "wall_s": wall}, indent=1))
+            if self.dir.is_dir() and (self.dir / RECORD).is_file():
+                _write_record(self.dir, self, rc, wall)
 
         cmd = [sys.executable, "-m", "sparring", "train", *self.args,
                f"train.run_dir={self.dir}"]
-        return Job(f"{self.arm} seed {self.seed}", cmd, self.log, self.complete, before, after)
+        return Job(f"{self.arm} seed {self.seed}", cmd, self.log, self.complete, before, after,
+                   check)
 
 
 @dataclass
 class Job:
-    """A command to run unless ``done()``; ``before`` runs first, ``after(rc, wall_s)``
-    once it ended."""
+    """A command to run unless ``done()``; ``check`` runs for every job before any runs (a
+    `FolderError` stops them all), ``before`` just before this one runs (a `FolderError`
+    there fails this job alone), ``after(rc, wall_s)`` once it ended."""
 
     name: str
     cmd: list[str]
@@ -154,6 +253,7 @@ class Job:
     done: Callable[[], bool]
     before: Callable[[], None] = field(default=lambda: None)
     after: Callable[[int, float], None] = field(default=lambda rc, wall: None)
+    check: Callable[[], None] = field(default=lambda: None)
 
 
 def plan(arms: dict[str, Arm], seeds: Sequence[int], out: Path, steps: int,
@@ -180,15 +280,29 @@ def run_env(threads: int = 1) -> dict[str, str]:
 def run_jobs(jobs: Sequence[Job], n: int = 1, threads: int = 1,
              cwd: str | Path | None = None) -> list[str]:
     """Run the jobs not yet done, ``n`` at a time, each as a subprocess (in ``cwd``, default
-    the current folder) on ``threads`` threads with its stdout and stderr in its log;
-    returns the names of those that failed."""
+    the current folder) on ``threads`` threads with its stdout and stderr in its log,
+    ending with this process (`sparring.lifeline`); returns the names of those that failed.
+    Every job's ``check`` runs first: the first `FolderError` (with how many more there
+    are) stops everything before anything runs or is deleted."""
+    problems: list[FolderError] = []
+    for j in jobs:
+        try:
+            j.check()
+        except FolderError as e:
+            problems.append(e)
+    if problems:
+        more = f" (and {len(problems) - 1} more folder(s))" if len(problems) > 1 else ""
+        raise FolderError(f"{problems[0]}{more}")
     todo = [j for j in jobs if not j.done()]
     if len(todo) < len(jobs):
         print(f"{len(jobs) - len(todo)} of {len(jobs)} already done, reused", flush=True)
-    env, failed = run_env(threads), []
+    env, failed = child_env(run_env(threads)), []
 
-    def one(job: Job) -> tuple[Job, int, float]:
-        job.before()
+    def one(job: Job) -> tuple[Job, int | str, float]:
+        try:
+            job.before()
+        except FolderError as e:
+            return job, f"not run: {e}", 0.0
         job.log.parent.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
         with open(job.log, "w") as log:
@@ -201,7 +315,8 @@ def run_jobs(jobs: Sequence[Job], n: int = 1, threads: int = 1,
     with ThreadPoolExecutor(max_workers=max(1, n)) as pool:
         for k, fut in enumerate(as_completed([pool.submit(one, j) for j in todo]), 1):
             job, rc, wall = fut.result()
-            state = "ok" if rc == 0 else f"FAILED (exit {rc}), see {job.log}"
+            state = ("ok" if rc == 0 else rc if isinstance(rc, str)
+                     else f"FAILED (exit {rc}), see {job.log}")
             print(f"[{k}/{len(todo)}] {job.name}: {wall:.0f} s, {state}", flush=True)
             if rc != 0:
                 failed.append(job.name)

@@ -1,7 +1,19 @@
 """``sparring sweep RECIPE --seeds 0-7 --jobs 2 [overrides]``: one recipe over seeds.
 
-Each seed trains as its own ``sparring train`` subprocess (`sparring.grid`: reused when it
-already finished, restarted when it did not) in ``OUT/seed<S>/``. Then, per metric, the
+Each seed trains as its own ``sparring train`` subprocess in ``OUT/seed<S>/``, which ends
+with the sweep however the sweep is killed (`sparring.lifeline`). The sweep deletes or
+overwrites only what it made, and refuses with one line, before anything runs, rather than
+guess (`claim_out`, `sparring.grid.folder_state`):
+
+* ``OUT`` carries ``sweep.json``, written when the sweep creates it; an existing ``OUT``
+  without it is used only when empty (or when it holds nothing but an older sweep's
+  files), and ``OUT/sweep.lock`` keeps a second sweep out of it while one runs.
+* a seed folder carries ``study.json`` with the run's arguments from its creation: with
+  the same arguments it is reused when finished and started again when not (the sweep's
+  own earlier attempt); with other arguments, without the record, or while its run.lock
+  is held (a live trainer) the sweep stops naming it, and deletes nothing.
+
+Then, per metric, the
 seeds' final value and best value (the best of its evaluations: lowest for a ``min``
 metric such as exploitability, highest for a ``max`` one such as a non-loss rate) are
 summarised across seeds:
@@ -25,6 +37,7 @@ the others maximised.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -35,7 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sparring.grid import Arm, Run, plan, rows, run_jobs, wall_time
+from sparring.grid import RECORD, Arm, Run, plan, rows, run_jobs, wall_time
 from sparring.report import series
 
 HEADLINES = ("/exploitability", "/non_loss", "/joint/mean_return_seat0")
@@ -43,8 +56,42 @@ MAX_SEEDS = 1000
 _SPEC = re.compile(r"^(?P<key>[^:<>=]+?)(?::(?P<mode>min|max)|(?P<op><=|>=)(?P<target>.+))?$")
 
 
+SWEEP_MARKER = "sweep.json"
+SWEEP_LOCK = "sweep.lock"
+_SWEEP_FILES = re.compile(r"^(seed\d+\.log|sweep\.(md|png|lock))$")
+
+
 class SweepError(ValueError):
     """A bad sweep argument: the message names it."""
+
+
+def _sweeps_own(p: Path) -> bool:
+    """Whether ``p`` (in an output folder without `SWEEP_MARKER`) is what a sweep writes."""
+    if p.is_dir() and not p.is_symlink():
+        return re.fullmatch(r"seed\d+", p.name) is not None and (p / RECORD).is_file()
+    return p.is_file() and _SWEEP_FILES.match(p.name) is not None
+
+
+def claim_out(out: Path, recipe: str, overrides: Sequence[str]) -> None:
+    """Make ``out`` this sweep's folder: create it with `SWEEP_MARKER`, or take one that has
+    it; an existing folder without it only when it is empty or holds nothing but an older
+    sweep's files (seed folders with their ``study.json``, logs, ``sweep.md``/``.png``).
+    A `SweepError` naming the folder otherwise, with nothing written."""
+    if os.path.lexists(out) and not out.is_dir():
+        raise SweepError(f"--out: {out} exists and is not a folder; pick another --out")
+    if out.is_dir() and not (out / SWEEP_MARKER).is_file():
+        foreign = [p.name for p in sorted(out.iterdir()) if not _sweeps_own(p)]
+        if foreign:
+            raise SweepError(f"--out: {out} holds files no sweep wrote (such as "
+                             f"{foreign[0]!r}) and no {SWEEP_MARKER}; nothing was written or "
+                             "deleted: pick another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    if not (out / SWEEP_MARKER).is_file():
+        from sparring.train.atomic import atomic_write_text
+
+        atomic_write_text(out / SWEEP_MARKER, json.dumps(
+            {"format": 1, "kind": "sweep", "recipe": recipe, "overrides": list(overrides),
+             "created": datetime.now().isoformat(timespec="seconds")}, indent=1) + "\n")
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -244,6 +291,7 @@ def sweep(recipe: str, seeds: Sequence[int], overrides: Sequence[str] = (), *, j
     torch threads each (default: the cores shared among the jobs); (the markdown report,
     the number of failed runs). ``steps``: train.steps of every run (default: the recipe's)."""
     from sparring.train.config import find_recipe, load_config
+    from sparring.train.runlock import RunLock
 
     if jobs < 1:
         raise SweepError(f"--jobs: {jobs}; must be >= 1")
@@ -258,9 +306,20 @@ def sweep(recipe: str, seeds: Sequence[int], overrides: Sequence[str] = (), *, j
     # one arm: its seeds directly under OUT, not under OUT/<arm>
     runs = [replace(r, dir=out / f"seed{r.seed}")
             for r in plan({name: Arm(recipe, list(overrides))}, seeds, out, n_steps)]
-    print(f"sweep {name}: seeds {', '.join(map(str, seeds))}, {jobs} at a time, "
-          f"{threads} thread(s) each -> {out}", flush=True)
-    failed = run_jobs([r.job() for r in runs], jobs, threads=threads)
+    claim_out(out, recipe, overrides)
+    with RunLock(out, SWEEP_LOCK, "--out: {folder} is in use by another sweep (pid {pid}); "
+                 "wait for it to finish, or pick another --out"):
+        print(f"sweep {name}: seeds {', '.join(map(str, seeds))}, {jobs} at a time, "
+              f"{threads} thread(s) each -> {out}", flush=True)
+        failed = run_jobs([r.job() for r in runs], jobs, threads=threads)
+        return _report(name, recipe, seeds, overrides, runs, failed, out, jobs, threads,
+                       metrics, specs, steps)
+
+
+def _report(name: str, recipe: str, seeds: Sequence[int], overrides: Sequence[str],
+            runs: list[Run], failed: list[str], out: Path, jobs: int, threads: int,
+            metrics: Sequence[str], specs: list[Metric], steps: int | None) -> tuple[str, int]:
+    """The sweep's table (stdout, ``OUT/sweep.md``) and plot (``OUT/sweep.png``)."""
     chosen = specs or headline_metrics(runs)
     summaries = []
     for m in chosen:

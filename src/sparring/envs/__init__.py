@@ -6,8 +6,9 @@ registered under aliases (OpenSpiel's names: ``make("leduc_poker")`` is ``leduc`
 may declare ``game_tree=True``: its instances expose the exact game tree (see
 `sparring.envs.base.TreeGame`), so exploitability and the CFR bot apply to it
 (`has_game_tree`). An env whose options can name code (an adapter's ``"module:attr"``
-functions) declares ``imports=fn``, ``fn(options) -> {option: module}``, so a run folder's
-config can be refused before anything is imported (`imported_modules`).
+functions) declares ``references=fn``, ``fn(options) -> {option: "module:attr"}``, so a run
+folder's config is checked against `sparring.plugins.check_reference` before anything is
+imported or built (`code_references`).
 """
 
 from __future__ import annotations
@@ -45,14 +46,15 @@ _ENV_MODULES: tuple[str, ...] = (
 def register_env(
     name: str, *, family: str, source: str = "", needs: tuple[str, ...] = (),
     aliases: tuple[str, ...] = (), game_tree: bool = False,
-    imports: Callable[[dict[str, Any]], dict[str, str]] | None = None,
+    references: Callable[[dict[str, Any]], dict[str, str]] | None = None,
 ) -> Callable[[Callable[..., Env]], Callable[..., Env]]:
     """Register a factory ``fn(**options) -> Env``. ``family``: game, cooperative, task, tool;
     ``aliases``: other names of the same game (e.g. OpenSpiel's); ``game_tree``: its envs
-    implement `sparring.envs.base.TreeGame` (exact exploitability, CFR); ``imports``: the
-    modules given options would make the factory import, by option name."""
+    implement `sparring.envs.base.TreeGame` (exact exploitability, CFR); ``references``:
+    the ``"module:attr"`` code references given options hold (each resolved with
+    `sparring.plugins.import_object`), by option name."""
     return ENVS.register(name, family=family, source=source, needs=needs, aliases=aliases,
-                         game_tree=game_tree, imports=imports)
+                         game_tree=game_tree, references=references)
 
 
 def _load() -> None:
@@ -80,11 +82,11 @@ def has_game_tree(name: str) -> bool:
     return bool(env_entry(name).extra.get("game_tree"))
 
 
-def imported_modules(name: str, options: dict[str, Any]) -> dict[str, str]:
-    """``{option: module}``: the modules building env ``name`` with ``options`` would
-    import (empty for an env whose options name no code)."""
-    imports = env_entry(name).extra.get("imports")
-    return dict(imports(options)) if imports is not None else {}
+def code_references(name: str, options: dict[str, Any]) -> dict[str, str]:
+    """``{option: "module:attr"}``: the code references building env ``name`` with
+    ``options`` would resolve (empty for an env whose options name no code)."""
+    references = env_entry(name).extra.get("references")
+    return dict(references(options)) if references is not None else {}
 
 
 def list_envs() -> list[Entry]:
@@ -93,4 +95,4 @@ def list_envs() -> list[Entry]:
 
 
 __all__ = ["ENVS", "Env", "ParseResult", "StepResult", "env_entry", "has_game_tree",
-           "imported_modules", "list_envs", "make", "register_env"]
+           "code_references", "list_envs", "make", "register_env"]

@@ -84,10 +84,10 @@ from sparring.train.checkpoint import (
     tidy_checkpoints,
     write_tensors,
 )
-from sparring.train.config import Config, ConfigError, load_config, save_config, to_dict
+from sparring.train.config import Config, ConfigError, read_yaml, save_config, to_dict
 from sparring.train.metrics import METRICS_FILE, MetricsLogger, set_aside_metrics, truncate_metrics
 from sparring.train.policies import Models, TrainedPolicy, check_rows, trained_policies
-from sparring.train.runlock import RunLock
+from sparring.train.runlock import RunLock, claim_run_dir
 from sparring.train.signals import sigterm_as_interrupt
 
 log = logging.getLogger(__name__)
@@ -181,11 +181,12 @@ def train(cfg: Config, model: Models, rollout_fn: RolloutSource, eval_fn: EvalFn
     ``stateful``: extra objects with ``state_dict``/``load_state_dict`` (running baselines,
     opponent pools, the rollout's generators) saved in every checkpoint; their state is
     also snapshotted at the start of every step (for an exact crash checkpoint), so it
-    should be small. The run folder is locked while training (`RunLockedError` if another
-    process holds it).
+    should be small. The run folder is created with its marker, or must be empty or a
+    Sparring run already (`NotARunFolderError` otherwise: a folder of someone else's is left
+    untouched), and is locked while training (`RunLockedError` if another process holds
+    it).
     """
-    run = Path(run_dir) if run_dir is not None else _run_dir(cfg)
-    run.mkdir(parents=True, exist_ok=True)
+    run = claim_run_dir(Path(run_dir) if run_dir is not None else _run_dir(cfg))
     with sigterm_as_interrupt(), RunLock(run):
         return _train(cfg, model, rollout_fn, eval_fn, stateful, run, pad_id, resume, on_row)
 
@@ -498,7 +499,9 @@ def resume(run_dir: str | Path, model: Models, rollout_fn: RolloutSource,
            cfg: Config | None = None) -> Path:
     """Continue the run in ``run_dir`` from its newest intact checkpoint (its saved config +
     ``overrides``, e.g. ``train.steps=200`` to extend it; ``cfg``: that config when the
-    caller has already read it, as ``sparring train --resume`` has, checks included)."""
+    caller has already read it, as ``sparring train --resume`` has, checks included;
+    without it the folder's config is read as data, `read_run_config`: no plugin or code
+    reference of its own runs)."""
     run = Path(run_dir)
     if not step_dirs(run):
         why = ("does not exist" if not run.is_dir() else
@@ -506,8 +509,11 @@ def resume(run_dir: str | Path, model: Models, rollout_fn: RolloutSource,
                "starts again without --resume)")
         raise FileNotFoundError(f"{run} {why}")
     with sigterm_as_interrupt(), RunLock(run):
-        if cfg is None:
-            cfg = load_config(run / CONFIG_FILE, list(overrides))
+        if cfg is None:  # the folder's config as data: it names no code of its own
+            from sparring.train.restore import run_config_from_data
+
+            cfg = run_config_from_data(read_yaml(run / CONFIG_FILE), run / CONFIG_FILE,
+                                       list(overrides))
         check_steps_left(run, cfg.train.steps)
         return _train(cfg, model, rollout_fn, eval_fn, stateful, run, pad_id, resume=True,
                       on_row=on_row)

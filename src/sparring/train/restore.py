@@ -19,6 +19,7 @@ import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -59,22 +60,42 @@ def read_run_config(path: str | Path, overrides: Sequence[str] = (), *,
     as data: without ``trust_remote_code`` its ``plugins`` are not imported (they stay in
     ``cfg.plugins``; a name only they register is then an unknown name, and the error says
     how to load them), ``model.trust_remote_code`` is set to False, with a warning when
-    the folder asked for it, and an env option that would import a module other than
-    Sparring's own (an adapter's ``"module:attr"`` function) is a ConfigError naming it,
-    raised before anything is imported. With it, all three are honoured."""
+    the folder asked for it, and a code reference in an env option (an adapter's
+    ``"module:attr"``) must be one Sparring exposes (`sparring.plugins.check_reference`):
+    anything else is a ConfigError naming the option, raised before anything is imported
+    or built; the config is then checked inside `sparring.plugins.untrusted`, so no
+    reference or plugin it names resolves to code Sparring does not expose. With it, all
+    of these are honoured."""
     data = read_yaml(path)
     if not (isinstance(data, dict) and isinstance(data.get("model"), dict) and data.get("envs")):
         raise ConfigError(f"{path} is empty or damaged: a run's config.yaml holds its model and "
                           "envs sections (as the run wrote it); restore it from a copy")
-    if not trust_remote_code:
-        _refuse_code_references(data, path)
+    return run_config_from_data(data, path, overrides, trust_remote_code=trust_remote_code)
+
+
+def run_config_from_data(data: Any, path: str | Path, overrides: Sequence[str] = (), *,
+                         trust_remote_code: bool = False) -> Config:
+    """`read_run_config` of the YAML ``data`` read from ``path`` (named in errors), without
+    its check that the sections of a run's config are there (a run of the Python API may
+    have no ``envs``)."""
+    from sparring.plugins import untrusted
+
+    if trust_remote_code:
+        cfg = from_dict(data, list(overrides))
+        cfg.model.trust_remote_code = True
+        return cfg
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a config file must hold a mapping, got "
+                          f"{type(data).__name__}")
+    _refuse_code_references(data, path)
     saved: list[str] = []
-    if not trust_remote_code and isinstance(data, dict) and data.get("plugins"):
+    if data.get("plugins"):
         data = dict(data)
         listed = data.pop("plugins")
         saved = [str(x) for x in listed] if isinstance(listed, list) else [str(listed)]
     try:
-        cfg = from_dict(data, list(overrides))
+        with untrusted():
+            cfg = from_dict(data, list(overrides))
     except ConfigError as e:
         if not saved:
             raise
@@ -82,35 +103,35 @@ def read_run_config(path: str | Path, overrides: Sequence[str] = (), *,
                           "folder: name them with --plugin, or pass --trust-remote-code)") \
             from None
     cfg.plugins = [*saved, *(p for p in cfg.plugins if p not in saved)]
-    if cfg.model.trust_remote_code and not trust_remote_code:
+    if cfg.model.trust_remote_code:
         log.warning("%s sets model.trust_remote_code: true; ignored (a run folder does not "
                     "run code unless you pass --trust-remote-code)", path)
-    cfg.model.trust_remote_code = trust_remote_code
+    cfg.model.trust_remote_code = False
     return cfg
 
 
-def _refuse_code_references(data: object, path: str | Path) -> None:
-    """ConfigError for the first env option of a run's saved config that would import a
-    module outside Sparring (`sparring.envs.imported_modules`); a malformed ``envs`` or an
+def _refuse_code_references(data: dict, path: str | Path) -> None:
+    """ConfigError for the first env option of a run's saved config that names code
+    Sparring does not expose (`sparring.envs.code_references`,
+    `sparring.plugins.check_reference`); resolves nothing. A malformed ``envs`` or an
     unknown env name is left to the config check, which names it."""
-    from sparring.envs import imported_modules
-    from sparring.plugins import is_sparring_module
+    from sparring.envs import code_references
+    from sparring.plugins import check_reference
 
-    envs = data.get("envs") if isinstance(data, dict) else None
+    envs = data.get("envs")
     for i, env in enumerate(envs if isinstance(envs, list) else []):
         options = env.get("options") if isinstance(env, dict) else None
         if not isinstance(options, dict) or not isinstance(env.get("name"), str):
             continue
         try:
-            modules = imported_modules(env["name"], options)
+            refs = code_references(env["name"], options)
         except KeyError:  # an unknown env name: the config check names it
             continue
-        for key, module in modules.items():
-            if not is_sparring_module(module):
-                raise ConfigError(
-                    f"envs.{i}.options.{key} in {path} imports the module {module!r}: a run "
-                    "folder's config does not run code; pass --trust-remote-code if you "
-                    "trust this folder")
+        for key, ref in refs.items():
+            try:
+                check_reference(ref, f"envs.{i}.options.{key} in {path}", trusted=False)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
 
 
 def check_policy_name(cfg: Config, policy: str | None) -> None:

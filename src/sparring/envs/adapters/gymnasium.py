@@ -36,7 +36,7 @@ from sparring.envs import register_env
 from sparring.envs.base import ParseResult, StepResult
 from sparring.envs.parsing import parse_choice, parse_tagged
 from sparring.extras import import_extra
-from sparring.plugins import import_object, reference_module
+from sparring.plugins import import_module_named, import_object, reference
 
 
 def import_gymnasium() -> Any:
@@ -131,6 +131,8 @@ class GymnasiumEnv:
                  system_prompt: str | None = None, annotate: bool = True) -> None:
         gym = import_gymnasium()
         if isinstance(env, str):
+            if ":" in env:  # "module:Env-v0": gym.make would import the module
+                import_module_named(env.partition(":")[0], "gymnasium env")
             try:
                 env = gym.make(env, **dict(env_kwargs or {}))
             except gym.error.Error as e:
@@ -233,16 +235,16 @@ class GymnasiumEnv:
         return [self._ret]
 
 
-def gymnasium_imports(options: dict[str, Any]) -> dict[str, str]:
-    """The modules these options make the adapter import: its ``"module:attr"`` functions,
+def gymnasium_references(options: dict[str, Any]) -> dict[str, str]:
+    """The code references these options hold, by option: the ``"module:attr"`` functions,
     and an env id in Gymnasium's ``"module:EnvName-v0"`` form (``gym.make`` imports it)."""
     keys = ("env", "obs_to_text", "text_to_action", "action_to_text")
-    return {k: m for k in keys if (m := reference_module(options.get(k)))}
+    return {k: r for k in keys if (r := reference(options.get(k)))}
 
 
 @register_env("gymnasium", family="task",
               source="Gymnasium (Towers et al. 2024) single-agent envs, optional extra",
-              needs=("gymnasium extra",), imports=gymnasium_imports)
+              needs=("gymnasium extra",), references=gymnasium_references)
 def make_gymnasium(env: Any = None, obs_to_text: Any = None, text_to_action: Any = None,
                    action_to_text: Any = None, **options: Any) -> GymnasiumEnv:
     """Any single-agent Gymnasium env with your text functions (``"module:attr"`` names work)."""

@@ -50,7 +50,7 @@ from sparring.envs.adapters.gymnasium import (
 from sparring.envs.base import ParseResult, StepResult
 from sparring.envs.parsing import parse_choice
 from sparring.extras import import_extra
-from sparring.plugins import import_object, reference_module
+from sparring.plugins import expose, import_object, reference
 
 
 def import_pettingzoo() -> Any:
@@ -258,6 +258,7 @@ class PettingZooEnv:
 # --- text views of the classic board games ------------------------------------------------
 
 
+@expose
 def board_text(observation: Any, *, transpose: bool = False, marks: str = "XO.") -> str:
     """A board of two planes ``[rows, cols, 2]`` (the observer's pieces, the opponent's; the
     classic games' ``observation["observation"]``) as rows of ``marks``: mine, theirs, empty."""
@@ -269,12 +270,14 @@ def board_text(observation: Any, *, transpose: bool = False, marks: str = "XO.")
                      for row in planes)
 
 
+@expose
 def tictactoe_text(observation: Any) -> str:
     """PettingZoo tic-tac-toe: the board (X: you, O: the opponent), cells numbered 1-9 row by
     row (``TICTACTOE_CELLS`` names the actions so)."""
     return board_text(observation, transpose=True) + "\nX is you; cells 123/456/789."
 
 
+@expose
 def tictactoe_cells(observation: Any) -> str:
     """PettingZoo tic-tac-toe as its 9 cells row by row (``"X...O...."``; X: you), the
     compact view tiny models read best (with ``annotate=False``)."""
@@ -282,31 +285,36 @@ def tictactoe_cells(observation: Any) -> str:
 
 
 # PettingZoo numbers tic-tac-toe squares column by column (action a: row a % 3, column a // 3)
-TICTACTOE_CELLS = [str(3 * (a % 3) + a // 3 + 1) for a in range(9)]
+TICTACTOE_CELLS = expose([str(3 * (a % 3) + a // 3 + 1) for a in range(9)],
+                         name="TICTACTOE_CELLS", module=__name__)
 
 
+@expose
 def connect_four_text(observation: Any) -> str:
     """PettingZoo Connect Four: the 6x7 grid, top row first (X: you, O: the opponent)."""
     return board_text(observation) + "\n1234567"
 
 
-CONNECT_FOUR_COLUMNS = [str(c) for c in range(1, 8)]
+CONNECT_FOUR_COLUMNS = expose([str(c) for c in range(1, 8)], name="CONNECT_FOUR_COLUMNS",
+                              module=__name__)
 
 
-def pettingzoo_imports(options: dict[str, Any]) -> dict[str, str]:
-    """The modules these options make the adapter import: its ``"module:attr"`` functions,
-    and ``env`` unless it is a registry id (``"classic/tictactoe-v3"``, see `build_env`)."""
-    out = {k: m for k in ("obs_to_text", "text_to_action", "action_to_text")
-           if (m := reference_module(options.get(k)))}
+def pettingzoo_references(options: dict[str, Any]) -> dict[str, str]:
+    """The code references these options hold, by option: the ``"module:attr"`` functions,
+    and ``env`` unless it is a registry id (``"classic/tictactoe-v3"``, see `build_env`;
+    a module name stands for its ``env()`` or ``parallel_env()``)."""
+    out = {k: r for k in ("obs_to_text", "text_to_action", "action_to_text")
+           if (r := reference(options.get(k)))}
     env = options.get("env")
     if isinstance(env, str) and (":" in env or "/" not in env):
-        out["env"] = env.partition(":")[0].strip()
+        factory = "parallel_env" if options.get("parallel") else "env"
+        out["env"] = env if ":" in env else f"{env}:{factory}"
     return out
 
 
 @register_env("pettingzoo", family="game",
               source="PettingZoo (Terry et al. 2021) AEC/parallel envs, optional extra",
-              needs=("pettingzoo extra",), imports=pettingzoo_imports)
+              needs=("pettingzoo extra",), references=pettingzoo_references)
 def make_pettingzoo(env: Any = None, obs_to_text: Any = None, text_to_action: Any = None,
                     action_to_text: Any = None, **options: Any) -> PettingZooEnv:
     """Any PettingZoo env with your text functions (``"module:attr"`` names work)."""
