@@ -306,6 +306,35 @@ def test_new_weights_reach_the_engine_in_place(tiny_engine):
     _assert_logprobs_match(tiny_engine[0], prompts, engine.generate(prompts, sp), 1.0)
 
 
+@pytest.mark.vllm
+def test_an_engine_shut_down_or_collected_leaves_the_others_working(tiny_engine):
+    """Engines in one process share its distributed state (vLLM's model-parallel groups):
+    one shut down, or collected, while another is alive must leave it in place (vLLM tears
+    it down, and the other engine failed with "model parallel group is not initialized");
+    the last engine of the process tears it down."""
+    import gc
+    import weakref
+
+    model, tok, engine = tiny_engine
+    prompts = [tok.encode("<|user|>two engines<|end|><|assistant|>")] * 2
+    sp = SamplingParams(max_new_tokens=4)
+    live = backend._SharedDistributedState.live
+    for how in ("shutdown", "collected"):
+        other = backend.VLLMPolicy.from_model(model, tok, seed=1, enforce_eager=True,
+                                              kv_cache_memory_bytes=KV)
+        assert backend._SharedDistributedState.live == live + 1
+        _assert_logprobs_match(model, prompts, other.generate(prompts, sp), 1.0)
+        if how == "shutdown":
+            other.llm.llm_engine.engine_core.shutdown()
+        else:
+            gone = weakref.ref(other)
+            del other
+            gc.collect()
+            assert gone() is None
+        assert backend._SharedDistributedState.live == live
+        _assert_logprobs_match(model, prompts, engine.generate(prompts, sp), 1.0)
+
+
 def _train_one_step(tmp_path, overrides):
     from sparring.train.config import load_config
     from sparring.train.loop import train
@@ -335,7 +364,9 @@ def test_after_an_update_the_engine_samples_from_the_learners_weights(tmp_path, 
                         "model.vllm_options={enforce_eager: true, enable_lora: true, "
                         f"kv_cache_memory_bytes: {KV}}}"]}[lora]
     parts = _train_one_step(tmp_path, over)
-    engine, model, tok = parts.rollout_fn.engine, parts.model, parts.tokenizer
+    fn = parts.rollout_fn
+    engine, model, tok = fn.engines[""], parts.model, parts.tokenizer  # the one policy's
+    assert fn.rollouts.learner.policy is engine
     assert engine.serves_lora == (lora == "adapter")
     prompts = [tok.encode(f"<|user|>board {i}<|end|><|assistant|>") for i in range(4)]
     sp = SamplingParams(max_new_tokens=6)
@@ -486,7 +517,7 @@ def test_smollm2_trains_five_steps_on_vllm(tmp_path):
                 run_dir=tmp_path / "run", pad_id=parts.pad_id)
     rows = [r for r in read_metrics(run) if r.get("step", 0) > 0]
     assert len(rows) == 5 and all(r["invalid_rate"] == 0 for r in rows)
-    engine, tok = parts.rollout_fn.engine, parts.tokenizer
+    engine, tok = parts.rollout_fn.engines[""], parts.tokenizer
     parts.rollout_fn.sync()
     text = tok.apply_chat_template([{"role": "user", "content": "Your move?"}],
                                    add_generation_prompt=True, tokenize=False)

@@ -1,4 +1,4 @@
-"""Command line: ``sparring list|train|eval|play|report|export``.
+"""Command line: ``sparring list|train|eval|play|report|export|sweep`` and ``sparring --version``.
 
 `main` is the boundary between the user and the code: a user error (a bad config or
 argument, a missing or unwritable file, a full disk, a locked or unresumable run folder)
@@ -339,7 +339,11 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from sparring import __version__
+
     p = argparse.ArgumentParser(prog="sparring", description=__doc__)
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
+                   help="print the version and exit")
     sub = p.add_subparsers(dest="command", required=True)
     lp = sub.add_parser("list", help="list estimators, shapers, objectives, aggregations, "
                         "environments, bots")

