@@ -126,8 +126,10 @@ def test_shared_prefix_hidden_states_equal_full_forward(longest, shared, cluster
         results.append((h * amask[..., None], [p.grad.clone() for p in model.parameters()]))
     (h0, g0), (h1, g1) = results
     torch.testing.assert_close(h0, h1, atol=1e-5, rtol=1e-4)
+    # a gradient sums many terms in another order in the two passes: float32 rounding
+    # leaves up to about 2e-4 of relative difference on some CPUs (AVX2 without AVX-512)
     for a, b in zip(g0, g1):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-3)
     with torch.no_grad():  # hidden[:, t] is HF's last hidden state at t - 1
         last = model(input_ids=ids, attention_mask=att.long(),
                      output_hidden_states=True).hidden_states[-1]
