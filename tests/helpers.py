@@ -1,5 +1,5 @@
-"""Hand-built episodes, a deadline for code that could hang, and bench scripts loaded as
-modules, shared by tests."""
+"""Hand-built episodes, a deadline for code that could hang, bench scripts loaded as
+modules, and the CLI run in-process, shared by tests."""
 
 import contextlib
 import importlib.util
@@ -43,3 +43,23 @@ def load_bench(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def cli(capsys, *args):
+    """(exit code, stdout, stderr) of ``sparring ARGS`` run in this process."""
+    from sparring.cli import main
+
+    capsys.readouterr()
+    rc = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def one_line(err: str, prefix: str = "") -> str:
+    """The single line of ``err`` (warnings and the run's precision line aside), checked to
+    start with ``prefix`` and to be no traceback."""
+    lines = [x for x in err.strip().splitlines()
+             if x.strip() and not x.startswith(("warning:", "precision:", "[transformers]"))]
+    assert len(lines) == 1 and lines[0].startswith(prefix), err
+    assert "Traceback" not in err
+    return lines[0]

@@ -16,28 +16,13 @@ import yaml
 from sparring.cli import main
 from sparring.train.checkpoint import step_dirs, verify_checkpoint
 from sparring.train.config import ConfigError
+from tests.helpers import cli, one_line
 
 TINY = ["model.options={hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_heads: 2, "
         "intermediate_size: 64}", "rollout.episodes_per_step=8", "envs.0.group_size=4",
         "train.epochs=1", "eval.games=2", "eval.at_start=false", "logging.progress=false"]
 
 
-def cli(capsys, *args):
-    """(exit code, stdout, stderr) of ``sparring ARGS`` run in this process."""
-    capsys.readouterr()
-    rc = main(list(args))
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def one_line_error(err: str, prefix: str = "error: ") -> str:
-    """The single error line of ``err`` (warnings and the run's precision line aside),
-    checked to be no traceback."""
-    lines = [x for x in err.strip().splitlines()
-             if x.strip() and not x.startswith(("warning:", "precision:", "[transformers]"))]
-    assert len(lines) == 1 and lines[0].startswith(prefix), err
-    assert "Traceback" not in err
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +66,7 @@ def test_a_bad_config_is_one_line_and_leaves_no_run_folder(args, key, tmp_path, 
     monkeypatch.chdir(tmp_path)
     rc, _, err = cli(capsys, "train", *TINY, *args)
     assert rc == 2
-    assert key in one_line_error(err, "config error: ")
+    assert key in one_line(err, "config error: ")
     assert list(tmp_path.iterdir()) == []  # no runs/ folder, nothing written
 
 
@@ -90,7 +75,7 @@ def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path, monkeypatch, caps
     Path("bad.yaml").write_text("envs:\n  - {name: tictactoe\n")
     rc, _, err = cli(capsys, "train", "bad.yaml")
     assert rc == 2
-    assert "bad.yaml: not valid YAML at line 3" in one_line_error(err, "config error: ")
+    assert "bad.yaml: not valid YAML at line 3" in one_line(err, "config error: ")
 
 
 def test_debug_shows_the_traceback_instead(tmp_path, monkeypatch):
@@ -128,13 +113,13 @@ def test_eval_games_must_be_a_positive_count(games, run, capsys):
 ])
 def test_eval_bad_arguments_are_one_line(args, message, run, capsys):
     rc, _, err = cli(capsys, "eval", str(run), *args)
-    assert rc == 2 and one_line_error(err).startswith(message)
+    assert rc == 2 and one_line(err, "error: ").startswith(message)
 
 
 def test_eval_and_play_of_a_folder_that_is_no_run(tmp_path, capsys):
     for cmd in ("eval", "play", "report"):
         rc, _, err = cli(capsys, cmd, str(tmp_path / "nowhere"))
-        assert rc == 2 and "nowhere" in one_line_error(err)
+        assert rc == 2 and "nowhere" in one_line(err, "error: ")
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
@@ -145,22 +130,22 @@ def test_a_run_trained_on_a_gpu_is_evaluated_on_a_machine_without_one(run, tmp_p
     conf["model"]["device"] = "cuda"
     (gpu_run / "config.yaml").write_text(yaml.safe_dump(conf))
     rc, _, err = cli(capsys, "eval", str(gpu_run), "--games", "2")
-    assert rc == 2 and one_line_error(err) == (
+    assert rc == 2 and one_line(err, "error: ") == (
         "error: the run's model.device is 'cuda', but torch sees no CUDA device here: load it "
         "on another device (device='cpu'; --device cpu for sparring eval and play)")
     rc, out, _ = cli(capsys, "eval", str(gpu_run), "--games", "2", "--device", "cpu")
     assert rc == 0 and "tictactoe" in out
     rc, _, err = cli(capsys, "eval", str(run), "--games", "2", "--device", "cuda:1")
-    assert rc == 2 and one_line_error(err) == (
+    assert rc == 2 and one_line(err, "error: ") == (
         "error: device 'cuda:1': torch sees no CUDA device here")
 
 
 def test_play_seat_and_env_are_checked(run, capsys):
     rc, _, err = cli(capsys, "play", str(run), "--seat", "5")
     assert rc == 2
-    assert one_line_error(err) == "error: --seat: tictactoe has seats 0 to 1, got 5"
+    assert one_line(err, "error: ") == "error: --seat: tictactoe has seats 0 to 1, got 5"
     rc, _, err = cli(capsys, "play", str(run), "--env", "nosuch")
-    assert rc == 2 and "--env: unknown environment 'nosuch'" in one_line_error(err)
+    assert rc == 2 and "--env: unknown environment 'nosuch'" in one_line(err, "error: ")
 
 
 def test_play_ends_cleanly_on_ctrl_d_and_ctrl_c(run, capsys, monkeypatch):
@@ -181,7 +166,7 @@ def test_play_with_stdin_closed_is_one_line(run, capsys, monkeypatch):
     """`sparring play RUN <&-` (Python's stdin is None) is one line, not a traceback."""
     monkeypatch.setattr(sys, "stdin", None)
     rc, _, err = cli(capsys, "play", str(run))
-    assert rc == 2 and "stdin, which is closed" in one_line_error(err)
+    assert rc == 2 and "stdin, which is closed" in one_line(err, "error: ")
 
 
 def test_play_shows_an_environments_escape_sequences_escaped(run, capsys, monkeypatch):
@@ -226,7 +211,7 @@ def test_report_into_an_unwritable_place_is_one_line(run, capsys):
     blocker = run.parent / "a_file"
     blocker.write_text("")
     rc, _, err = cli(capsys, "report", str(run), "--out", str(blocker / "report"))
-    assert rc == 2 and str(blocker) in one_line_error(err)
+    assert rc == 2 and str(blocker) in one_line(err, "error: ")
 
 
 def test_report_survives_a_damaged_config(tmp_path, capsys, caplog):
@@ -242,10 +227,10 @@ def test_report_survives_a_damaged_config(tmp_path, capsys, caplog):
 
 def test_resume_of_a_folder_without_checkpoint(tmp_path, capsys):
     rc, _, err = cli(capsys, "train", "--resume", str(tmp_path / "nowhere"))
-    assert rc == 2 and one_line_error(err) == f"error: --resume: no run folder {tmp_path}/nowhere"
+    assert rc == 2 and one_line(err, "error: ") == f"error: --resume: no run folder {tmp_path}/nowhere"
     (tmp_path / "config.yaml").write_text("envs: [{name: tictactoe}]\n")
     rc, _, err = cli(capsys, "train", "--resume", str(tmp_path))
-    assert rc == 2 and "has no checkpoint to resume from" in one_line_error(err)
+    assert rc == 2 and "has no checkpoint to resume from" in one_line(err, "error: ")
 
 
 def test_a_resume_override_of_the_model_is_refused_before_anything_is_written(run, capsys):
@@ -255,7 +240,7 @@ def test_a_resume_override_of_the_model_is_refused_before_anything_is_written(ru
     before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
     rc, _, err = cli(capsys, "train", "--resume", str(run), "model.options.hidden_size=64")
     assert rc == 2
-    assert one_line_error(err, "config error: ").startswith(
+    assert one_line(err, "config error: ").startswith(
         "config error: model.options.hidden_size: cannot change on --resume")
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
     rc, out, _ = cli(capsys, "eval", str(run), "--games", "2")
@@ -271,11 +256,11 @@ def test_resume_with_no_steps_left_says_so_and_writes_nothing(tmp_path, capsys):
                  f"train.run_dir={folder}"]) == 0
     before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
     rc, _, err = cli(capsys, "train", "--resume", str(folder), "train.steps=1")
-    assert rc == 2 and one_line_error(err, "config error: ") == (
+    assert rc == 2 and one_line(err, "config error: ") == (
         f"config error: train.steps=1, but {folder} has trained 2 steps (its checkpoint "
         "step_000002): nothing to train; give train.steps above 2 to continue it")
     rc, _, err = cli(capsys, "train", "--resume", str(folder))
-    assert rc == 2 and one_line_error(err, "config error: ") == (
+    assert rc == 2 and one_line(err, "config error: ") == (
         f"config error: {folder} already finished its 2 steps (train.steps=2): give "
         "train.steps above 2 to continue it")
     assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
@@ -287,7 +272,7 @@ def test_an_unwritable_run_folder_is_one_line(tmp_path, monkeypatch, capsys):
     blocker = tmp_path / "a_file"
     blocker.write_text("")
     rc, _, err = cli(capsys, "train", *TINY, "train.steps=1", f"train.run_dir={blocker}/run")
-    assert rc == 2 and f"{blocker}/run" in one_line_error(err)
+    assert rc == 2 and f"{blocker}/run" in one_line(err, "error: ")
 
     def refuse(self, *a, **k):
         raise PermissionError(errno.EACCES, "Permission denied", str(self))
@@ -295,7 +280,7 @@ def test_an_unwritable_run_folder_is_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(Path, "mkdir", refuse)  # what a read-only folder does (we may be root)
     rc, _, err = cli(capsys, "train", *TINY, "train.steps=1", f"train.run_dir={tmp_path}/ro")
     assert rc == 2
-    assert one_line_error(err) == f"error: Permission denied: {tmp_path}/ro"
+    assert one_line(err, "error: ") == f"error: Permission denied: {tmp_path}/ro"
 
 
 @pytest.mark.parametrize("raised", ["OSError", "SafetensorError"])
@@ -331,7 +316,7 @@ def test_a_full_disk_while_checkpointing_says_the_last_checkpoint_is_intact(rais
     rc, _, err = cli(capsys, "train", *TINY, "train.steps=2", "checkpoint.every=1",
                      f"train.run_dir={folder}")
     assert rc == 2
-    line = one_line_error(err)
+    line = one_line(err, "error: ")
     assert line.startswith("error: no space left on device writing ")
     assert line.endswith(f"the last checkpoint, {folder}/checkpoints/step_000001, is intact: "
                          f"continue with `sparring train --resume {folder}`")
@@ -411,7 +396,7 @@ def test_a_damaged_run_config_is_one_line_naming_the_file(damage, says, command,
     shutil.copytree(run, copy)
     (copy / "config.yaml").write_bytes(damage)
     rc, _, err = cli(capsys, *command.split(), str(copy))
-    line = one_line_error(err, "config error: ")
+    line = one_line(err, "config error: ")
     assert rc == 2 and str(copy / "config.yaml") in line and says in line
 
 
@@ -419,7 +404,7 @@ def test_an_alias_bomb_recipe_is_refused_before_a_run_folder_exists(tmp_path, ca
     recipe = tmp_path / "bomb.yaml"
     recipe.write_text(BOMB + "envs: [{name: tictactoe}]\n")  # 10^9 values in a few lines
     rc, _, err = cli(capsys, "train", str(recipe), f"train.run_dir={tmp_path / 'run'}")
-    assert rc == 2 and "more than 100,000 values" in one_line_error(err, "config error: ")
+    assert rc == 2 and "more than 100,000 values" in one_line(err, "config error: ")
     assert not (tmp_path / "run").exists()
 
 
@@ -486,7 +471,7 @@ def test_a_run_folder_imports_no_module_its_env_options_name(command, adapter, t
     out = [str(tmp_path / "out")] if command == "export" else []
     rc, _, err = cli(capsys, *command.split(), str(run), *out)
     assert rc == 2 and not marker.exists()
-    line = one_line_error(err, "")  # "error: " (export) or "config error: "
+    line = one_line(err, "")  # "error: " (export) or "config error: "
     assert "envs.0.options." in line and "'evil'" in line and "--trust-remote-code" in line
 
 
@@ -505,7 +490,7 @@ def test_resume_refuses_a_folder_that_lists_plugins(tmp_path, capsys):
     run = _hostile_run(tmp_path, marker, plugin=True)
     rc, _, err = cli(capsys, "train", "--resume", str(run))
     assert rc == 2 and not marker.exists()
-    line = one_line_error(err)
+    line = one_line(err, "error: ")
     assert "lists plugins" in line and "--plugin" in line and "--trust-remote-code" in line
 
 
@@ -661,7 +646,7 @@ def test_a_damaged_checkpoint_named_directly_is_one_line(command, run2, tmp_path
     out = [str(tmp_path / "out")] if command == "export" else []
     with deadline(120):
         rc, _, err = cli(capsys, command, str(ckpt), *out)
-    assert rc == 2 and "state.json is not a regular file" in one_line_error(err)
+    assert rc == 2 and "state.json is not a regular file" in one_line(err, "error: ")
 
 
 @pytest.mark.parametrize("damage", ["flipped bits", "truncated"])
@@ -682,7 +667,7 @@ def test_a_damaged_pool_snapshot_stops_the_resume_with_one_line(damage, tmp_path
             weights.write_bytes(weights.read_bytes()[:-100])
     rc, _, err = cli(capsys, "train", "--resume", str(folder), "train.steps=4")
     assert rc == 2
-    line = one_line_error(err)
+    line = one_line(err, "error: ")
     assert f"{folder}/pool/step-00000" in line and "model.safetensors" in line
     assert ("sha256" if damage == "flipped bits" else "bytes, the manifest says") in line
 

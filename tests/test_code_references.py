@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sparring.cli import main
 from sparring.train.config import ConfigError
+from tests.helpers import cli, one_line
 
 pytest.importorskip("pettingzoo")
 
@@ -24,18 +24,6 @@ SMALL = ["model.options={hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_he
          "eval.every=0", "checkpoint.every=1", "logging.progress=false"]
 
 
-def cli(capsys, *args):
-    capsys.readouterr()
-    rc = main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def one_line(err: str) -> str:
-    lines = [x for x in err.strip().splitlines()
-             if x.strip() and not x.startswith(("warning:", "[transformers]"))]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 def hostile_run(tmp_path: Path, env: str, env_kwargs: dict, *, obs_to_text: str = TEXT) -> Path:

@@ -15,25 +15,14 @@ from pathlib import Path
 import pytest
 
 import sparring
-from sparring.cli import main
 from sparring.train.runlock import RunLock
+from tests.helpers import cli, one_line
 
 SRC = Path(sparring.__file__).resolve().parents[1]  # the sparring under test
 TINY = ["train.steps=1", "eval.games=4", "rollout.episodes_per_step=8", "envs.0.group_size=4",
         "eval.opponents=[random]", "eval.at_start=false"]
 
 
-def cli(capsys, *args):
-    capsys.readouterr()
-    rc = main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def one_line(err: str) -> str:
-    lines = [x for x in err.strip().splitlines() if x.strip() and not x.startswith("warning:")]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
