@@ -22,10 +22,10 @@ import time
 import torch
 
 from sparring.advantages import ESTIMATORS, compute, list_estimators
+from sparring.build.run import build
+from sparring.config import load_config
 from sparring.data import TurnBatch, collate
-from sparring.train.config import load_config
 from sparring.train.learner import Learner
-from sparring.train.setup import build
 
 EXTRAS = ("p_before", "p_after", "match", "q1", "q2", "v1", "v2", "greedy_reward")
 

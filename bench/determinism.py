@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from sparring.report import TIMING
+from sparring.report.plots import TIMING
 
 
 def run_once(recipe: str, steps: int, threads: int, deterministic: bool, folder: Path,

@@ -210,15 +210,15 @@ def recipe_row(recipe: str, device: str, steps: int) -> dict[str, Any]:
     """``recipe`` for ``steps`` steps on ``device``: steps a second over the training loop
     (its first step included, the model's setup not), and the mean step's split after the
     first."""
-    from sparring.train import setup
-    from sparring.train.config import find_recipe, load_config
+    from sparring.build import build
+    from sparring.config import find_recipe, load_config
     from sparring.train.loop import train
 
     folder = Path(tempfile.mkdtemp(prefix="sparring-gpu-"))
     cfg = load_config(find_recipe(recipe), [
         f"model.device={device}", f"train.steps={steps}", "eval.at_start=false",
         "eval.every=0", "eval.opponents=[]", "logging.progress=false", "checkpoint.every=0"])
-    parts = setup.build(cfg, folder)
+    parts = build(cfg, folder)
     t0 = time.perf_counter()
     train(cfg, parts.model, parts.rollout_fn, None, parts.stateful, run_dir=folder / "run",
           pad_id=parts.pad_id)

@@ -47,6 +47,9 @@ def main() -> None:
                     "(train.feature_whiten)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_intermixed_args()
+    from sparring.build.parts import load_model
+    from sparring.config import load_config
+    from sparring.config.files import find_recipe
     from sparring.envs import make
     from sparring.envs.bots.minimax import optimal_children
     from sparring.eval.games import position_prompts
@@ -54,10 +57,7 @@ def main() -> None:
     from sparring.eval.vs_minimax import exact_vs_minimax
     from sparring.policy.feature_cache import FeatureCache
     from sparring.policy.hf import HFPolicy
-    from sparring.rollout.schedule import make_arena
-    from sparring.train.config import load_config
-    from sparring.train.config.files import find_recipe
-    from sparring.train.parts import load_model
+    from sparring.rollout.rollouts import make_arena
 
     torch.manual_seed(args.seed)
     cfg = load_config(find_recipe(args.recipe), args.overrides)

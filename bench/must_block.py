@@ -148,11 +148,12 @@ def line_direction(board: list[str], view: int, cells: set[int], mark: str) -> s
 def load(spec: str, device: str | None = None):
     """(policy, config, label) of ``RUN`` (its last checkpoint) or ``base:RUN``; ``device``:
     where it runs (default: the run's)."""
-    from sparring.train.restore import load_policies, read_run_config
+    from sparring.build.trained import load_policies
+    from sparring.config.run_folder import read_run_config
 
     if spec.startswith("base:"):
+        from sparring.build.parts import load_model
         from sparring.policy.hf import HFPolicy
-        from sparring.train.parts import load_model
 
         cfg = read_run_config(Path(spec[5:]) / "config.yaml")
         return (HFPolicy(*load_model(cfg), device=device or cfg.model.device, name="base"),
@@ -173,7 +174,7 @@ def main() -> None:
     args = ap.parse_args()
     from sparring.eval.games import probabilities_at
     from sparring.eval.periodic import env_options
-    from sparring.rollout.schedule import make_arena
+    from sparring.rollout.rollouts import make_arena
 
     for spec in args.runs:
         policy, cfg, label = load(spec, args.device)

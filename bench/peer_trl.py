@@ -43,17 +43,17 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 
 from sparring.advantages import compute  # noqa: E402
-from sparring.data import Episode, Turn, collate  # noqa: E402
-from sparring.policy.hf import HFPolicy  # noqa: E402
-from sparring.policy.sampling import SamplingParams  # noqa: E402
-from sparring.policy.tiny import build_tokenizer  # noqa: E402
-from sparring.train.config import (  # noqa: E402
+from sparring.config import (  # noqa: E402
     AlgorithmConfig,
     Config,
     OptimConfig,
     RolloutConfig,
     TrainConfig,
 )
+from sparring.data import Episode, Turn, collate  # noqa: E402
+from sparring.policy.hf import HFPolicy  # noqa: E402
+from sparring.policy.sampling import SamplingParams  # noqa: E402
+from sparring.policy.tiny import build_tokenizer  # noqa: E402
 from sparring.train.learner import Learner  # noqa: E402
 
 PROMPTS_PER_STEP, GROUP, MAX_NEW, LR, CLIP, STD_EPS = 32, 8, 4, 1e-3, 0.2, 1e-4

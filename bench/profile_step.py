@@ -19,8 +19,8 @@ import pstats
 import tempfile
 from pathlib import Path
 
-from sparring.train import setup
-from sparring.train.config import find_recipe, load_config
+from sparring.build import build
+from sparring.config import find_recipe, load_config
 from sparring.train.loop import train
 
 
@@ -35,7 +35,7 @@ def main() -> None:
         *args.overrides, f"train.steps={args.steps}", "eval.at_start=false", "eval.every=0",
         "logging.progress=false", "checkpoint.every=0"])
     folder = Path(tempfile.mkdtemp(prefix="sparring-profile-"))
-    parts = setup.build(cfg, folder)
+    parts = build(cfg, folder)
     profile = cProfile.Profile()
     profile.enable()
     train(cfg, parts.model, parts.rollout_fn, None, parts.stateful, run_dir=folder / "run",

@@ -107,8 +107,8 @@ def one_row(name: str, steps: int, device: str, random_from: Path | None = None)
     """Train row ``name`` for 1 + ``steps`` steps; its timings (this runs in a subprocess)."""
     import torch
 
-    from sparring.train import setup
-    from sparring.train.config import find_recipe, load_config
+    from sparring.build import build
+    from sparring.config import find_recipe, load_config
     from sparring.train.loop import train
 
     recipe, overrides = ROWS[name]
@@ -123,7 +123,7 @@ def one_row(name: str, steps: int, device: str, random_from: Path | None = None)
     cfg = load_config(recipe, [*overrides, f"model.device={device}", f"train.steps={steps + 1}",
                                "eval.at_start=false", "eval.every=0", "logging.progress=false",
                                "checkpoint.every=0"])
-    parts = setup.build(cfg, folder)
+    parts = build(cfg, folder)
     train(cfg, parts.model, parts.rollout_fn, None, parts.stateful, run_dir=folder / "run",
           pad_id=parts.pad_id)
     rows = [json.loads(x) for x in (folder / "run" / "metrics.jsonl").read_text().splitlines()]

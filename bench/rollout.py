@@ -6,7 +6,7 @@
 Prints, from one run, with the tiny model on tic-tac-toe self-play (constrained decoding,
 so every move is legal and episodes have their real length):
 
-1. turns/s of `Arena.play` over N concurrent episodes against a naive loop that plays one
+1. turns/s of `Arena.run_episodes` over N concurrent episodes against a naive loop that plays one
    episode at a time (one generate call per move, batch 1; same model, same sampling).
    Target: >= 10x.
 2. generated tokens/s of the whole arena (prompt rendering, env steps, parsing included)
@@ -107,13 +107,13 @@ def main() -> None:
     arena = Arena(sp, PromptConfig(a.history, system_prompt=a.system_prompt), InvalidActionPolicy("constrained"), max_turns=20)
 
     rec = Recorder(HFPolicy(model, tok, device=a.device, seed=0, name="tiny"))
-    arena.play("tictactoe", seeds=[0], group_size=2, seat_players=rec)  # warm-up
+    arena.run_episodes("tictactoe", seeds=[0], group_size=2, seat_players=rec)  # warm-up
     best = None  # (seconds, turns, calls, seconds in generate) of the fastest arena run
     for _ in range(a.repeat):
         rec.calls = []
         rec.seconds = 0.0
         t = time.perf_counter()
-        eps = arena.play("tictactoe", seeds=range(a.episodes), seat_players=rec)
+        eps = arena.run_episodes("tictactoe", seeds=range(a.episodes), seat_players=rec)
         t_run = time.perf_counter() - t
         if best is None or t_run < best[0]:
             best = (t_run, sum(len(e.turns) for e in eps), rec.calls, rec.seconds)
@@ -126,7 +126,7 @@ def main() -> None:
         t = time.perf_counter()
         n_turns = 0
         for s in range(a.naive_episodes):
-            n_turns += sum(len(e.turns) for e in arena.play("tictactoe", seeds=[s],
+            n_turns += sum(len(e.turns) for e in arena.run_episodes("tictactoe", seeds=[s],
                                                               seat_players=naive_pol))
         dt = time.perf_counter() - t
         if n_turns / dt > naive_tps:

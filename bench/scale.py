@@ -50,9 +50,9 @@ SETTINGS = [
 def run(overrides: list[str], warmup: int, steps: int, folder: Path,
         recipe: str = "default") -> dict[str, float]:
     """Train ``warmup + steps`` steps of ``recipe``; timings of the last ``steps``."""
-    from sparring.train.config import find_recipe, load_config
+    from sparring.build.run import build
+    from sparring.config import find_recipe, load_config
     from sparring.train.loop import train
-    from sparring.train.setup import build
 
     cfg = load_config(find_recipe(recipe), [
         f"train.steps={warmup + steps}", "eval.at_start=false", "checkpoint.every=0",

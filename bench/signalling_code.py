@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import argparse
 
+from sparring.build.trained import load_policy
 from sparring.envs import make
 from sparring.eval.games import probabilities_at
-from sparring.rollout.schedule import make_arena
-from sparring.train.restore import load_policy
+from sparring.rollout.rollouts import make_arena
 
 
 def code_tables(run: str) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:

@@ -17,10 +17,10 @@ import argparse
 import re
 from collections import Counter
 
+from sparring.build.trained import load_policy
 from sparring.eval.exploitability import exploitability
 from sparring.eval.games import policy_strategy
-from sparring.rollout.schedule import make_arena
-from sparring.train.restore import load_policy
+from sparring.rollout.rollouts import make_arena
 
 Strategy = dict[str, dict[str, float]]
 

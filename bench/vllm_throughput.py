@@ -7,7 +7,7 @@
 
 Both backends get identical token-id prompts (SmolLM2's chat template around tic-tac-toe
 boards) and identical `SamplingParams`, in float32, one prompt batch per call, the way
-`Arena.play` calls a policy. Two workloads:
+`Arena.run_episodes` calls a policy. Two workloads:
 
 * ``free``: free text, ``--new-tokens`` tokens at most per prompt (EOS may end a row early);
 * ``moves``: constrained decoding to the legal cells (a move and its EOS: 2 tokens), the

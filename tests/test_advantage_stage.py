@@ -10,9 +10,10 @@ import torch
 
 from sparring.advantages import ESTIMATORS
 from sparring.advantages.stage import AdvantageStage
+from sparring.config import from_dict
 from sparring.data import Episode, Turn, collate
 from sparring.objectives import OBJECTIVES
-from sparring.train.config import from_dict
+from sparring.train.policies import advantage_stage
 
 SRC = Path(__file__).parents[1] / "src" / "sparring"
 
@@ -31,7 +32,7 @@ def _stage(nim_eps):
     cfg = from_dict({"algorithm": {"estimator": "reinforce_pp"},
                      "envs": [{"name": "tictactoe"},
                               {"name": "nim", "estimator_options": {"eps": nim_eps}}]})
-    return AdvantageStage.from_config(cfg)
+    return advantage_stage(cfg)
 
 
 def test_per_env_rule_does_not_depend_on_option_values():
@@ -124,7 +125,7 @@ def test_no_estimator_or_objective_name_is_compared_outside_its_registry():
 def test_env_options_follow_an_openspiel_alias_to_the_canonical_name():
     cfg = from_dict({"algorithm": {"estimator": "grpo"},
                      "envs": [{"name": "tic_tac_toe", "estimator_options": {"scale": False}}]})
-    stage = AdvantageStage.from_config(cfg)
+    stage = advantage_stage(cfg)
     assert stage.env_options == {"tictactoe": {"scale": False}}
     b = _two_env_batch().with_fields(group=torch.tensor([0, 0, 1, 1]))
     adv, _ = stage(b)

@@ -9,7 +9,7 @@ import yaml
 
 from sparring import Config, StopTraining, Trainer
 from sparring.cli import main
-from sparring.train.config import load_config, to_dict
+from sparring.config import load_config, to_dict
 
 REPO = Path(__file__).resolve().parents[1]
 FAST = ["rollout.episodes_per_step=16", "envs.0.group_size=4", "eval.games=4",
@@ -84,7 +84,7 @@ def test_an_api_run_logs_what_the_cli_run_logs(tmp_path):
     """The same config from Python (`Trainer.fit`) and from the command line logs the same
     rows, `league/*` keys included: the loop reaches the rollouts' `league_metrics` (and
     the Ray workers' `correct`) through the API as it does through the CLI."""
-    from sparring.train.metrics import read_metrics
+    from sparring.storage.metrics_file import read_metrics
 
     league = ["envs.0.opponents=[self, pool]", "league.bots=[random]",
               "league.every=1", "train.steps=3", "eval.every=3"]

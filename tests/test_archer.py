@@ -7,15 +7,15 @@ import json
 import pytest
 import torch
 
-from sparring.advantages.stage import AdvantageStage
+from sparring.config import ConfigError, from_dict
 from sparring.critic.archer import Archer
 from sparring.critic.replay import TurnReplay
 from sparring.data import Episode, Turn, collate
-from sparring.train.checkpoint import step_dirs
-from sparring.train.config import ConfigError, from_dict
+from sparring.storage.folders import step_dirs
+from sparring.storage.metrics_file import read_metrics
 from sparring.train.learner import Learner
 from sparring.train.loop import resume, train
-from sparring.train.metrics import read_metrics
+from sparring.train.policies import advantage_stage
 from tests import train_helpers as th
 
 
@@ -249,12 +249,12 @@ def test_config_errors_name_the_key(override, key):
 
 def test_learner_builds_the_utterance_critic_only_for_archer():
     cfg = cfg_of()
-    lrn = Learner(th.tiny_qwen(0), cfg, needs=AdvantageStage.from_config(cfg).needs)
+    lrn = Learner(th.tiny_qwen(0), cfg, needs=advantage_stage(cfg).needs)
     assert lrn.archer is not None and lrn.critic is None
     assert not any(p is q for p in lrn.params for q in lrn.archer.params)
     other = from_dict({"algorithm": {"estimator": "gae"}})
     assert Learner(th.tiny_qwen(0), other,
-                   needs=AdvantageStage.from_config(other).needs).archer is None
+                   needs=advantage_stage(other).needs).archer is None
 
 
 # ---------------------------------------------------------------- crash + resume

@@ -7,10 +7,10 @@ import torch
 from bench.gpu_pack import pack, unpack
 from safetensors.torch import load_file
 
+from sparring.build.trained import load_policy
 from sparring.cli import main
+from sparring.policy.lora import trainable_state
 from sparring.train.checkpoint import latest_intact_checkpoint
-from sparring.train.lora import trainable_state
-from sparring.train.restore import load_policy
 
 TINY_LORA = ["model.options={hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_heads: 2, "
              "intermediate_size: 64}", "rollout.episodes_per_step=8", "envs.0.group_size=4",

@@ -14,8 +14,9 @@ import pytest
 import yaml
 
 from sparring.cli import main
-from sparring.train.checkpoint import step_dirs, verify_checkpoint
-from sparring.train.config import ConfigError
+from sparring.config import ConfigError
+from sparring.storage.folders import step_dirs
+from sparring.train.checkpoint import verify_checkpoint
 from tests.helpers import cli, one_line
 
 TINY = ["model.options={hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_heads: 2, "
@@ -172,7 +173,7 @@ def test_play_with_stdin_closed_is_one_line(run, capsys, monkeypatch):
 def test_play_shows_an_environments_escape_sequences_escaped(run, capsys, monkeypatch):
     """`sparring play` prints the env's text with escape sequences escaped, never raw."""
     from sparring.envs.games.tictactoe import TicTacToe
-    from sparring.play import printable
+    from sparring.terminal_game import printable
 
     assert printable("a\x1b[2Jb\n\tc\x07\udcff é") == "a\\x1b[2Jb\n\tc\\x07\\udcff é"
     real = TicTacToe.system_prompt
@@ -187,10 +188,10 @@ def test_play_scores_a_task_instead_of_calling_it_a_draw():
     """A wrong calculator answer is scored as the task's result, not printed as "draw"."""
     from types import SimpleNamespace
 
+    from sparring.config import from_dict
     from sparring.envs import make
-    from sparring.play import play
     from sparring.policy.tiny import build_tokenizer
-    from sparring.train.config import from_dict
+    from sparring.terminal_game import play_in_terminal
 
     cfg = from_dict({"envs": [{"name": "calculator"}]})
     question = make("calculator")
@@ -198,12 +199,12 @@ def test_play_scores_a_task_instead_of_calling_it_a_draw():
     value = eval(question.question)  # noqa: S307 -- digits and + - * ( ) only: our oracle
     said = []
     policy = SimpleNamespace(tokenizer=build_tokenizer())
-    returns = play(policy, cfg, "calculator", ask=lambda _: f"answer: {value + 1}",
+    returns = play_in_terminal(policy, cfg, "calculator", ask=lambda _: f"answer: {value + 1}",
                    say=said.append, seed=3)
     assert returns == [0.0]
     assert said[-1] == f"your score: 0 (wrong: the answer is {value})"
     said.clear()
-    play(policy, cfg, "calculator", ask=lambda _: f"answer: {value}", say=said.append, seed=3)
+    play_in_terminal(policy, cfg, "calculator", ask=lambda _: f"answer: {value}", say=said.append, seed=3)
     assert said[-1] == "your score: 1 (correct)"
 
 
@@ -291,6 +292,7 @@ def test_a_full_disk_while_checkpointing_says_the_last_checkpoint_is_intact(rais
     line as an `OSError` ENOSPC, never a traceback."""
     from safetensors import SafetensorError
 
+    import sparring.storage.folders as folders
     import sparring.train.checkpoint as ck
 
     if raised == "OSError":
@@ -303,7 +305,7 @@ def test_a_full_disk_while_checkpointing_says_the_last_checkpoint_is_intact(rais
 
         monkeypatch.setattr(ck, "write_tensors", full_at_step_2)
     else:
-        real_save = ck.save_file
+        real_save = folders.save_file
 
         def full_at_step_2(tensors, filename, metadata=None):  # what write_tensors calls
             if "step_000002" in str(filename):
@@ -311,7 +313,7 @@ def test_a_full_disk_while_checkpointing_says_the_last_checkpoint_is_intact(rais
                                       "device (os error 28)")
             return real_save(tensors, filename, metadata=metadata)
 
-        monkeypatch.setattr(ck, "save_file", full_at_step_2)
+        monkeypatch.setattr(folders, "save_file", full_at_step_2)
     folder = tmp_path / "run"
     rc, _, err = cli(capsys, "train", *TINY, "train.steps=2", "checkpoint.every=1",
                      f"train.run_dir={folder}")
@@ -325,7 +327,7 @@ def test_a_full_disk_while_checkpointing_says_the_last_checkpoint_is_intact(rais
 
 
 def test_ctrl_c_while_training_says_what_was_kept(tmp_path, monkeypatch, capsys):
-    from sparring.rollout.schedule import Rollouts
+    from sparring.rollout.rollouts import Rollouts
 
     real = Rollouts.__call__
 
@@ -350,7 +352,7 @@ def test_sigterm_while_training_keeps_a_checkpoint_and_says_so(tmp_path, monkeyp
     import os
     import signal
 
-    from sparring.rollout.schedule import Rollouts
+    from sparring.rollout.rollouts import Rollouts
 
     real = Rollouts.__call__
 
@@ -523,9 +525,9 @@ def test_eval_lists_positions_the_policy_sees_alike_once(tmp_path, capsys):
     board positions (counted here from the exact evaluation itself)."""
     from collections import Counter
 
+    from sparring.build.trained import load_policies
     from sparring.eval.games import policy_vs_minimax
-    from sparring.rollout.schedule import make_arena
-    from sparring.train.restore import load_policies
+    from sparring.rollout.rollouts import make_arena
 
     folder = tmp_path / "run"
     assert main(["train", *TINY, "train.steps=1", f"train.run_dir={folder}",
@@ -545,9 +547,9 @@ def test_eval_lists_positions_the_policy_sees_alike_once(tmp_path, capsys):
 
 
 def test_eval_against_minimax_adds_the_exact_row_and_the_blunders(run, capsys):
+    from sparring.build.trained import load_policies
     from sparring.eval.games import policy_conversion_vs_minimax, policy_vs_minimax
-    from sparring.rollout.schedule import make_arena
-    from sparring.train.restore import load_policies
+    from sparring.rollout.rollouts import make_arena
 
     rc, out, _ = cli(capsys, "eval", str(run), "--vs", "minimax", "--games", "2")
     policies, cfg, _ = load_policies(run)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sparring.train.config import ConfigError
+from sparring.config import ConfigError
 from tests.helpers import cli, one_line
 
 pytest.importorskip("pettingzoo")
@@ -47,7 +47,7 @@ ATTACKS = {
     "public importer": ("sparring.plugins:import_plugin", {"name": "evilmod"}),
     "extra importer": ("sparring.extras:import_extra",
                        {"module": "evilmod", "extra": "x", "needed_by": "y"}),
-    "file writer": ("sparring.train.atomic:atomic_write_text",
+    "file writer": ("sparring.storage.atomic:atomic_write_text",
                     {"path": "PWNED", "text": "written"}),
 }
 

@@ -8,7 +8,7 @@ from dataclasses import fields, is_dataclass
 import pytest
 import yaml
 
-from sparring.train.config import (
+from sparring.config import (
     Config,
     ConfigError,
     PolicySpec,
@@ -18,7 +18,7 @@ from sparring.train.config import (
     load_config,
     to_dict,
 )
-from sparring.train.config.aliases import ALIASES, POLICY_SECTIONS
+from sparring.config.aliases import ALIASES, POLICY_SECTIONS
 
 ENV = {"envs": [{"name": "tictactoe", "opponents": ["self", "pool"]}]}
 
@@ -125,7 +125,7 @@ def test_a_policys_own_old_keys_move_to_its_own_new_sections(caplog):
 
 
 def test_an_old_style_saved_config_loads_and_resumes_as_its_translation(tmp_path):
-    from sparring.train.restore import read_run_config
+    from sparring.config.run_folder import read_run_config
 
     new = to_dict(from_dict(ENV, ["league.every=2", "critic.enabled=on", "critic.hidden=16",
                                   "optim.lr_final_ratio=0.1", "league.bots=[random]"]))
@@ -142,7 +142,7 @@ def test_a_run_folder_with_an_old_style_config_resumes_and_evaluates(tmp_path, m
     """The product path: `sparring train --resume` and `sparring eval` of a run whose
     config.yaml an older Sparring wrote (rollout.pool_*, algorithm.value, ...)."""
     from sparring.cli import main
-    from sparring.train.metrics import read_metrics
+    from sparring.storage.metrics_file import read_metrics
 
     run = tmp_path / "run"
     small = ["model.options={hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_heads: 2, "

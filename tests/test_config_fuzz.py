@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sparring.cli import main
-from sparring.train.config import Config, ConfigError, from_dict
+from sparring.config import Config, ConfigError, from_dict
 
 BASE = {"envs": [{"name": "tictactoe", "group_size": 2, "opponents": ["self", "random"]}],
         "rollout": {"episodes_per_step": 4}}

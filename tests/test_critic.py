@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparring.advantages import compute, estimate
-from sparring.advantages.critic import archer_q_target, archer_td_targets, archer_v_target
+from sparring.advantages.gae import archer_q_target, archer_td_targets, archer_v_target
 from sparring.advantages.scan import reverse_discounted_sum
 from sparring.data import Episode, Turn, collate
 from tests.helpers import two_seat_episode

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from sparring import Config, Trainer
-from sparring.report import TIMING
+from sparring.report.plots import TIMING
 from sparring.train.determinism import CUBLAS_WORKSPACE, use_deterministic_kernels
 
 FAST = ["train.steps=2", "rollout.episodes_per_step=16", "envs.0.group_size=4",

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from sparring.build.run import build
+from sparring.config import ConfigError, load_config
+from sparring.config.plan import group_tasks
 from sparring.distributed.split import split_groups
 from sparring.importance import importance_weights, turn_ids
-from sparring.rollout.plan import group_tasks
-from sparring.train.config import ConfigError, load_config
-from sparring.train.setup import build
 
 CONFIGS = Path(__file__).parents[1] / "configs"
 # the default recipe (self-play, two random kinds, the pool) in miniature: 6 groups of 4
@@ -66,12 +66,12 @@ def test_any_split_of_a_step_plays_the_same_episodes(tmp_path):
     roll(0)  # (records the learner's scores against the pool: pfsp draws by them)
     tasks = group_tasks(cfg)
     roll.begin_step(1)  # step 1 adds the first snapshot to the pool: pool draws include it
-    whole = roll.play(1, tasks)  # the whole step, its scores not yet recorded
+    whole = roll.collect(1, tasks)  # the whole step, its scores not yet recorded
     assert [t.group for t in tasks] == list(range(6))
     assert [(t.kind, t.index) for t in tasks] == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0),
                                                   (3, 0)]
     for cut in (1, 3, 5):
-        parts = roll.play(1, tasks[cut:]) + roll.play(1, tasks[:cut])  # any order of calls
+        parts = roll.collect(1, tasks[cut:]) + roll.collect(1, tasks[:cut])  # any order of calls
         parts = parts[len(parts) - 4 * cut:] + parts[:len(parts) - 4 * cut]
         assert [e.group for e in parts] == [e.group for e in whole]
         assert [e.info["players"] for e in parts] == [e.info["players"] for e in whole]
@@ -279,7 +279,7 @@ def test_pfsp_with_workers_is_the_single_process_run(local_ray, tmp_path):
 def _two_policies(workers, shared, **over):
     """A speaker and a listener (each its own seat) on the tiny model, ``workers`` workers;
     ``shared``: adapters on one base."""
-    from sparring.train.config import from_dict
+    from sparring.config import from_dict
 
     data = {"model": {"name": "tiny", "options": {
                 "hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 2,
@@ -305,7 +305,7 @@ def test_two_policies_on_workers_are_the_single_process_run(local_ray, tmp_path,
     workers mirror every policy's weights (two models, or one base with an adapter each)
     and the pools of both, so the run's metrics are the single-process run's, per policy.
     Then async (shared base): each policy's importance weights against its own learner."""
-    from sparring.train.config import from_dict, to_dict
+    from sparring.config import from_dict, to_dict
 
     def cfg(workers):
         return _two_policies(workers, shared)

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from sparring.cli import main
+from sparring.config import ConfigError, load_config
 from sparring.envs import ENVS, env_entry, has_game_tree, make
 from sparring.envs.games.leduc import Leduc
 from sparring.eval import exploitability, uniform_policy
 from sparring.registry import Entry, Registry, UnknownNameError
-from sparring.train.config import ConfigError, load_config
 
 CONFIGS = Path(__file__).parents[1] / "configs"
 TINY = ["model.options={hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_heads: 2, "
@@ -70,10 +70,10 @@ def test_list_shows_aliases(capsys):
 
 
 def test_config_with_an_alias_validates_trains_and_evaluates(tmp_path, capsys):
-    from sparring.play import play
+    from sparring.build.run import build
+    from sparring.build.trained import load_policy
+    from sparring.terminal_game import play_in_terminal
     from sparring.train.loop import train
-    from sparring.train.restore import load_policy
-    from sparring.train.setup import build
 
     with pytest.raises(ConfigError, match="envs.0.name: unknown environment 'tic_tac_tooe'"):
         load_config(CONFIGS / "default.yaml", ["envs.0.name=tic_tac_tooe"])
@@ -93,5 +93,5 @@ def test_config_with_an_alias_validates_trains_and_evaluates(tmp_path, capsys):
 
     policy, run_cfg, _ = load_policy(run)
     moves = itertools.cycle("123456789")  # tries every cell in turn until one is legal
-    returns = play(policy, run_cfg, "tic_tac_toe", ask=lambda _: next(moves), say=lambda _: None)
+    returns = play_in_terminal(policy, run_cfg, "tic_tac_toe", ask=lambda _: next(moves), say=lambda _: None)
     assert len(returns) == 2

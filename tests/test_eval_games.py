@@ -6,6 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from sparring.build.run import build
+from sparring.config import ConfigError, load_config
 from sparring.envs import make
 from sparring.eval.exploitability import exploitability
 from sparring.eval.games import (
@@ -16,8 +18,6 @@ from sparring.eval.games import (
 )
 from sparring.eval.periodic import env_options
 from sparring.policy.sampling import SamplingParams
-from sparring.train.config import ConfigError, load_config
-from sparring.train.setup import build
 
 CONFIGS = Path(__file__).parents[1] / "configs"
 TINY = ["model.options.hidden_size=32", "model.options.num_layers=1",

@@ -72,8 +72,8 @@ def test_export_full_weights_through_the_cli(tmp_path):
 
 def test_export_merges_lora(tmp_path):
     pytest.importorskip("peft", reason="needs the 'lora' extra: pip install 'sparring[lora]'")
-    from sparring.train.lora import is_peft
-    from sparring.train.restore import load_policy
+    from sparring.build.trained import load_policy
+    from sparring.policy.lora import is_peft
 
     run = tmp_path / "run"
     cfg = Config.load(str(EXAMPLES / "lora_magnet.yaml"), [
@@ -101,7 +101,7 @@ def test_export_errors(tmp_path):
 def test_export_never_writes_over_its_run_or_a_foreign_folder(tmp_path):
     """OUT may not overlap the run (`sparring export RUN RUN --overwrite` is refused and
     the run is untouched), and --overwrite replaces only an earlier export."""
-    from sparring.train.checkpoint import step_dirs
+    from sparring.storage.folders import step_dirs
 
     run = tmp_path / "run"
     assert main(["train", "default", *FAST, "checkpoint.every=1", f"train.run_dir={run}"]) == 0
@@ -129,9 +129,9 @@ def test_the_average_policy_is_the_magnet_the_run_evaluated(tmp_path):
     plain load equals the logged `exploitability`), the export writes those weights, and a
     run without a magnet is refused by name."""
     pytest.importorskip("peft", reason="needs the 'lora' extra: pip install 'sparring[lora]'")
+    from sparring.build.trained import load_policy
     from sparring.eval.games import policy_exploitability
-    from sparring.rollout.schedule import make_arena
-    from sparring.train.restore import load_policy
+    from sparring.rollout.rollouts import make_arena
 
     run = tmp_path / "run"
     cfg = Config.load(str(EXAMPLES / "lora_magnet.yaml"), [

@@ -243,9 +243,9 @@ def test_a_frozen_body_run_matches_one_without_the_cache_and_resumes_exactly(tra
     bit (the cache starts empty and recomputes the same features; the transform comes from
     the checkpoint); the saved policy has the trained head, the untouched input embeddings
     and, with a transform, the run's (fixed at step 1, the same in every checkpoint)."""
+    from sparring.build.trained import load_policy
     from sparring.cli import main
-    from sparring.train.checkpoint import step_dirs
-    from sparring.train.restore import load_policy
+    from sparring.storage.folders import step_dirs
 
     cached, plain, cut = tmp_path / "cached", tmp_path / "plain", tmp_path / "cut"
     center = transform != "none"
@@ -288,8 +288,8 @@ def test_a_frozen_body_run_matches_one_without_the_cache_and_resumes_exactly(tra
 
 def frozen_tiny_from_run(run):
     """The run's model as built before training (same seed, config)."""
-    from sparring.train.parts import load_model
-    from sparring.train.restore import read_run_config
+    from sparring.build.parts import load_model
+    from sparring.config.run_folder import read_run_config
 
     cfg = read_run_config(run / "config.yaml")
     torch.manual_seed(cfg.train.seed)
@@ -298,7 +298,7 @@ def frozen_tiny_from_run(run):
 
 @pytest.mark.parametrize("arm", ["train.feature_center=true", "train.feature_whiten=0.1"])
 def test_a_feature_transform_needs_a_frozen_network_with_a_cache(arm):
-    from sparring.train.config import ConfigError, load_config
+    from sparring.config import ConfigError, load_config
 
     key = arm.split("=")[0]
     with pytest.raises(ConfigError, match=f"{key}.*optim.body_lr_scale=0"):

@@ -6,9 +6,9 @@ from dataclasses import replace
 import pytest
 import torch
 
+from sparring.config import from_dict
 from sparring.data import Episode, Turn, collate
 from sparring.policy.forward import token_logprobs
-from sparring.train.config import from_dict
 from sparring.train.learner import Learner
 from tests import train_helpers as th
 

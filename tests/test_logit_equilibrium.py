@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from sparring.envs import make
+from sparring.envs.tree import GameTree
 from sparring.eval import exploitability, game_tree
 from sparring.eval.logit_equilibrium import logit_equilibrium, logit_response
-from sparring.eval.tree import GameTree
 
 # seat 0's payoff in a 2x2 zero-sum game played with hidden moves: rows seat 0's H/T,
 # columns seat 1's H/T

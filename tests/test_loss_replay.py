@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
+from sparring.build.run import build
+from sparring.config import ConfigError, load_config
 from sparring.data import Episode
 from sparring.envs import make
 from sparring.envs.wrappers import RandomOpening
 from sparring.rollout.loss_replay import LossReplay
-from sparring.train.config import ConfigError, load_config
-from sparring.train.setup import build
 
 CONFIGS = Path(__file__).parents[1] / "configs"
 TINY = ["model.options={hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_heads: 2, "

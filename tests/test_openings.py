@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from sparring.build.run import build
+from sparring.config import ConfigError, load_config
 from sparring.envs.openings import openings_path, parse_openings, read_openings
-from sparring.train.config import ConfigError, load_config
-from sparring.train.setup import build
 from tests.helpers import load_bench
 
 CONFIGS = Path(__file__).parents[1] / "configs"

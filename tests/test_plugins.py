@@ -11,7 +11,7 @@ import yaml
 
 from sparring import Config, Trainer
 from sparring.cli import main
-from sparring.train.config import ConfigError, load_config
+from sparring.config import ConfigError, load_config
 
 PLUGIN = textwrap.dedent('''
     """A user's plugin: one env, one estimator, one objective, one reward shaper."""

@@ -9,18 +9,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from sparring.data import Episode, Turn, collate
-from sparring.train.checkpoint import read_tensors, step_dirs
-from sparring.train.config import (
+from sparring.build.run import build
+from sparring.config import (
     ConfigError,
     check_resume_overrides,
     from_dict,
     load_config,
     policy_config,
 )
+from sparring.data import Episode, Turn, collate
+from sparring.storage.folders import read_tensors, step_dirs
+from sparring.storage.metrics_file import read_metrics
 from sparring.train.loop import resume, train
-from sparring.train.metrics import read_metrics
-from sparring.train.setup import build
 
 CONFIGS = Path(__file__).parents[1] / "configs"
 TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 2,
@@ -80,7 +80,7 @@ def test_a_policy_inherits_the_top_level_sections_and_overrides_its_own_keys():
 
 
 def test_command_line_overrides_add_and_change_policies():
-    from sparring.train.config import PolicySpec
+    from sparring.config import PolicySpec
 
     data = _data()
     data["policies"] = {}
@@ -532,7 +532,7 @@ def test_a_shared_base_pool_deletes_the_adapters_it_lets_go(tmp_path):
     for pool in state["pools"].values():
         pool["checkpoints"] = pool["checkpoints"][-1:]  # a pool that dropped its older one
     roll.load_state_dict(state)
-    roll.play(6, [])
+    roll.collect(6, [])
     loaded = {p.policy.adapter for pool in roll.pools.values() for p in pool.loaded().values()}
     assert loaded and set(model.peft_config) == {"speaker", "listener", *loaded}
     for first in (True, False):  # Ray workers get the policies' weights, load their own pool
@@ -622,11 +622,11 @@ def test_a_resumed_two_policy_run_repeats_an_uninterrupted_one(variant, tmp_path
 def test_exploitability_of_a_profile_of_two_policies():
     """Zero-sum: NashConv(p0, q1) = BR_0(q1) + BR_1(p0), so swapping the seats of two
     policies and adding gives the sum of each playing both seats."""
+    from sparring.config import RolloutConfig
     from sparring.eval.games import policy_exploitability
     from sparring.policy.hf import HFPolicy
     from sparring.policy.tiny import build_tiny_model
-    from sparring.rollout.schedule import make_arena
-    from sparring.train.config import RolloutConfig
+    from sparring.rollout.rollouts import make_arena
 
     arena = make_arena(RolloutConfig(system_prompt=""))
     p, q = (HFPolicy(*build_tiny_model({**TINY, "seed": s})) for s in (1, 2))
@@ -639,9 +639,9 @@ def test_exploitability_of_a_profile_of_two_policies():
 
 
 def test_eval_play_and_export_take_a_policy(tmp_path, capsys):
+    from sparring.build.trained import load_policies, load_policy
     from sparring.cli import main
-    from sparring.play import play
-    from sparring.train.restore import load_policies, load_policy
+    from sparring.terminal_game import play_in_terminal
 
     cfg = _cfg(train={"steps": 1}, checkpoint={"every": 0})
     parts = build(cfg, tmp_path)
@@ -670,7 +670,7 @@ def test_eval_play_and_export_take_a_policy(tmp_path, capsys):
 
     env = make("signalling", k=3)
     env.reset(0)
-    returns = play(list(policies.values()), cfg, "signalling", human_seat=1,
+    returns = play_in_terminal(list(policies.values()), cfg, "signalling", human_seat=1,
                    ask=lambda _: "red", say=lambda _: None, seed=0)
     want = 1.0 if env.secrets[0] == "red" else 0.0
     assert returns == [want, want]

@@ -68,14 +68,14 @@ def test_smollm2_plays_a_few_turns():
     pol = smollm2.load_smollm2(seed=0)
     assert sum(p.numel() for p in pol.model.parameters()) > 100_000_000
     arena = Arena(SamplingParams(max_new_tokens=8), PromptConfig("full"), InvalidActionPolicy("constrained"))
-    eps = arena.play(lambda: Race(2), seeds=[0], group_size=2, seat_players=pol)
+    eps = arena.run_episodes(lambda: Race(2), seeds=[0], group_size=2, seat_players=pol)
     for ep in eps:
         assert all(t.action_text in ("1", "2") for t in ep.turns) and ep.returns == ep.info["env_returns"]
     b = collate(eps, layout="trajectory")  # the chat template keeps the prefix property
     lp, _ = token_logprobs(pol.model, b.input_ids, b.attention_mask, allowed=b.allowed)
     torch.testing.assert_close(lp[b.action_mask], b.old_logp[b.action_mask], atol=1e-4, rtol=0)
     free = Arena(SamplingParams(max_new_tokens=12), PromptConfig("state"), InvalidActionPolicy("retry"),
-                 max_turns=4).play(lambda: Race(2), seeds=[1], seat_players=pol)[0]
+                 max_turns=4).run_episodes(lambda: Race(2), seeds=[1], seat_players=pol)[0]
     assert 1 <= len(free.turns) <= 4 and all(t.action_ids for t in free.turns)
 
 

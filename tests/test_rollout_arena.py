@@ -124,7 +124,7 @@ def test_self_play_constrained_tiny_model(tiny, seats):
     pol = HFPolicy(model, tok, seed=0)
     arena = Arena(SamplingParams(max_new_tokens=4, temperature=1.3), PromptConfig("full"),
                   InvalidActionPolicy("constrained"))
-    eps = arena.play(lambda: Race(seats, welcome=True), seeds=[4, 7], group_size=3, seat_players=pol)
+    eps = arena.run_episodes(lambda: Race(seats, welcome=True), seeds=[4, 7], group_size=3, seat_players=pol)
     assert [e.group for e in eps] == [0, 0, 0, 1, 1, 1] and [e.seed for e in eps] == [4, 4, 4, 7, 7, 7]
     for ep in eps:
         assert ep.info["players"] == ["policy"] * seats and "forfeit" not in ep.info
@@ -162,7 +162,7 @@ def test_bot_seat_and_frozen_opponent(tiny):
     bot = BotPlayer(lambda env, seat: "1", name="ones")
     frozen = ModelPlayer(HFPolicy(model, tok, seed=9), name="frozen", train=False)
     arena = Arena(SamplingParams(max_new_tokens=4), invalid=InvalidActionPolicy("constrained"))
-    eps = arena.play(lambda: Race(3), seeds=[0], group_size=2, seat_players=[pol, bot, frozen])
+    eps = arena.run_episodes(lambda: Race(3), seeds=[0], group_size=2, seat_players=[pol, bot, frozen])
     for ep in eps:
         assert ep.info["players"] == ["policy", "ones", "frozen"]
         for t in ep.turns:
@@ -178,7 +178,7 @@ def test_players_fn_chooses_per_episode(tiny):
     model, tok = tiny
     ones = BotPlayer(lambda env, seat: "1", name="ones")
     twos = BotPlayer(lambda env, seat: "2" if "2" in env.legal_actions(seat) else "1", name="twos")
-    eps = Arena().play(lambda: Race(2), seeds=[0, 0], players_fn=lambda i: [ones, twos] if i % 2 else [twos, ones])
+    eps = Arena().run_episodes(lambda: Race(2), seeds=[0, 0], players_fn=lambda i: [ones, twos] if i % 2 else [twos, ones])
     assert [e.info["players"] for e in eps] == [["twos", "ones"], ["ones", "twos"]]
     # seed 0: total 0. twos, ones: 2,1,2 -> seat 0 wins; ones, twos: 1,2,1,1 -> seat 1 wins
     assert [t.action_text for t in eps[0].turns] == ["2", "1", "2"] and eps[0].returns == pytest.approx([1.2, -1.0])
@@ -190,7 +190,7 @@ def test_forfeit_on_unparsable_and_illegal(tiny):
     _, tok = tiny
     for text, status in (("banana", "unparsable"), ("I say 3", "illegal")):
         stub = Stub(tok, lambda c, i, a, text=text: text)
-        eps = Arena(invalid=InvalidActionPolicy("forfeit", penalty=-2.0)).play(
+        eps = Arena(invalid=InvalidActionPolicy("forfeit", penalty=-2.0)).run_episodes(
             lambda: Race(2), seeds=[0, 1], seat_players=stub)
         for ep in eps:
             assert len(ep.turns) == 1 and ep.turns[0].invalid == status and ep.turns[0].done
@@ -207,7 +207,7 @@ def test_retry_shows_error_then_forfeits_after_max_retries(tiny):
             return "banana"
         return "banana" if call == 0 else "2"
     stub = Stub(tok, script)
-    eps = Arena(invalid=InvalidActionPolicy("retry", penalty=-0.5, max_retries=2)).play(
+    eps = Arena(invalid=InvalidActionPolicy("retry", penalty=-0.5, max_retries=2)).run_episodes(
         lambda: Race(2, target=4), seeds=[0, 0], seat_players=stub)
     a, b = eps
     assert [t.agent for t in a.turns][:2] == [0, 0] and a.turns[0].invalid == "unparsable"
@@ -227,19 +227,19 @@ def test_retry_shows_error_then_forfeits_after_max_retries(tiny):
 def test_constrained_mode_passes_legal_actions_and_forfeits_on_bug(tiny):
     _, tok = tiny
     stub = Stub(tok, lambda c, i, a: a[-1])
-    eps = Arena(invalid=InvalidActionPolicy("constrained")).play(lambda: Race(2), seeds=[0], seat_players=stub)
+    eps = Arena(invalid=InvalidActionPolicy("constrained")).run_episodes(lambda: Race(2), seeds=[0], seat_players=stub)
     # total 0 -2-> 2 -2-> 4 (only "1" legal) -1-> 5
     assert [c["allowed"] for c in stub.calls] == [[["1", "2"]], [["1", "2"]], [["1"]]]
     assert [t.action_text for t in eps[0].turns] == ["2", "2", "1"]
     bad = Stub(tok, lambda c, i, a: "3")
-    ep = Arena(invalid=InvalidActionPolicy("constrained")).play(lambda: Race(2), seat_players=bad)[0]
+    ep = Arena(invalid=InvalidActionPolicy("constrained")).run_episodes(lambda: Race(2), seat_players=bad)[0]
     assert ep.info["forfeit"] == 0 and ep.turns[0].invalid == "illegal"
 
 
 def test_turn_budget_and_prompt_truncation(tiny):
     model, tok = tiny
     stub = Stub(tok, lambda c, i, a: "1")
-    ep = Arena(prompt=PromptConfig(max_prompt_tokens=30), max_turns=3).play(
+    ep = Arena(prompt=PromptConfig(max_prompt_tokens=30), max_turns=3).run_episodes(
         lambda: Race(2, target=50), seat_players=stub)[0]
     assert ep.truncated and len(ep.turns) == 3 and not any(t.done for t in ep.turns)
     # seat 0's first prompt: system 18 chars + 2 markers, "total=0" + 2, generation prompt 1
@@ -251,11 +251,11 @@ def test_bad_arguments(tiny):
     _, tok = tiny
     stub = Stub(tok, lambda c, i, a: "1")
     with pytest.raises(ValueError, match="exactly one"):
-        Arena().play(lambda: Race(2))
+        Arena().run_episodes(lambda: Race(2))
     with pytest.raises(ValueError, match="3 players for 2 seats"):
-        Arena().play(lambda: Race(2), seat_players=[stub, stub, stub])
+        Arena().run_episodes(lambda: Race(2), seat_players=[stub, stub, stub])
     with pytest.raises(RuntimeError, match="bot 'bad'"):
-        Arena().play(lambda: Race(2), seat_players=BotPlayer(lambda e, s: "9", name="bad"))
+        Arena().run_episodes(lambda: Race(2), seat_players=BotPlayer(lambda e, s: "9", name="bad"))
 
 
 @pytest.mark.parametrize("epsilon", [0.0, 0.5, 1.0])
@@ -270,7 +270,7 @@ def test_an_exploring_frozen_player_plays_uniform_legal_moves_with_probability_e
     arena = Arena(SamplingParams(max_new_tokens=4), PromptConfig("full"),
                   InvalidActionPolicy("constrained"))
     race = lambda: Race(2, target=30)  # noqa: E731
-    eps = arena.play(race, seeds=list(range(40)), group_size=5, seat_players=[explorer, ones])
+    eps = arena.run_episodes(race, seeds=list(range(40)), group_size=5, seat_players=[explorer, ones])
     mine = [t for e in eps for t in e.turns if t.agent == 0]
     both_legal = [t for t in mine if int(t.state_key.split(":")[0]) <= 28]
     twos = sum(t.action_text == "2" for t in both_legal) / len(both_legal)
@@ -283,7 +283,7 @@ def test_an_exploring_frozen_player_plays_uniform_legal_moves_with_probability_e
     if 0 < epsilon < 1:  # an explored move is in the explorer's own history, as if sampled
         prompts = [tok.decode(p) for call in stub.calls for p in call["prompts"]]
         assert any(">2<" in p for p in prompts)
-    again = arena.play(race, seeds=list(range(40)), group_size=5, seat_players=[explorer, ones])
+    again = arena.run_episodes(race, seeds=list(range(40)), group_size=5, seat_players=[explorer, ones])
     assert [[t.action_text for t in e.turns] for e in again] == \
         [[t.action_text for t in e.turns] for e in eps]  # seeded per episode and turn
 
@@ -298,7 +298,7 @@ def test_explore_turns_limits_exploration_to_a_players_first_turns(tiny):
     ones = BotPlayer(lambda env, seat: "1", name="ones")
     arena = Arena(SamplingParams(max_new_tokens=4), PromptConfig("full"),
                   InvalidActionPolicy("constrained"))
-    eps = arena.play(lambda: Race(2, target=30), seeds=list(range(100)), group_size=2,
+    eps = arena.run_episodes(lambda: Race(2, target=30), seeds=list(range(100)), group_size=2,
                      seat_players=[explorer, ones])
     mine = [[t for t in e.turns if t.agent == 0] for e in eps]
     first = [t.action_text for turns in mine for t in turns[:2]]
@@ -332,7 +332,7 @@ def test_a_tactical_explorer_draws_only_among_the_moves_the_lookahead_keeps(tiny
         explorer = ModelPlayer(stub, name="explorer", train=False, explore=1.0,
                                explore_tactical=tactical)
         rand = BotPlayer(lambda env, seat: env.legal_actions(seat)[-1], name="last")
-        eps = Arena().play(threatened, seeds=list(range(120)), seat_players=[rand, explorer])
+        eps = Arena().run_episodes(threatened, seeds=list(range(120)), seat_players=[rand, explorer])
         firsts[tactical] = [next(t.action_text for t in e.turns if t.agent == 1) for e in eps]
     assert firsts[True] == ["3"] * 120
     share = firsts[False].count("3") / 120
@@ -349,7 +349,7 @@ def test_a_training_players_explored_moves_are_rows_as_its_samples_would_be(tiny
     player = ModelPlayer(HFPolicy(model, tok, seed=3), name="learner", train=True, explore=0.5)
     arena = Arena(SamplingParams(max_new_tokens=4), PromptConfig("state"),
                   InvalidActionPolicy("constrained"))
-    eps = arena.play(lambda: Race(2, target=12), seeds=list(range(12)), group_size=2,
+    eps = arena.run_episodes(lambda: Race(2, target=12), seeds=list(range(12)), group_size=2,
                      seat_players=player)
     turns = [t for e in eps for t in e.turns]
     explored = [t for t in turns if t.extras.get("explored") == 1.0]
@@ -377,7 +377,7 @@ def test_an_explored_move_is_written_in_the_answer_format(stop):
     arena = Arena(SamplingParams(max_new_tokens=6, stop=stop),
                   PromptConfig("full", answer_prefix="<a>"), InvalidActionPolicy("forfeit"),
                   answer_format="<a>{}</a>", strict_format=True)
-    (ep,) = arena.play(lambda: Race(2, target=6), seeds=[0], seat_players=player)
+    (ep,) = arena.run_episodes(lambda: Race(2, target=6), seeds=[0], seat_players=player)
     assert "forfeit" not in ep.info and all(t.invalid is None for t in ep.turns)
     for t in ep.turns:
         move = t.action_text[len("<a>"):-len("</a>")]
@@ -405,15 +405,15 @@ def test_exploring_players_are_checked(tiny):
 
     explorer = ModelPlayer(stub, name="explorer", train=False, explore=1.0)
     with pytest.raises(ValueError, match="'explorer' explores .* lists no legal actions"):
-        Arena().play(lambda: FreeText(2), seeds=[0], seat_players=[explorer, explorer])
+        Arena().run_episodes(lambda: FreeText(2), seeds=[0], seat_players=[explorer, explorer])
 
 
 def test_stop_strings_from_the_config_end_turns_and_the_learner_scores_exactly_them(tiny):
     """`rollout.stop` reaches the arena's sampling: free-decoded turns end at the first
     stop string (not at max_new_tokens), the turn's action ids are exactly the sampled
     tokens up to it, and the learner's recomputed log-probs are the sampler's."""
-    from sparring.rollout.schedule import make_arena
-    from sparring.train.config import load_config
+    from sparring.config import load_config
+    from sparring.rollout.rollouts import make_arena
 
     model, tok = tiny
     free = load_config(None, ["rollout.invalid_action=forfeit", "rollout.max_new_tokens=12",
@@ -424,7 +424,7 @@ def test_stop_strings_from_the_config_end_turns_and_the_learner_scores_exactly_t
                              "rollout.history=full"])
     arena = make_arena(cfg.rollout)
     assert arena.sampling.stop == (stop,) and make_arena(free.rollout).sampling.stop == ()
-    eps = arena.play(lambda: Race(2, target=9), seeds=list(range(6)), group_size=2,
+    eps = arena.run_episodes(lambda: Race(2, target=9), seeds=list(range(6)), group_size=2,
                      seat_players=HFPolicy(model, tok, seed=1))
     turns = [t for e in eps for t in e.turns]
     stopped = [t for t in turns if stop in tok.decode(t.action_ids)]
@@ -454,7 +454,7 @@ def test_an_answer_prefix_is_given_and_the_env_parses_the_whole_answer():
     stub = Stub(tok, lambda call, row, allowed: "1]")
     arena = Arena(SamplingParams(max_new_tokens=4), PromptConfig("state", answer_prefix="["),
                   InvalidActionPolicy("forfeit"), answer_format="[{}]")
-    (ep,) = arena.play(lambda: Bracketed(2, target=3), seeds=[0], seat_players=stub)
+    (ep,) = arena.run_episodes(lambda: Bracketed(2, target=3), seeds=[0], seat_players=stub)
     assert "forfeit" not in ep.info and len(ep.turns) == 3  # 0 -> 1 -> 2 -> 3
     assert [t.action_text for t in ep.turns] == ["[1]"] * 3
     prefix_ids = tok.encode("[", add_special_tokens=False)
@@ -477,7 +477,7 @@ def test_strict_format_counts_only_an_answer_that_is_exactly_the_format():
         arena = Arena(SamplingParams(max_new_tokens=8), PromptConfig("state"),
                       InvalidActionPolicy("forfeit"), answer_format="<a>{}</a>",
                       strict_format=strict)
-        return arena.play(lambda: Race(2, target=3), seeds=[0], seat_players=stub)[0]
+        return arena.run_episodes(lambda: Race(2, target=3), seeds=[0], seat_players=stub)[0]
 
     ok = play("<a>1</a>", True)
     assert "forfeit" not in ok.info and len(ok.turns) == 3  # 0 -> 1 -> 2 -> 3

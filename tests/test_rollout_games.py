@@ -30,7 +30,7 @@ def _check_masks(eps):
 def test_tictactoe_self_play(policy):
     pytest.importorskip("sparring.envs.games.tictactoe")
     arena = Arena(SamplingParams(max_new_tokens=3), PromptConfig("state"), InvalidActionPolicy("constrained"))
-    eps = arena.play("tictactoe", seeds=[0, 1], group_size=3, seat_players=policy)
+    eps = arena.run_episodes("tictactoe", seeds=[0, 1], group_size=3, seat_players=policy)
     assert len(eps) == 6 and [e.group for e in eps] == [0, 0, 0, 1, 1, 1]
     for ep in eps:
         board = ["."] * 9
@@ -53,7 +53,7 @@ def test_tictactoe_self_play(policy):
 def test_kuhn_three_player_self_play(policy):
     pytest.importorskip("sparring.envs.games.kuhn_poker")
     arena = Arena(SamplingParams(max_new_tokens=6), PromptConfig("full"), InvalidActionPolicy("constrained"))
-    eps = arena.play("kuhn_poker", {"players": 3}, seeds=[0, 1, 2], group_size=2, seat_players=policy)
+    eps = arena.run_episodes("kuhn_poker", {"players": 3}, seeds=[0, 1, 2], group_size=2, seat_players=policy)
     for ep in eps:
         assert ep.num_agents == 3 and "forfeit" not in ep.info
         assert sum(ep.returns) == pytest.approx(0.0) and ep.returns == ep.info["env_returns"]

@@ -196,7 +196,7 @@ def test_train_run_dir_naming_a_folder_that_is_no_run_is_refused(tmp_path, capsy
 
 def test_the_python_train_refuses_a_folder_that_is_no_run(tmp_path):
     """The same check in `sparring.train.loop.train`, before the folder is locked."""
-    from sparring.train.config import Config
+    from sparring.config import Config
     from sparring.train.loop import train
 
     mine = tmp_path / "mine"
@@ -213,7 +213,7 @@ def test_a_run_from_before_markers_is_a_run_and_a_look_alike_is_not(tmp_path):
     run that took the lock in an empty folder) is a run's."""
     import yaml
 
-    from sparring.train.config import Config, to_dict
+    from sparring.config import Config, to_dict
     from sparring.train.runlock import NotARunFolderError, check_run_dir
 
     old = tmp_path / "old"

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from sparring.train.checkpoint import step_dirs
-from sparring.train.config import find_recipe, load_config
+from sparring.build.run import build
+from sparring.config import find_recipe, load_config
+from sparring.storage.folders import step_dirs
 from sparring.train.loop import train
-from sparring.train.setup import build
 
 STEPS, WARMUP = 1000, 100
 POOL_MAX, KEEP, POOL_EVERY, CHECKPOINT_EVERY = 3, 2, 10, 50

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from sparring.train.checkpoint import step_dirs
-from sparring.train.metrics import read_metrics
+from sparring.storage.folders import step_dirs
+from sparring.storage.metrics_file import read_metrics
 from tests.train_resume_job import STEPS, run_job
 
 ROOT = Path(__file__).parents[1]

@@ -1,4 +1,4 @@
-"""The time-average strategy of evaluated policies (sparring.eval.tree.average_strategy,
+"""The time-average strategy of evaluated policies (sparring.envs.tree.average_strategy,
 sparring.eval.time_average) and its place in a run's evaluation and checkpoints."""
 
 import json
@@ -119,7 +119,7 @@ def test_a_run_reports_the_time_average_and_resumes_it_exactly(tmp_path):
     (one table); later that of the last 2 tables; a run resumed from step 2's checkpoint
     logs the uninterrupted run's step 3 (the history is part of the checkpoint)."""
     from sparring.cli import main
-    from sparring.train.checkpoint import step_dirs
+    from sparring.storage.folders import step_dirs
 
     def rows(run):
         return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]

@@ -10,17 +10,14 @@ import numpy as np
 import pytest
 import torch
 
+from sparring.storage.folders import MANIFEST, CheckpointError, sha256_file, step_dirs
 from sparring.train.checkpoint import (
-    MANIFEST,
-    CheckpointError,
     RNGState,
     latest_checkpoint,
     latest_intact_checkpoint,
     load_checkpoint,
     load_weights,
     save_checkpoint,
-    sha256_file,
-    step_dirs,
     verify_checkpoint,
 )
 from tests.helpers import deadline
@@ -133,7 +130,8 @@ def test_optimizer_state_round_trips_exactly(tmp_path):
 def test_manifest_lists_every_file_with_its_size_and_sha256(tmp_path):
     import hashlib
 
-    from sparring.train.checkpoint import MANIFEST, verify_checkpoint
+    from sparring.storage.folders import MANIFEST
+    from sparring.train.checkpoint import verify_checkpoint
 
     ck = save_checkpoint(tmp_path, 2, weights={"model": {"w": torch.arange(6.0)}},
                          stateful={"box": Box(NESTED)})
@@ -147,7 +145,7 @@ def test_manifest_lists_every_file_with_its_size_and_sha256(tmp_path):
 
 
 def test_a_bad_file_raises_before_any_object_is_touched(tmp_path):
-    from sparring.train.checkpoint import CheckpointError
+    from sparring.storage.folders import CheckpointError
 
     ck = save_checkpoint(tmp_path, 1, weights={}, stateful={"a": Box({"x": 1}),
                                                             "b": Box({"t": torch.ones(3)})})
@@ -165,10 +163,10 @@ def test_a_bad_file_raises_before_any_object_is_touched(tmp_path):
 
 
 def test_a_snapshot_keeps_the_state_it_was_taken_with(tmp_path):
-    from sparring.train.checkpoint import Snapshot
+    from sparring.train.checkpoint import FrozenState
 
     live = Box({"ema": {"g0": 0.5}, "t": torch.zeros(2), "rng": (1, [2, 3])})
-    snap = Snapshot(live)
+    snap = FrozenState(live)
     live.state["ema"]["g0"] = 9.0  # the live object goes on changing, in place
     live.state["t"].add_(1)
     live.state["rng"][1].append(4)
@@ -312,7 +310,7 @@ def test_a_safetensors_storage_error_is_the_os_error_behind_it(tmp_path, monkeyp
 
     from safetensors import SafetensorError
 
-    import sparring.train.checkpoint as ck
+    import sparring.storage.folders as ck
 
     def fail(message):
         def save_file(tensors, filename, metadata=None):

@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 
+from sparring.config import ConfigError, from_dict
 from sparring.data import Episode, Turn, collate
+from sparring.policy.lora import apply_lora, load_trainable_state, trainable_state
 from sparring.train.batch_forward import BatchForward
-from sparring.train.config import ConfigError, from_dict
 from sparring.train.learner import Learner, NonFiniteError
-from sparring.train.lora import apply_lora, load_trainable_state, trainable_state
 from tests import train_helpers as th
 
 pytestmark = pytest.mark.usefixtures("train_doubles")
@@ -166,7 +166,7 @@ def test_entropy_target_moves_the_bonus_by_the_entropy_gap_and_resumes():
     ({"algorithm__entropy_target": 0.0, "algorithm__entropy_coef": 0.01}, r"entropy_target"),
 ])
 def test_entropy_target_config_errors_name_the_key(over, message):
-    from sparring.train.config import ConfigError
+    from sparring.config import ConfigError
     with pytest.raises(ConfigError, match=message):
         make_cfg(**over)
 
@@ -523,7 +523,7 @@ def test_sampler_correction_auto_is_the_token_level_on_vllm_only(backend, recomp
 
 
 def test_sampler_correction_needs_the_recomputed_logprobs():
-    from sparring.train.config import ConfigError
+    from sparring.config import ConfigError
 
     with pytest.raises(ConfigError, match="recompute_old_logp=true"):
         make_cfg(algorithm__sampler_correction="token")

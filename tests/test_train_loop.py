@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from sparring.advantages.stage import AdvantageStage
+from sparring.config import from_dict
 from sparring.data import Episode, Turn, collate
-from sparring.train.checkpoint import step_dirs
-from sparring.train.config import from_dict
+from sparring.storage.folders import step_dirs
+from sparring.storage.metrics_file import read_metrics
 from sparring.train.loop import rollout_metrics, train
-from sparring.train.metrics import read_metrics
+from sparring.train.policies import advantage_stage
 from tests import train_helpers as th
 from tests.train_resume_job import CONFIG, STEPS, run_job
 
@@ -104,7 +104,7 @@ def test_per_env_estimator_options_and_rollout_metrics():
                      "envs": [{"name": "tictactoe", "estimator_options": {"scale": 2.0}}]},
                     check=False)
     cfg.envs[0].name = "a"  # env names are only registry-checked by validate()
-    adv, keep = AdvantageStage.from_config(cfg)(batch)
+    adv, keep = advantage_stage(cfg)(batch)
     # env a: scale 2 on (R - group mean 2); env b: the global scale 0.5 on (R - 2)
     assert adv[:, -1].tolist() == [2 * -1, 2 * 1, 0.5 * -2, 0.5 * 2]
     assert adv[~batch.action_mask].abs().sum() == 0

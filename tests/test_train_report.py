@@ -71,7 +71,8 @@ def test_metrics_logger_progress_truncate_and_missing_sinks(tmp_path, monkeypatc
 
     import pytest
 
-    from sparring.train.metrics import MetricsLogger, read_metrics, truncate_metrics
+    from sparring.storage.metrics_file import read_metrics, truncate_metrics
+    from sparring.train.metrics import MetricsLogger
 
     lg = MetricsLogger(tmp_path, total_steps=3, progress=True, keys=["loss"])
     for s in (1, 2, 3):

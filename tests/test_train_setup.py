@@ -1,13 +1,13 @@
-"""The wiring of a config into the parts of a run (sparring.train.setup)."""
+"""The wiring of a config into the parts of a run (sparring.build.run)."""
 
 from pathlib import Path
 
 import pytest
 import torch
 
-from sparring.rollout.schedule import Rollouts
-from sparring.train.config import load_config
-from sparring.train.setup import RunParts, build, load_model
+from sparring.build.run import RunParts, build, load_model
+from sparring.config import load_config
+from sparring.rollout.rollouts import Rollouts
 
 CONFIGS = Path(__file__).parents[1] / "configs"
 TINY = ["model.options.hidden_size=32", "model.options.num_layers=1",

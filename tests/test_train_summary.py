@@ -1,4 +1,4 @@
-"""The end-of-run summary table (`sparring.train.summary`): it fits an 80-column terminal
+"""The end-of-run summary table (`sparring.report.summary`): it fits an 80-column terminal
 with the evaluation keys real runs log, and keeps each figure on one line."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 
 from rich.console import Console
 
-from sparring.train.summary import format_value, print_summary, summary_table
+from sparring.report.summary import format_value, print_summary, summary_table
 
 
 def _sampled(where: str, games: int, value: float) -> dict[str, float]:

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from sparring import Config, Trainer
+from sparring.config import ConfigError, load_config
 from sparring.policy.forward import logprobs_from_logits
-from sparring.train.config import ConfigError, load_config
 
 V = 7
 ALLOWED = [{1: [2, 5], 2: [3], 3: [0, 1, 4, 6]}, {2: [1, 2, 3]}]

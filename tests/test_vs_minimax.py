@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
+from sparring.build.run import build
+from sparring.config import load_config
 from sparring.envs import make
 from sparring.envs.bots.minimax import MinimaxBot, minimax_value, optimal_children
 from sparring.eval.games import evaluate_vs_bot, policy_vs_minimax
 from sparring.eval.vs_minimax import conversion_vs_minimax, exact_vs_minimax
 from sparring.policy.sampling import SamplingParams
-from sparring.train.config import load_config
-from sparring.train.setup import build
 
 CONFIGS = Path(__file__).parents[1] / "configs"
 

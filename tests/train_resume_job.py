@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from sparring.train.config import from_dict
+from sparring.config import from_dict
 from sparring.train.loop import resume, train
 from tests import train_helpers as th
 

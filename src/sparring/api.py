@@ -1,6 +1,6 @@
 """Training from Python: ``Trainer(Config.load("kuhn_selfplay", overrides=[...])).fit()``.
 
-`Trainer` runs exactly what ``sparring train`` runs (`sparring.train.setup.build`, then
+`Trainer` runs exactly what ``sparring train`` runs (`sparring.build.run.build`, then
 `sparring.train.loop.train`) and returns the run's metrics, one dict per logged step (the
 rows of ``RUN_DIR/metrics.jsonl``; the row of step 0 holds the evaluation before training).
 
@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from sparring.train.config import Config
+from sparring.config import Config
 from sparring.train.loop import StopTraining
 
 Callback = Callable[[int, dict[str, Any]], Any]
@@ -104,9 +104,9 @@ class Trainer:
 
     def fit(self) -> list[dict[str, Any]]:
         """Train; returns the metrics rows (also in ``self.metrics``)."""
+        from sparring.build.run import build
+        from sparring.storage.metrics_file import read_metrics
         from sparring.train.loop import train
-        from sparring.train.metrics import read_metrics
-        from sparring.train.setup import build
 
         if self.parts is not None:
             raise RuntimeError("Trainer.fit: this trainer has run; make a new Trainer (or "

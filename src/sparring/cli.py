@@ -89,10 +89,7 @@ def _import_plugins(args: argparse.Namespace) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from sparring.plugins import PluginError
-    from sparring.train.best import BEST_FILE
-    from sparring.train.checkpoint import CKPT_DIR
-    from sparring.train.config import (
+    from sparring.config import (
         ConfigError,
         commented_yaml,
         config_warnings,
@@ -100,6 +97,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         load_config,
         to_dict,
     )
+    from sparring.plugins import PluginError
+    from sparring.storage.folders import CKPT_DIR
+    from sparring.train.best import BEST_FILE
 
     console = Console(stderr=True, soft_wrap=True)
     if args.print_defaults:
@@ -123,8 +123,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     _check_device(cfg.model.device)
     for note in config_warnings(cfg):
         console.print(f"[yellow]warning:[/yellow] {note}")
+    from sparring.build.run import build
     from sparring.train.loop import _run_dir, resume, train
-    from sparring.train.setup import build
 
     run_dir = Path(args.resume) if args.resume else _run_dir(cfg)
     if not args.resume:
@@ -152,7 +152,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise CommandError(f"no space left on device writing {e.filename or run_dir}; "
                            f"{_resume_hint(run_dir)}") from e
     if not args.resume:
-        from sparring.train.summary import print_summary
+        from sparring.report.summary import print_summary
 
         print_summary(run, console)
     console.print(f"run folder: {run}")
@@ -192,9 +192,9 @@ def _resume_config(args: argparse.Namespace, overrides: list[str]):
     written: the folder has a checkpoint, the overrides leave the model's shape alone, and
     the folder runs no code of its own (its plugins and ``model.trust_remote_code`` count
     only with ``--trust-remote-code``; plugins named with ``--plugin`` are already loaded)."""
-    from sparring.train.checkpoint import step_dirs
-    from sparring.train.config import check_resume_overrides
-    from sparring.train.restore import read_run_config
+    from sparring.config import check_resume_overrides
+    from sparring.config.run_folder import read_run_config
+    from sparring.storage.folders import step_dirs
 
     run = Path(args.resume)
     if not run.is_dir():
@@ -224,8 +224,8 @@ def _plugin_key(name: str) -> str:
 
 def _check_device(device: str) -> None:
     """``model.device`` exists on this machine (a config may be valid for another one)."""
+    from sparring.config import ConfigError
     from sparring.policy.hf import device_unavailable
-    from sparring.train.config import ConfigError
 
     why = device_unavailable(device)
     if why:
@@ -248,7 +248,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from sparring.report import write_report
+    from sparring.report.plots import write_report
 
     if not Path(args.run_dir).is_dir():
         raise CommandError(f"no run folder {args.run_dir}")
@@ -258,11 +258,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from sparring.build.trained import check_policy_name, load_policies
     from sparring.envs import env_entry
     from sparring.envs.bots import BOTS, check_opponents
-    from sparring.eval.evaluation_report import print_evaluation
+    from sparring.eval.results_table import print_evaluation
     from sparring.registry import UnknownNameError
-    from sparring.train.restore import check_policy_name, load_policies
 
     console = Console(width=200 if not sys.stdout.isatty() else None)  # no wrapping in pipes
     if not args.vs:
@@ -285,11 +285,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_play(args: argparse.Namespace) -> int:
+    from sparring.build.trained import check_policy_name, load_policies
     from sparring.envs import env_entry
     from sparring.eval.periodic import env_seats
-    from sparring.play import play
     from sparring.registry import UnknownNameError
-    from sparring.train.restore import check_policy_name, load_policies
+    from sparring.terminal_game import play_in_terminal
 
     try:
         env = env_entry(args.env).name if args.env else None
@@ -316,7 +316,7 @@ def cmd_play(args: argparse.Namespace) -> int:
         raise CommandError(f"--policy: the run maps no seats of {env}; name the policy that "
                            f"plays the model's seats ({', '.join(cfg.policies)})")
     try:
-        play(policy, cfg, env, human_seat=args.seat, greedy=not args.sample, seed=args.seed)
+        play_in_terminal(policy, cfg, env, human_seat=args.seat, greedy=not args.sample, seed=args.seed)
     except EOFError:  # Ctrl-D at the prompt
         print("\nend of input: game abandoned")
     return 0
@@ -512,7 +512,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _user_errors() as e:
         if debug:
             raise
-        from sparring.train.config import ConfigError
+        from sparring.config import ConfigError
 
         kind = "config error" if isinstance(e, ConfigError) else "error"
         print(f"{kind}: {_one_line(e)}", file=sys.stderr)

@@ -41,8 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from sparring.lifeline import child_env
-from sparring.report import _smooth, series
-from sparring.train.metrics import read_metrics
+from sparring.report.plots import _smooth, series
+from sparring.storage.metrics_file import read_metrics
 from sparring.train.runlock import lock_holder, write_run_marker
 
 RECORD = "study.json"
@@ -198,7 +198,7 @@ def _create(run: Run) -> None:
 
 
 def _write_record(folder: Path, run: Run, rc: int | None, wall: float | None) -> None:
-    from sparring.train.atomic import atomic_write_text
+    from sparring.storage.atomic import atomic_write_text
 
     atomic_write_text(folder / RECORD, json.dumps(
         {"arm": run.arm, "seed": run.seed, "args": list(run.args), "returncode": rc,
@@ -343,7 +343,7 @@ def _mean_curve(curves: list[tuple[list[float], list[float]]]
 
 def plot(runs: Sequence[Run], key: str, path: str | Path, x: str = "step") -> Path | None:
     """One PNG of ``key`` against x: per arm, its seeds thin and their mean thick. Curves of
-    20 points or more are drawn EMA-smoothed (`sparring.report`). None when no run logged it."""
+    20 points or more are drawn EMA-smoothed (`sparring.report.plots`). None when no run logged it."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -21,11 +21,11 @@ follow one rule:
   reference is looked up in a table, never imported or walked, so no module, attribute
   path or callable chosen by the file is reached. Being defined in a ``sparring`` module
   is not enough: Sparring has public functions that import a module or write a file
-  named by their arguments (`import_plugin`, `sparring.train.atomic.atomic_write_text`),
+  named by their arguments (`import_plugin`, `sparring.storage.atomic.atomic_write_text`),
   and an adapter's ``env`` is called with the file's ``env_kwargs``.
 
 `check_reference` applies the rule to a string without resolving it; a run folder's config
-is checked with it before anything is built (`sparring.train.restore.read_run_config`,
+is checked with it before anything is built (`sparring.config.run_folder.read_run_config`,
 using the references each env declares with ``register_env(references=...)``).
 """
 
@@ -36,7 +36,7 @@ import importlib
 import importlib.util
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
@@ -44,6 +44,7 @@ from typing import Any
 
 _BY_FILE: dict[Path, ModuleType] = {}  # plugins loaded from a .py path, by resolved path
 _EXPOSED: dict[str, Any] = {}  # "module:attr" -> the object an untrusted config may name
+_EXPOSERS: list[Callable[[], None]] = []  # loaders of the modules that expose (`add_exposer`)
 _TRUSTED: contextvars.ContextVar[bool] = contextvars.ContextVar("sparring_trusted",
                                                                default=True)
 TRUST_HINT = "pass --trust-remote-code if you trust this folder"
@@ -109,12 +110,17 @@ def exposed_references() -> list[str]:
     return sorted(_EXPOSED)
 
 
-def _load_exposed() -> None:
-    """Import Sparring's own env modules (a fixed list, not chosen by any config): the
-    adapters among them expose their helpers."""
-    from sparring.envs import _load
+def add_exposer(load: Callable[[], None]) -> None:
+    """Register ``load``, which imports a fixed list of Sparring's modules (none chosen by a
+    config) that `expose` names: the env registry registers the loader of its env modules,
+    whose adapters expose their helpers. Every exposer runs before a lookup."""
+    if load not in _EXPOSERS:
+        _EXPOSERS.append(load)
 
-    _load()
+
+def _load_exposed() -> None:
+    for load in _EXPOSERS:
+        load()
 
 
 # ---------------------------------------------------------------- references
@@ -266,6 +272,6 @@ def reference(value: Any) -> str | None:
     return value if isinstance(value, str) and ":" in value else None
 
 
-__all__ = ["PluginError", "UntrustedCodeError", "check_reference", "expose",
+__all__ = ["PluginError", "UntrustedCodeError", "add_exposer", "check_reference", "expose",
            "exposed_references", "import_module_named", "import_object", "import_plugin",
            "import_plugins", "is_trusted", "reference", "split_reference", "untrusted"]

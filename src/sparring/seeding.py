@@ -3,7 +3,7 @@
 ``stable_seed(*parts)`` is ``crc32(repr(parts)) & 0x7FFFFFFF``: a 31-bit seed that depends
 only on ``parts`` (ints, strings, tuples of them), unlike Python's ``hash`` of a string,
 which is salted per process. The rollouts seed each group, episode and sampled turn this
-way (`sparring.rollout.schedule`, `sparring.rollout.arena`), and the vLLM backend each
+way (`sparring.rollout.rollouts`, `sparring.rollout.arena`), and the vLLM backend each
 prompt, so a run on Ray workers or after a resume draws what one process would.
 """
 

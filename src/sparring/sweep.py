@@ -49,7 +49,7 @@ from pathlib import Path
 import numpy as np
 
 from sparring.grid import RECORD, Arm, Run, plan, rows, run_jobs, wall_time
-from sparring.report import series
+from sparring.report.plots import series
 
 HEADLINES = ("/exploitability", "/non_loss", "/joint/mean_return_seat0")
 MAX_SEEDS = 1000
@@ -87,7 +87,7 @@ def claim_out(out: Path, recipe: str, overrides: Sequence[str]) -> None:
                              "deleted: pick another --out")
     out.mkdir(parents=True, exist_ok=True)
     if not (out / SWEEP_MARKER).is_file():
-        from sparring.train.atomic import atomic_write_text
+        from sparring.storage.atomic import atomic_write_text
 
         atomic_write_text(out / SWEEP_MARKER, json.dumps(
             {"format": 1, "kind": "sweep", "recipe": recipe, "overrides": list(overrides),
@@ -290,7 +290,7 @@ def sweep(recipe: str, seeds: Sequence[int], overrides: Sequence[str] = (), *, j
     """Run ``recipe`` (with ``overrides``) once per seed, ``jobs`` at a time on ``threads``
     torch threads each (default: the cores shared among the jobs); (the markdown report,
     the number of failed runs). ``steps``: train.steps of every run (default: the recipe's)."""
-    from sparring.train.config import find_recipe, load_config
+    from sparring.config import find_recipe, load_config
     from sparring.train.runlock import RunLock
 
     if jobs < 1:

@@ -97,5 +97,5 @@ def list_estimators() -> list:
 
 
 # the families register their estimators and shapers on import (after `estimator` exists)
-for _family in ("group", "turn", "turn_dense", "critic", "shaping", "filters"):
+for _family in ("group", "turn", "turn_dense", "gae", "shaping", "filters"):
     importlib.import_module(f"sparring.advantages.{_family}")

@@ -46,18 +46,6 @@ def _shaping_step(spec: ShapingSpec) -> tuple[Entry, dict[str, Any]]:
     return entry, dict(opts)
 
 
-def _canonical_env(name: str) -> str:
-    """The registered name of env ``name`` (an OpenSpiel alias resolves); unregistered
-    names (a caller's own episodes) stay as they are."""
-    from sparring.envs import env_entry
-    from sparring.registry import UnknownNameError
-
-    try:
-        return env_entry(name).name
-    except UnknownNameError:
-        return name
-
-
 class AdvantageStage:
     """Reward shapers -> estimator -> advantage shapers -> keep filters, per environment.
 
@@ -77,18 +65,6 @@ class AdvantageStage:
         self.shaping = [_shaping_step(s) for s in shaping]
         state_cls = self.entry.extra.get("state")
         self.state = state_cls() if state_cls is not None else None
-
-    @classmethod
-    def from_config(cls, cfg: Any) -> AdvantageStage:
-        """From a `sparring.train.config.Config` (``algorithm.*`` and ``envs[].estimator_options``)."""
-        a = cfg.algorithm
-        env_options: dict[str, dict[str, Any]] = {}
-        for spec in cfg.envs:
-            name = _canonical_env(spec.name)  # batches carry canonical env names
-            if env_options.get(name, spec.estimator_options) != spec.estimator_options:
-                raise ValueError(f"envs lists {name!r} twice with different estimator_options")
-            env_options[name] = dict(spec.estimator_options)
-        return cls(a.estimator, a.estimator_options, env_options=env_options, shaping=a.shaping)
 
     @property
     def layout(self) -> str:

@@ -44,13 +44,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor, nn
 
-from sparring.advantages.critic import archer_q_target, archer_td_targets, archer_v_target
+from sparring.advantages.gae import archer_q_target, archer_td_targets, archer_v_target
 from sparring.critic.replay import TurnReplay
 from sparring.critic.value_head import ValueHead, critic_body, last_hidden, output_embedding
 from sparring.data import TurnBatch
 
 if TYPE_CHECKING:
-    from sparring.train.config import Config
+    from sparring.config import Config
 
 HEADS = ("q1", "q2", "v1", "v2")
 DEFAULT_CHUNK = 64  # rows per critic forward when train.microbatch_size is 0

@@ -7,7 +7,7 @@ groups, `sparring.distributed.weights` how new weights reach the workers (object
 a NCCL/gloo broadcast); `sparring.importance` has the off-policy correction of async mode.
 docs/cluster.md says how to run it on one machine or a cluster.
 
-Ray is imported only when workers are started: without it, `sparring.train.config`
+Ray is imported only when workers are started: without it, `sparring.config`
 rejects any ``distributed.*`` setting with the install command.
 """
 

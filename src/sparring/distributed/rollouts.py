@@ -13,7 +13,7 @@ pool, its snapshots and its checkpointed state); ``distributed.rollout_workers``
 3. the shares come back and are concatenated in worker order, which is group order.
 
 Every group is seeded from (seed, step, env, opponent kind, group index) alone
-(`sparring.rollout.schedule`), so in ``sync`` mode the episodes, hence the metrics, are
+(`sparring.rollout.rollouts`), so in ``sync`` mode the episodes, hence the metrics, are
 those of the single-process run. In ``async`` mode the driver keeps the next
 ``max_staleness`` steps queued: step ``s + k``'s shares are queued at step ``s`` with the
 weights of version ``s``, and the workers play them while the learner updates; the step's
@@ -41,13 +41,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torch import Tensor, nn
 
+from sparring.config import Config
+from sparring.config.plan import GroupTask, group_tasks
 from sparring.data import Episode, TurnBatch
 from sparring.distributed.split import split_groups
 from sparring.distributed.weights import (
@@ -59,9 +61,7 @@ from sparring.distributed.weights import (
 from sparring.distributed.worker import RolloutWorker
 from sparring.extras import import_extra, install_hint
 from sparring.importance import importance_weights
-from sparring.rollout.plan import GroupTask, group_tasks
-from sparring.rollout.schedule import Rollouts
-from sparring.train.config import Config
+from sparring.rollout.rollouts import Rollouts
 
 log = logging.getLogger(__name__)
 
@@ -90,11 +90,14 @@ class RayRollouts:
     """``rollouts(step) -> episodes`` on Ray actors; see the module docstring."""
 
     def __init__(self, cfg: Config, local: Rollouts, model: nn.Module | Mapping[str, nn.Module],
-                 run_dir: str | Path):
+                 run_dir: str | Path, build_parts: Callable[[Config, Path], Any]):
         """``model``: the learner's model, or ``{policy name: model}`` with several
-        policies (what the workers mirror, `sparring.distributed.weights.distinct_models`)."""
+        policies (what the workers mirror, `sparring.distributed.weights.distinct_models`);
+        ``build_parts``: what each worker builds its parts with (a module-level function,
+        which Ray sends by reference)."""
         self.ray = ray = require_ray()
         self.cfg, self.local, self.model = cfg, local, model
+        self.build_parts = build_parts
         self.run_dir = str(Path(run_dir).resolve())
         d = cfg.distributed
         if not ray.is_initialized():
@@ -116,7 +119,7 @@ class RayRollouts:
     # ------------------------------------------------------------------ set-up
 
     def _spawn(self, w: int) -> Any:
-        return self._actor.remote(self.cfg, self.run_dir, w)
+        return self._actor.remote(self.cfg, self.run_dir, w, self.build_parts)
 
     def _make_sync(self) -> ObjectStoreSync | CollectiveSync:
         d = self.cfg.distributed
@@ -207,7 +210,7 @@ class RayRollouts:
                 share.version = self.published
             if self.versions[w] != share.version:
                 self._send_weights(w, share.version)
-        share.future = self.workers[w].play.remote(share.step, share.tasks, league,
+        share.future = self.workers[w].collect.remote(share.step, share.tasks, league,
                                                    share.version)
 
     def _send_weights(self, w: int, version: int) -> None:

@@ -1,6 +1,6 @@
 """Which rollout worker plays which groups of a step.
 
-`split_groups(tasks, sizes, n)` cuts the step's group list (`sparring.rollout.schedule.
+`split_groups(tasks, sizes, n)` cuts the step's group list (`sparring.rollout.rollouts.
 group_tasks`) into ``n`` contiguous shares with about equal episode counts: a group goes to
 share ``w`` when its middle episode lies in the ``w``-th ``1/n`` of the step's episodes
 (with no more groups than workers: one group each). Contiguous shares, concatenated in

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from sparring.train.lora import frozen_adapters, is_adapter_weight
+from sparring.policy.lora import frozen_adapters, is_adapter_weight
 
 
 def distinct_models(model: nn.Module | Mapping[str, nn.Module]) -> dict[str, nn.Module]:

@@ -1,7 +1,7 @@
 """One rollout worker: what a Ray actor of `sparring.distributed.rollouts.RayRollouts` runs.
 
-A worker builds the run's parts as ``sparring train`` does (`sparring.train.parts.build_parts`
-with no workers of its own): the model, its policy backend (HF, or the vLLM engine with
+A worker builds the run's parts as ``sparring train`` does, with the function the driver
+hands it (``build_parts``: `sparring.build.parts.build_parts`), with no workers of its own: the model, its policy backend (HF, or the vLLM engine with
 ``model.backend=vllm``), the environments and the rollout schedule. It never trains; the
 driver sends it
 
@@ -21,23 +21,25 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from sparring.config import Config, DistributedConfig
+from sparring.config.plan import GroupTask
 from sparring.data import Episode
 from sparring.distributed.weights import distinct_models, load_weights, model_device
-from sparring.rollout.plan import GroupTask
-from sparring.train.config import Config, DistributedConfig
 
 
 class RolloutWorker:
-    def __init__(self, cfg: Config, run_dir: str, rank: int):
+    def __init__(self, cfg: Config, run_dir: str, rank: int,
+                 build_parts: Callable[[Config, Path], Any]):
+        """``build_parts(cfg, run_dir)``: the run's parts (an object with ``model`` and
+        ``rollout_fn``), as the driver builds them."""
         from sparring.plugins import import_plugins
-        from sparring.train.parts import build_parts
         from sparring.train.policies import policy_models
 
         import_plugins(cfg.plugins)  # the envs, estimators ... they register
@@ -99,7 +101,7 @@ class RolloutWorker:
 
     # ------------------------------------------------------------------ rollouts
 
-    def play(self, step: int, tasks: Sequence[GroupTask], league: dict[str, Any],
+    def collect(self, step: int, tasks: Sequence[GroupTask], league: dict[str, Any],
              version: int) -> tuple[list[Episode], dict[str, float]]:
         """The episodes of ``tasks`` at ``step`` with the weights of ``version`` (which must
         be loaded: the driver sends them first), the opponent pools as ``league`` (the
@@ -111,7 +113,7 @@ class RolloutWorker:
             self.parts.rollout_fn.load_state_dict(league)
             self._league = league
         t0 = time.perf_counter()
-        episodes = self.parts.rollout_fn.play(step, tasks)
+        episodes = self.parts.rollout_fn.collect(step, tasks)
         for ep in episodes:
             ep.info["weights_version"] = version
         return episodes, {"play_s": time.perf_counter() - t0}

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sparring.envs.base import Env, ParseResult, StepResult
+from sparring.plugins import add_exposer
 from sparring.registry import Entry, Registry
 
 ENVS = Registry("environment")
@@ -64,6 +65,9 @@ def _load() -> None:
         except ModuleNotFoundError as e:  # an environment (or its package) not written yet
             if e.name is None or not (mod == e.name or mod.startswith(e.name + ".")):
                 raise
+
+
+add_exposer(_load)  # untrusted references resolve once the adapters have exposed theirs
 
 
 def make(name: str, **options: Any) -> Env:

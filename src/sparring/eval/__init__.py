@@ -4,7 +4,8 @@ exploitability: `sparring.eval.games`; a training run's periodic evaluation:
 `sparring.eval.periodic`; the fixed point an entropy bonus pulls self-play towards:
 `sparring.eval.logit_equilibrium`."""
 
-from sparring.eval.exploitability import exploitability, game_tree, nash_conv, uniform_policy
+from sparring.envs.tree import game_tree
+from sparring.eval.exploitability import exploitability, nash_conv, uniform_policy
 from sparring.eval.matches import MatchResult, Record, play_match, round_robin
 from sparring.eval.stats import elo_ratings, wilson
 

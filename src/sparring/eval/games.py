@@ -67,7 +67,7 @@ def evaluate_vs_bot(arena: Arena, policy: HFPolicy, sampling: SamplingParams, en
     other = BotPlayer(bot, name="bot")
     num_seats = make(env, **options).num_seats
     order = list(range(num_seats)) if seats is None else list(seats)
-    eps = arena.play(env, dict(options), seeds=[seed + i for i in range(n)], group_size=1,
+    eps = arena.run_episodes(env, dict(options), seeds=[seed + i for i in range(n)], group_size=1,
                      players_fn=rotating(me, lambda: other, num_seats, order))
     wins = draws = losses = forfeits = 0
     ret = 0.0
@@ -105,7 +105,7 @@ def evaluate_together(arena: Arena, policies: Sequence[HFPolicy], sampling: Samp
         raise ValueError(f"games: must be >= 1, got {n}")
     players = {id(p): ModelPlayer(p, name=f"eval{s}", train=False, sampling=sampling)
                for s, p in enumerate(policies)}
-    eps = arena.play(env, dict(options), seeds=[seed + i for i in range(n)], group_size=1,
+    eps = arena.run_episodes(env, dict(options), seeds=[seed + i for i in range(n)], group_size=1,
                      seat_players=[players[id(p)] for p in policies])
     out: dict[str, float] = {"games": float(n)}
     for s in range(len(policies)):
@@ -225,7 +225,7 @@ def policy_strategy(arena: Arena, policy: HFPolicy | Sequence[HFPolicy], env: st
     """The behaviour strategy of ``policy`` in every seat (or of ``policy[s]`` in seat
     ``s``): information state -> `action_probabilities` over its legal moves, the prompt
     being that state's observation, for every information state of a game with a tree
-    (`sparring.eval.tree`), in the game's order of them."""
+    (`sparring.envs.tree`), in the game's order of them."""
     points = _decision_points(env, options)
     per_seat = list(policy) if isinstance(policy, Sequence) else None
     table: dict[str, dict[str, float]] = {}

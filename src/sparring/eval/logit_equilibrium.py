@@ -32,8 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from sparring.eval.exploitability import game_tree
-from sparring.eval.tree import GameTree
+from sparring.envs.tree import GameTree, game_tree
 
 
 @dataclass

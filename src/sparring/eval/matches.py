@@ -142,7 +142,7 @@ def play_match(game: str | Callable[[], Any], players: Sequence[Any] | dict[str,
                games: int = 100, seed: int = 0, swap_seats: bool = True,
                penalty: float = -1.0, options: dict[str, Any] | None = None) -> MatchResult:
     """Play ``games`` seeds (``seed``, ``seed + 1``, ...), each in every cyclic seating of
-    ``players`` (one seating when ``swap_seats`` is False), all in one `Arena.play` call.
+    ``players`` (one seating when ``swap_seats`` is False), all in one `Arena.run_episodes` call.
     ``game``: a registered env name or alias (``options`` go to its factory) or a
     zero-argument factory."""
     from sparring.envs import make
@@ -157,7 +157,7 @@ def play_match(game: str | Callable[[], Any], players: Sequence[Any] | dict[str,
     k = len(objs)
     seatings = [tuple((i + r) % k for i in range(k)) for r in (range(k) if swap_seats else [0])]
     arena = Arena(invalid=InvalidActionPolicy("forfeit", penalty), max_turns=MAX_TURNS)
-    episodes = arena.play(
+    episodes = arena.run_episodes(
         game, dict(options or {}), seeds=[s for s in range(seed, seed + games) for _ in seatings],
         players_fn=lambda i: [seated[q] for q in seatings[i % len(seatings)]])
     result = MatchResult(names)

@@ -44,7 +44,8 @@ from typing import TYPE_CHECKING, Any
 
 from sparring.envs import env_entry, has_game_tree, make
 from sparring.envs.bots import check_opponents, make_bot
-from sparring.eval.exploitability import exploitability, game_tree
+from sparring.envs.tree import game_tree
+from sparring.eval.exploitability import exploitability
 from sparring.eval.games import (
     evaluate_together,
     evaluate_vs_bot,
@@ -55,10 +56,10 @@ from sparring.eval.games import (
 from sparring.eval.time_average import StrategyHistory
 from sparring.policy.hf import HFPolicy
 from sparring.rollout.arena import Arena
-from sparring.rollout.schedule import rollout_sampling
+from sparring.rollout.rollouts import rollout_sampling
 
 if TYPE_CHECKING:
-    from sparring.train.config import Config
+    from sparring.config import Config
 
 # eval_fn(step, learners) -> metrics: ``learners`` is the training loop's ``{name: Learner}``
 # ('' names the one policy of a run; None outside training), which supplies the magnets

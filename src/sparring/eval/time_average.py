@@ -6,7 +6,7 @@ bluff less, ...). What the theory of fictitious play, CFR and no-regret self-pla
 converges is the *average* strategy of the iterates, averaged in the game's sense: the
 player that draws one of the iterates at the start of a game and plays it to the end.
 Its behaviour strategy is the reach-weighted average of the iterates
-(`sparring.eval.tree.GameTree.average_strategy`).
+(`sparring.envs.tree.GameTree.average_strategy`).
 
 `StrategyHistory` keeps the strategy table (``sigma``, a probability per (information
 state, legal move)) of the policy at each of the last ``window`` evaluations of each game,
@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from sparring.eval.exploitability import exploitability, game_tree
+from sparring.envs.tree import game_tree
+from sparring.eval.exploitability import exploitability
 
 
 class StrategyHistory:

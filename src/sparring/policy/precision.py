@@ -1,6 +1,6 @@
 """Compute precision of a model: float32, or bf16 compute over float32 weights.
 
-``model.precision`` (`sparring.train.config.ModelConfig`) takes:
+``model.precision`` (`sparring.config.ModelConfig`) takes:
 
 - ``float32``: every product in the weights' dtype (``model.dtype``).
 - ``bf16-mixed``: matrix products run in bfloat16 under ``torch.autocast``; the weights,

@@ -2,7 +2,7 @@
 
     arena = Arena(sampling=SamplingParams(max_new_tokens=16), prompt=PromptConfig("full"),
                   invalid=InvalidActionPolicy("retry"), max_turns=50)
-    episodes = arena.play("tictactoe", env_options={}, seeds=[0, 1], group_size=8,
+    episodes = arena.run_episodes("tictactoe", env_options={}, seeds=[0, 1], group_size=8,
                           seat_players=policy)          # self-play: the policy in every seat
 
 ``play`` runs ``len(seeds) * group_size`` episodes; episode ``j * group_size + g`` starts
@@ -85,7 +85,7 @@ class _Slot:
     retries: int = 0
     feedback: str = ""
     done: bool = False
-    sample_seed: int | None = None  # the episode's random stream (see Arena.play)
+    sample_seed: int | None = None  # the episode's random stream (see Arena.run_episodes)
     explore_seed: int = 0  # the stream of an exploring player's draws (ModelPlayer.explore)
     req: dict[str, Any] = field(default_factory=dict)
 
@@ -134,7 +134,7 @@ class Arena:
             self._builders[key] = PromptBuilder(p.policy.tokenizer, p.prompt or self.prompt)
         return self._builders[key]
 
-    def play(self, env: str | Callable[[], Env], env_options: dict[str, Any] | None = None,
+    def run_episodes(self, env: str | Callable[[], Env], env_options: dict[str, Any] | None = None,
              seeds: Sequence[int] = (0,), group_size: int = 1, seat_players: SeatPlayers = None,
              group_offset: int = 0, players_fn: Callable[[int], SeatPlayers] | None = None,
              sample_seeds: Sequence[int] | None = None) -> list[Episode]:

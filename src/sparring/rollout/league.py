@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from sparring.rollout.plan import group_tasks
+from sparring.config.plan import group_tasks
 
 if TYPE_CHECKING:
+    from sparring.config import Config
     from sparring.data import Episode
     from sparring.rollout.opponents import OpponentPool
-    from sparring.train.config import Config
 
 
 def record_scores(pools: Mapping[str, OpponentPool], cfg: Config,

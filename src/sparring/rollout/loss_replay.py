@@ -30,11 +30,11 @@ from collections import OrderedDict
 from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from sparring.rollout.plan import group_tasks
+from sparring.config.plan import group_tasks
 
 if TYPE_CHECKING:
+    from sparring.config import Config
     from sparring.data import Episode
-    from sparring.train.config import Config
 
 Start = tuple[int, tuple[str, ...]]  # (reset seed, moves): a position to replay
 

@@ -33,7 +33,7 @@ changes it, for a schedule).
 state (plain JSON); bots are code, so the restoring side adds the same bots first (names
 are checked).
 
-``players_fn(learner, num_seats)`` gives an ``Arena.play(players_fn=...)`` chooser: the
+``players_fn(learner, num_seats)`` gives an ``Arena.run_episodes(players_fn=...)`` chooser: the
 learner sits in seat ``i % num_seats`` of episode ``i`` and the other seats get sampled
 opponents.
 """

@@ -23,7 +23,7 @@ def learner_seat(episode: int, num_seats: int, seats: Sequence[int] | None = Non
 
 def rotating(learner: Any, opponent: Callable[[], Any], num_seats: int,
              seats: Sequence[int] | None = None) -> Callable[[int], list[Any]]:
-    """An ``Arena.play(players_fn=...)`` chooser: episode ``i`` has ``learner`` in seat
+    """An ``Arena.run_episodes(players_fn=...)`` chooser: episode ``i`` has ``learner`` in seat
     ``learner_seat(i, num_seats, seats)`` and ``opponent()`` (called once per other seat, in
     seat order: a fixed player, or one sampled from a pool) everywhere else. ``learner``:
     one player, or a list with the player of each seat (several policies: the rotating

@@ -12,7 +12,7 @@ one the newest snapshot replaced) plus those. Temporaries of a snapshot write th
 killed (``*.tmp``) are removed on the first step, when the run folder is locked by the
 training loop.
 
-A snapshot is checked like a checkpoint (`sparring.train.checkpoint.verify_folder`): it
+A snapshot is checked like a checkpoint (`sparring.storage.folders.verify_folder`): it
 holds ``manifest.json`` (size and sha256 of each file, written last) and ``snapshot.json``,
 which says it has one; loading a snapshot with a file missing, truncated or garbled, or its
 manifest missing or malformed, is a `CheckpointError` naming the file and the problem. (A
@@ -48,9 +48,17 @@ from safetensors import SafetensorError
 
 from sparring.policy.feature_cache import attach_feature_cache, feature_cache_of
 from sparring.policy.hf import HFPolicy
+from sparring.policy.lora import (
+    delete_adapter,
+    is_peft,
+    load_frozen_adapter,
+    load_parameters,
+    merged_state,
+    save_adapter,
+)
 from sparring.seeding import stable_seed
-from sparring.train.atomic import atomic_write_text
-from sparring.train.checkpoint import (
+from sparring.storage.atomic import atomic_write_text
+from sparring.storage.folders import (
     FORMAT,
     read_tensors,
     step_dirs,
@@ -59,18 +67,10 @@ from sparring.train.checkpoint import (
     write_manifest,
     write_tensors,
 )
-from sparring.train.lora import (
-    delete_adapter,
-    is_peft,
-    load_frozen_adapter,
-    load_parameters,
-    merged_state,
-    save_adapter,
-)
 
 if TYPE_CHECKING:
+    from sparring.config import Config
     from sparring.rollout.opponents import OpponentPool
-    from sparring.train.config import Config
 
 _SNAPSHOT_RE = re.compile(r"^step-(\d+)(?:\.([A-Za-z][\w-]*))?$")  # .NAME: policy NAME's
 TRAINED_FILE = "trained.safetensors"  # a snapshot of a model with frozen weights
@@ -110,7 +110,7 @@ class SnapshotStore:
             return self._load_trained(path, policy)
         m = self.cfg.model
         if owner is not None:
-            from sparring.train.config import policy_config
+            from sparring.config import policy_config
 
             m = policy_config(self.cfg, owner).model
         p = HFPolicy.from_pretrained(self.run_dir / path, device=m.device, dtype=m.dtype,

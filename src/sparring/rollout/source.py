@@ -10,7 +10,7 @@ and the two hooks a source may also offer, each a `typing.Protocol` the loop che
   the rollout machinery (rollout workers: restarts, weight sync and play times, staleness);
 - `ReportsLeague`: ``league_metrics()`` after each step (the opponent pool's scores).
 
-A plain function is a source with neither hook. `sparring.rollout.schedule.Rollouts`
+A plain function is a source with neither hook. `sparring.rollout.rollouts.Rollouts`
 and `sparring.distributed.rollouts.RayRollouts` are the built-in sources.
 """
 

@@ -61,10 +61,10 @@ class EngineRollouts:
         self.sync()
         return self.rollouts(step)
 
-    def play(self, step: int, tasks: Sequence[Any]) -> list[Episode]:
-        """`Rollouts.play` of some of the step's groups, after a sync."""
+    def collect(self, step: int, tasks: Sequence[Any]) -> list[Episode]:
+        """`Rollouts.collect` of some of the step's groups, after a sync."""
         self.sync()
-        return self.rollouts.play(step, tasks)
+        return self.rollouts.collect(step, tasks)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.rollouts, name)

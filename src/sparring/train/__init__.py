@@ -1,25 +1,12 @@
-"""Training: config, learner, loop, checkpoints, metrics.
+"""Training: the learner's update (`Learner`), the step and the run's lifecycle
+(`train`, `resume`), checkpoints and metrics.
 
-``train(cfg, model, rollout_fn, eval_fn)`` / ``resume(run_dir, ...)`` run the loop;
-`Learner` does the updates; `load_config` reads YAML plus ``key.sub=value`` overrides.
-
-The names below load on first use (PEP 562): importing a submodule such as
-``sparring.train.checkpoint`` (which the rollouts' opponent pool does) must not pull in the
-loop, whose evaluation imports the rollouts back.
+The run's parts (model, rollouts, evaluation) are built above this package
+(`sparring.build`); the configuration is below it (`sparring.config`).
 """
 
-from __future__ import annotations
+from sparring.train.guarded_step import NonFiniteError
+from sparring.train.learner import Learner
+from sparring.train.loop import resume, train
 
-import importlib
-from typing import Any
-
-_EXPORTS = {"Config": "config", "ConfigError": "config", "load_config": "config",
-            "Learner": "learner", "NonFiniteError": "guarded_step",
-            "resume": "loop", "train": "loop"}
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'sparring.train' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"sparring.train.{_EXPORTS[name]}"), name)
+__all__ = ["Learner", "NonFiniteError", "resume", "train"]

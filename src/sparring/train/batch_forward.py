@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from sparring.data import TurnBatch
 from sparring.policy.forward import token_logprobs, token_logprobs_and_hidden
+from sparring.policy.lora import use_adapter
 from sparring.policy.precision import autocast_for
 from sparring.policy.prefix import (
     SHARED_PREFIX_MIN,
@@ -33,11 +34,10 @@ from sparring.policy.prefix import (
     find_prefixes,
     first_action_positions,
 )
-from sparring.train.lora import use_adapter
 
 if TYPE_CHECKING:
+    from sparring.config import Config
     from sparring.critic.value_head import Critic
-    from sparring.train.config import Config
     from sparring.train.reference import Reference
 
 PerRow = Literal["policy", "entropy", "ref", "values"]

@@ -17,8 +17,8 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
-from sparring.train.atomic import atomic_write_text
-from sparring.train.checkpoint import CKPT_DIR
+from sparring.storage.atomic import atomic_write_text
+from sparring.storage.folders import CKPT_DIR
 
 BEST_FILE = "best.json"
 

@@ -44,21 +44,21 @@ import torch
 from torch import Tensor, nn
 
 from sparring.aggregation import count_seqs, count_tokens
+from sparring.config import Config
 from sparring.critic.archer import Archer
 from sparring.critic.value_head import Critic
 from sparring.data import TurnBatch
 from sparring.objectives import OBJECTIVES
 from sparring.objectives import _load_families as _load_objectives
 from sparring.policy.feature_cache import FeatureCache, attach_feature_cache
+from sparring.policy.lora import is_adapter_weight, use_adapter
+from sparring.schedules import LRSchedule, lr_at
 from sparring.train.batch_forward import BatchForward, allowed_of, row_slices
-from sparring.train.config import Config
 from sparring.train.entropy_target import EntropyTarget
 from sparring.train.guarded_step import NonFiniteError, guarded_step
-from sparring.train.lora import is_adapter_weight, use_adapter
 from sparring.train.loss import micro_loss
 from sparring.train.param_groups import freeze_body, param_groups
 from sparring.train.reference import Reference
-from sparring.train.schedule import LRSchedule, lr_at
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ class Learner:
 
     def entropy_coef(self) -> float:
         """The entropy bonus of this update: ``algorithm.entropy_coef`` on the
-        ``entropy_schedule`` (`sparring.train.schedule.lr_at`'s cosine with
+        ``entropy_schedule`` (`sparring.schedules.lr_at`'s cosine with
         m = ``entropy_final_ratio``, no warm-up), counted in the lr schedule's updates; with
         ``entropy_target``, the weight it has adapted to (`sparring.train.entropy_target`)."""
         a = self.cfg.algorithm

@@ -58,6 +58,7 @@ import torch
 from torch import Tensor
 
 from sparring.advantages.stage import AdvantageStage
+from sparring.config import Config, ConfigError, read_yaml, save_config, to_dict
 from sparring.data import Episode, TurnBatch, collate
 from sparring.eval.periodic import EvalFn
 from sparring.rollout.source import (
@@ -67,25 +68,27 @@ from sparring.rollout.source import (
     RolloutSource,
 )
 from sparring.segments import segment_first
+from sparring.storage.folders import (
+    CheckpointError,
+    read_tensors,
+    sha256_file,
+    step_dirs,
+    write_tensors,
+)
+from sparring.storage.metrics_file import METRICS_FILE, set_aside_metrics, truncate_metrics
 from sparring.train.best import BestCheckpoint
 from sparring.train.checkpoint import (
-    CheckpointError,
+    FrozenState,
     RNGState,
-    Snapshot,
     latest_checkpoint,
     latest_intact_checkpoint,
     load_checkpoint,
     load_weights,
-    read_tensors,
     save_checkpoint,
     seed_everything,
-    sha256_file,
-    step_dirs,
     tidy_checkpoints,
-    write_tensors,
 )
-from sparring.train.config import Config, ConfigError, read_yaml, save_config, to_dict
-from sparring.train.metrics import METRICS_FILE, MetricsLogger, set_aside_metrics, truncate_metrics
+from sparring.train.metrics import MetricsLogger
 from sparring.train.policies import Models, TrainedPolicy, check_rows, trained_policies
 from sparring.train.runlock import RunLock, claim_run_dir
 from sparring.train.signals import sigterm_as_interrupt
@@ -360,8 +363,8 @@ class _Run:
 
     def snapshot(self) -> dict[str, Any]:
         """The checkpoint objects as they are now: the policies' own (which only the update
-        changes) by reference, the others copied (`Snapshot`)."""
-        return {k: v if k in self.own else Snapshot(v) for k, v in self.objects.items()}
+        changes) by reference, the others copied (`FrozenState`)."""
+        return {k: v if k in self.own else FrozenState(v) for k, v in self.objects.items()}
 
     def write_references(self) -> None:
         """A fresh run: each policy's KL reference weights into the run folder, with their
@@ -510,7 +513,7 @@ def resume(run_dir: str | Path, model: Models, rollout_fn: RolloutSource,
         raise FileNotFoundError(f"{run} {why}")
     with sigterm_as_interrupt(), RunLock(run):
         if cfg is None:  # the folder's config as data: it names no code of its own
-            from sparring.train.restore import run_config_from_data
+            from sparring.config.run_folder import run_config_from_data
 
             cfg = run_config_from_data(read_yaml(run / CONFIG_FILE), run / CONFIG_FILE,
                                        list(overrides))

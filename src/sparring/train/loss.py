@@ -31,8 +31,8 @@ from sparring.objectives import compute as objective_compute
 if TYPE_CHECKING:
     from collections.abc import Collection
 
+    from sparring.config import Config
     from sparring.data import TurnBatch
-    from sparring.train.config import Config
 
 # per-row batch fields an objective may ask for in its ``needs`` (passed as options)
 ROW_OPTIONS = {"group": "group", "rewards": "returns", "agent": "agent", "episode": "episode",

@@ -3,9 +3,8 @@
 TensorBoard and Weights & Biases are imported only when turned on; a missing package is
 an error that says what to install.
 
-``metrics.jsonl`` is the one file a run appends to rather than replaces (each row is
-flushed to disk as it is written), so a kill can tear its last line: `read_metrics` drops
-a torn last line with a warning; an unreadable line before it is an error.
+Each row is flushed to disk as it is written; reading the file back, a torn last line is
+dropped (`sparring.storage.metrics_file`).
 """
 
 from __future__ import annotations
@@ -15,70 +14,13 @@ import json
 import logging
 import math
 import os
-import time
 from pathlib import Path
 from typing import Any
 
 from sparring.extras import import_extra
-from sparring.train.atomic import atomic_write_text
+from sparring.storage.metrics_file import METRICS_FILE
 
 log = logging.getLogger(__name__)
-
-METRICS_FILE = "metrics.jsonl"
-
-
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The rows of a ``metrics.jsonl`` file (or of ``RUN_DIR/metrics.jsonl``)."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / METRICS_FILE
-    if not path.exists():
-        return []
-    with open(path, encoding="utf-8", errors="replace") as f:
-        lines = [(n, line) for n, line in enumerate(f, 1) if line.strip()]
-    rows = []
-    for k, (n, line) in enumerate(lines):
-        try:
-            row = json.loads(line)
-            if not isinstance(row, dict):
-                raise ValueError("not a JSON object")
-        except ValueError as e:
-            if k == len(lines) - 1:  # the row being written when the run was killed
-                log.warning("%s: dropping its torn last line %d (%s)", path, n, e)
-                break
-            raise ValueError(f"{path}: line {n} is not a metrics row ({e}); "
-                             "repair or delete that line") from None
-        rows.append(row)
-    return rows
-
-
-def truncate_metrics(path: str | Path, max_step: int) -> None:
-    """Drop rows after ``max_step`` (the steps a resumed run will redo) and a torn last
-    line, atomically."""
-    path = Path(path)
-    if not path.exists():
-        return
-    rows = [r for r in read_metrics(path) if r.get("step", 0) <= max_step]
-    atomic_write_text(path, "".join(json.dumps(r, allow_nan=True) + "\n" for r in rows))
-
-
-def set_aside_metrics(run_dir: str | Path) -> Path | None:
-    """Rename ``RUN_DIR/metrics.jsonl`` to ``metrics.stale-<time>.jsonl`` (for a fresh
-    run in a folder whose earlier run stopped before its first checkpoint); returns the
-    new name, None when there was no file."""
-    path = Path(run_dir) / METRICS_FILE
-    if not path.exists():
-        return None
-    aside = path.with_name(f"metrics.stale-{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
-    n = 1
-    while aside.exists():
-        n += 1
-        aside = path.with_name(f"metrics.stale-{time.strftime('%Y%m%d-%H%M%S')}-{n}.jsonl")
-    os.rename(path, aside)
-    log.warning("%s holds metrics but no checkpoint (an earlier run stopped before its first "
-                "checkpoint): moved them to %s and starting afresh", run_dir, aside.name)
-    return aside
-
 
 def _fmt(v: Any) -> str:
     if isinstance(v, float):

@@ -3,7 +3,7 @@ network at a fraction of it.
 
 The output layer is the model's ``get_output_embeddings()`` (the LM head). A head tied to
 the input embeddings is untied when the model is built for such a run
-(`untie_output_layer`, from `sparring.train.parts.load_model`), so the input embeddings
+(`untie_output_layer`, from `sparring.build.parts.load_model`), so the input embeddings
 belong to the body. Every other
 trained weight (the body: embeddings, attention, MLPs, norms) learns at ``body_lr_scale *
 lr``; at 0 the body is frozen (``requires_grad`` off, so the backward pass stops at the
@@ -66,7 +66,7 @@ def param_groups(model: nn.Module, trained: set[str], body_lr_scale: float,
     """Optimizer groups of the ``trained`` weights and of ``full_lr`` (e.g. a separate
     critic's): a group at scale 1 (everything when ``body_lr_scale`` is 1, else the output
     layer and ``full_lr``), then the body at ``body_lr_scale`` if it has weights to train
-    (`sparring.train.schedule.LRSchedule` multiplies each group's ``lr_scale`` in)."""
+    (`sparring.schedules.LRSchedule` multiplies each group's ``lr_scale`` in)."""
     params = [(n, p) for n, p in model.named_parameters() if n in trained]
     head = {n for n, _ in params} if body_lr_scale == 1 else output_layer_names(model)
     groups = [{"params": [p for n, p in params if n in head] + list(full_lr), "lr_scale": 1.0}]

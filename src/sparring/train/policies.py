@@ -32,16 +32,16 @@ from typing import Any
 from torch import Tensor, nn
 
 from sparring.advantages.stage import AdvantageStage
+from sparring.config import Config, policy_config
 from sparring.data import TurnBatch
-from sparring.train.config import Config, policy_config
-from sparring.train.learner import Learner
-from sparring.train.lora import (
+from sparring.policy.lora import (
     apply_lora,
     is_peft,
     load_trainable_state,
     shared_adapters,
     trainable_state,
 )
+from sparring.train.learner import Learner
 
 Models = nn.Module | Mapping[str, nn.Module]
 
@@ -130,6 +130,32 @@ def policy_index(batch: TurnBatch, name: str) -> int:
     return batch.policy_names.index(name) if name in batch.policy_names else -1
 
 
+def advantage_stage(cfg: Config) -> AdvantageStage:
+    """The advantage stage of ``cfg``: ``algorithm.estimator``, its options and shapers, and
+    each env's ``estimator_options`` (under the env's registered name, which batches carry)."""
+    a = cfg.algorithm
+    env_options: dict[str, dict[str, Any]] = {}
+    for spec in cfg.envs:
+        name = _canonical_env(spec.name)
+        if env_options.get(name, spec.estimator_options) != spec.estimator_options:
+            raise ValueError(f"envs lists {name!r} twice with different estimator_options")
+        env_options[name] = dict(spec.estimator_options)
+    return AdvantageStage(a.estimator, a.estimator_options, env_options=env_options,
+                          shaping=a.shaping)
+
+
+def _canonical_env(name: str) -> str:
+    """The registered name of env ``name`` (an OpenSpiel alias resolves); unregistered
+    names (a caller's own episodes) stay as they are."""
+    from sparring.envs import env_entry
+    from sparring.registry import UnknownNameError
+
+    try:
+        return env_entry(name).name
+    except UnknownNameError:
+        return name
+
+
 def trained_policies(cfg: Config, model: Models) -> list[TrainedPolicy]:
     """The run's policies in ``policies`` order (one, named '', without them); see the
     module docstring."""
@@ -138,7 +164,7 @@ def trained_policies(cfg: Config, model: Models) -> list[TrainedPolicy]:
     out = []
     for name, m in models.items():
         pcfg = policy_config(cfg, name) if name else cfg
-        stage = AdvantageStage.from_config(pcfg)
+        stage = advantage_stage(pcfg)
         learner = Learner(m, pcfg, needs=stage.needs, adapter=name if adapters else None)
         out.append(TrainedPolicy(name, m, learner, stage))
     return out

@@ -20,7 +20,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from sparring.train.lora import is_peft, load_parameters
+from sparring.policy.lora import is_peft, load_parameters
 
 
 class Reference:

@@ -41,7 +41,7 @@ class NotARunFolderError(RuntimeError):
 
 def write_run_marker(run_dir: str | Path) -> Path:
     """Mark ``run_dir`` (an existing folder) as a Sparring run folder."""
-    from sparring.train.atomic import atomic_write_text
+    from sparring.storage.atomic import atomic_write_text
 
     path = Path(run_dir) / RUN_MARKER
     atomic_write_text(path, json.dumps({"format": 1, "kind": "run", "created":
@@ -59,7 +59,7 @@ def is_run_folder(run_dir: str | Path) -> bool:
     if not ((run / "config.yaml").is_file() and ((run / "checkpoints").is_dir()
                                                  or (run / "metrics.jsonl").is_file())):
         return False
-    from sparring.train.config import read_yaml
+    from sparring.config import read_yaml
 
     try:
         data = read_yaml(run / "config.yaml")

@@ -17,8 +17,7 @@ from typing import Any
 import numpy as np
 
 from sparring.envs.bots.simple import Bot
-from sparring.eval.exploitability import game_tree
-from sparring.eval.tree import GameTree
+from sparring.envs.tree import GameTree, game_tree
 
 VARIANTS = ("cfr", "cfr+")
 

@@ -2,12 +2,12 @@
 
 `load_model` builds the policy model (in ``model.dtype``, its compute precision recorded on
 it) and its tokenizer; `build_parts` adds the rollout schedule
-(`sparring.rollout.schedule.Rollouts`) and the periodic evaluation
+(`sparring.rollout.rollouts.Rollouts`) and the periodic evaluation
 (`sparring.eval.periodic.make_eval_fn`). With ``model.backend=vllm`` each policy's seats
 sample from a `sparring.policy.vllm.VLLMPolicy` that receives its learner's weights before
 every step (`sparring.rollout.synced.EngineRollouts`): an engine per policy, or with
 ``lora.shared_base`` one engine serving every policy's adapter. A Ray rollout worker builds
-its parts with this function; `sparring.train.setup.build` adds the workers on top.
+its parts with this function; `sparring.build.run.build` adds the workers on top.
 
 Several policies (``policies``): a model per policy (`load_model` of its own ``model``
 section: the same initial weights unless it changes them), or with ``lora.shared_base`` one
@@ -27,8 +27,8 @@ import torch
 from sparring.eval.periodic import EvalFn, make_eval_fn
 from sparring.policy import precision
 from sparring.policy.hf import HFPolicy, resolve_device
-from sparring.rollout.schedule import Rollouts
-from sparring.train.config import Config, policy_config
+from sparring.rollout.rollouts import Rollouts
+from sparring.config import Config, policy_config
 from sparring.train.determinism import use_deterministic_kernels
 from sparring.train.param_groups import untie_output_layer
 

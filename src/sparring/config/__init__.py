@@ -17,17 +17,18 @@ The package: `schema` (the dataclasses and their constructors), `checks` (`valid
 imported from here.
 """
 
-from sparring.train.config.checks import config_warnings, validate
-from sparring.train.config.files import (
+from sparring.config.checks import config_warnings, validate
+from sparring.config.files import (
     MAX_CONFIG_VALUES,
     find_recipe,
     read_yaml,
     recipe_dirs,
     save_config,
 )
-from sparring.train.config.overlay import policy_config
-from sparring.train.config.resume import check_resume_overrides
-from sparring.train.config.schema import (
+from sparring.config.overlay import policy_config
+from sparring.config.overrides import ConfigError, apply_override
+from sparring.config.resume import check_resume_overrides
+from sparring.config.schema import (
     AlgorithmConfig,
     ArcherConfig,
     CheckpointConfig,
@@ -51,7 +52,6 @@ from sparring.train.config.schema import (
     opt,
     to_dict,
 )
-from sparring.train.overrides import ConfigError, apply_override
 
 __all__ = ["MAX_CONFIG_VALUES", "AlgorithmConfig", "ArcherConfig", "CheckpointConfig", "Config",
            "ConfigError", "CriticConfig", "DistributedConfig", "EnvSpec", "EvalConfig",

@@ -1,6 +1,6 @@
 """The end-of-run summary: evaluation figures at the start and at the end of a run.
 
-Reads the run's metrics with the report's own helpers (`sparring.report`), and prints the
+Reads the run's metrics with the report's own helpers (`sparring.report.plots`), and prints the
 headline evaluation keys (win / loss / non-loss rates, invalid-action rate, mean return,
 exploitability, the exact rates against minimax and the policy's blunders) as a table that
 fits an 80-column terminal: one group of rows per environment and opponent (with its number
@@ -19,8 +19,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from sparring.report import eval_point, metric_keys
-from sparring.train.metrics import read_metrics
+from sparring.report.plots import eval_point, metric_keys
+from sparring.storage.metrics_file import read_metrics
 
 HEADLINE = ("non_loss", "win", "loss", "invalid_rate", "forfeit_rate", "exploitability",
             "exploitability_average", "mean_return", "blunder_states")

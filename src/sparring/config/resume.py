@@ -6,10 +6,10 @@ import re
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from sparring.train.overrides import ConfigError
+from sparring.config.overrides import ConfigError
 
 if TYPE_CHECKING:
-    from sparring.train.config.schema import Config
+    from sparring.config.schema import Config
 
 
 _RESUME_FIXED = ("model", "lora", "critic.enabled", "critic.kind", "critic.hidden",

@@ -1,7 +1,7 @@
 """The plan of a training step: how many episodes each env spec plays and in which groups.
 
 Pure functions of the config, with no model, env or file: the config's checks
-(`sparring.train.config.config_warnings`) and the rollouts (`sparring.rollout.schedule`,
+(`sparring.config.config_warnings`) and the rollouts (`sparring.rollout.rollouts`,
 `sparring.distributed`) read the same plan. ``episode_counts``: ``weight``-proportional
 episodes per env spec, whole groups of ``group_size``; ``group_tasks``: the step's groups in
 order, each spec's opponent kinds in turn.
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from sparring.train.config import Config
+    from sparring.config import Config
 
 
 def episode_counts(cfg: Config) -> list[int]:

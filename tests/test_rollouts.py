@@ -1,4 +1,4 @@
-"""The rollout schedule of a run (sparring.rollout.schedule): episode counts, opponents,
+"""The rollout schedule of a run (sparring.rollout.rollouts): episode counts, opponents,
 seat rotation, determinism per step."""
 
 import re
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from sparring.rollout.plan import episode_counts
+from sparring.build.run import build
+from sparring.config import ConfigError, load_config
+from sparring.config.plan import episode_counts
 from sparring.rollout.seating import learner_seat, rotating
-from sparring.train.config import ConfigError, load_config
-from sparring.train.setup import build
 
 CONFIGS = Path(__file__).parents[1] / "configs"
 TINY = ["model.options.hidden_size=32", "model.options.num_layers=1",
@@ -230,7 +230,7 @@ def test_a_pool_snapshot_is_checked_against_its_manifest_when_loaded(damage, tmp
     file and the problem, rather than playing on with different numbers."""
     import json
 
-    from sparring.train.checkpoint import FORMAT, CheckpointError
+    from sparring.storage.folders import FORMAT, CheckpointError
 
     roll = build(_pool_cfg(), tmp_path).rollout_fn
     roll(0), roll(1)
@@ -260,7 +260,7 @@ def test_pool_explore_follows_its_cosine_schedule(tmp_path):
                        "league.explore_final_ratio=0.25", "train.steps=10"]),
                  tmp_path).rollout_fn
     for step, epsilon in [(0, 0.4), (5, 0.25), (10, 0.1)]:
-        roll.play(step, [])
+        roll.collect(step, [])
         assert roll.pool.explore == pytest.approx(epsilon)
 
 
@@ -268,7 +268,7 @@ def test_the_learners_own_explore_follows_its_cosine_schedule(tmp_path):
     """rollout.explore: the same cosine as the pool's, on the training player; its
     explored turns are rows marked explored. Without recomputed old log-probs, or in the
     trajectory layout, the config is refused."""
-    from sparring.train.config import ConfigError
+    from sparring.config import ConfigError
 
     roll = build(_cfg(["rollout.explore=0.4", "rollout.explore_schedule=cosine",
                        "rollout.explore_final_ratio=0.25", "train.steps=10",

@@ -7,10 +7,10 @@ import copy
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from sparring.train.overrides import ConfigError, build, did_you_mean
+from sparring.config.overrides import ConfigError, build, did_you_mean
 
 if TYPE_CHECKING:
-    from sparring.train.config.schema import Config
+    from sparring.config.schema import Config
 
 
 def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ so that reach probabilities (forward) and values (backward) are a few numpy ops 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -239,3 +240,26 @@ class GameTree:
                 take = self.slot_local[sl] == best[self.slot_infoset[sl]]
                 np.add.at(v, par[take], v[ch[take]])
         return float(v[0])
+
+
+@functools.lru_cache(maxsize=16)
+def _tree(name: str, options: tuple) -> GameTree:
+    from sparring.envs import make
+
+    return GameTree(make(name, **dict(options)))
+
+
+def game_tree(game: Any, **options: Any) -> GameTree:
+    """A `GameTree` from a registered env name or alias (with options), an env instance, or
+    a tree. A name must be of an env registered with ``game_tree=True``."""
+    if isinstance(game, GameTree):
+        return game
+    if isinstance(game, str):
+        from sparring.envs import env_entry
+
+        entry = env_entry(game)
+        if not entry.extra.get("game_tree"):
+            raise ValueError(f"{entry.name!r} declares no game tree: exploitability and CFR "
+                             "need an env registered with game_tree=True (Kuhn, Leduc)")
+        return _tree(entry.name, tuple(sorted(options.items())))
+    return GameTree(game)

@@ -22,9 +22,9 @@ and every other seat by a draw from the pool of that seat's policy.
 
 Rollouts are deterministic in (``train.seed``, step), group by group: a step is a list of
 `GroupTask`s (`group_tasks`), and each group's start state, model samples (one random stream
-per episode turn, `Arena.play`'s ``sample_seeds``), bot moves and pool draws are seeded from
+per episode turn, `Arena.run_episodes`'s ``sample_seeds``), bot moves and pool draws are seeded from
 (``train.seed``, step, env, opponent kind, group index) alone. So a resumed run repeats an
-uninterrupted one, and `Rollouts.play` of any split of the tasks, concatenated in task
+uninterrupted one, and `Rollouts.collect` of any split of the tasks, concatenated in task
 order, gives the same episodes as the whole step (what `sparring.distributed` relies on).
 An env named by an alias plays exactly as under its canonical name. With
 ``envs[].opening_moves`` a spec's episodes start after a random opening drawn from their
@@ -43,6 +43,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sparring.config.plan import GroupTask, group_tasks
 from sparring.data import Episode
 from sparring.envs import env_entry, make
 from sparring.envs.bots import BOTS, check_opponents, make_bot
@@ -55,17 +56,16 @@ from sparring.rollout.arena import Arena
 from sparring.rollout.league import league_metrics, record_scores
 from sparring.rollout.loss_replay import LossReplay, Start, record_losses
 from sparring.rollout.opponents import OpponentPool
-from sparring.rollout.plan import GroupTask, group_tasks
 from sparring.rollout.players import BotPlayer, ModelPlayer
 from sparring.rollout.prompts import PromptConfig
 from sparring.rollout.seating import learner_seat, rotating
 from sparring.rollout.snapshots import SnapshotStore, run_relative
+from sparring.schedules import lr_at
 from sparring.seeding import stable_seed
-from sparring.train.schedule import lr_at
 
 if TYPE_CHECKING:
+    from sparring.config import Config, EnvSpec, RolloutConfig
     from sparring.envs.base import Env
-    from sparring.train.config import Config, EnvSpec, RolloutConfig
 
 SPECIAL_OPPONENTS = ("self", "pool")  # opponent kinds besides the bots of BOTS
 
@@ -183,7 +183,7 @@ class Rollouts:
     def __call__(self, step: int) -> list[Episode]:
         """Step ``step``'s episodes: `begin_step`, every group, then `record`."""
         self.begin_step(step)
-        episodes = self.play(step, group_tasks(self.cfg))
+        episodes = self.collect(step, group_tasks(self.cfg))
         self.record(episodes)
         return episodes
 
@@ -218,10 +218,10 @@ class Rollouts:
         self.snapshots.tidy(self.pools)
         self.snapshots.write(step, self.pools)
 
-    def play(self, step: int, tasks: Sequence[GroupTask]) -> list[Episode]:
+    def collect(self, step: int, tasks: Sequence[GroupTask]) -> list[Episode]:
         """The episodes of ``tasks`` (groups of `group_tasks`) at ``step``, in task order;
         the same episodes whichever other groups are played with them. Consecutive groups
-        of one (env, opponent kind) share one `Arena.play` (batched generation)."""
+        of one (env, opponent kind) share one `Arena.run_episodes` (batched generation)."""
         self._reseed(step)
         self.snapshots.release(self.pools)  # the snapshot adapters the pools let go
         episodes: list[Episode] = []
@@ -236,7 +236,7 @@ class Rollouts:
         return episodes
 
     def _play_run(self, step: int, run: list[GroupTask]) -> list[Episode]:
-        """Consecutive groups of one (env spec, opponent kind) in one `Arena.play`. Per group:
+        """Consecutive groups of one (env spec, opponent kind) in one `Arena.run_episodes`. Per group:
         its start seed, its sample seed, its own copies of the bots (their RNGs seeded per
         group) and its own RNG for pool draws; the learner's seat rotates with the episode's
         index among the kind's episodes of the step."""
@@ -261,9 +261,9 @@ class Rollouts:
             kw["players_fn"] = players
         if spec.opening_moves or spec.openings or spec.symmetric_views or spec.loss_replay:
             replayed = self.replays[run[0].spec].starts() if spec.loss_replay else ()
-            return self.arena.play(partial(training_env, name, spec, replayed),
+            return self.arena.run_episodes(partial(training_env, name, spec, replayed),
                                    dict(spec.options), **kw)
-        return self.arena.play(name, dict(spec.options), **kw)
+        return self.arena.run_episodes(name, dict(spec.options), **kw)
 
     def _chooser(self, kind: str, seed: int, learner: Any, spec: EnvSpec,
                  num_seats: int) -> Any:

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from sparring.train.metrics import read_metrics
+from sparring.storage.metrics_file import read_metrics
 
 log = logging.getLogger(__name__)
 

@@ -32,14 +32,14 @@ from sparring.eval.periodic import (
     seat_players,
     seat_profile,
 )
-from sparring.rollout.schedule import make_arena, rollout_sampling
+from sparring.rollout.rollouts import make_arena, rollout_sampling
 
 
 def print_evaluation(console: Console, policies: dict[str, Any], cfg: Any, ckpt: Path, *,
                      vs: Sequence[str], envs: Sequence[str] = (), games: int = 400,
                      policy: str | None = None, sample: bool = False, seed: int = 0,
                      strategy: bool = False) -> None:
-    """Play ``policies`` (`sparring.train.restore.load_policies`'s mapping, ``{'': policy}``
+    """Play ``policies`` (`sparring.build.trained.load_policies`'s mapping, ``{'': policy}``
     for a run with one) from checkpoint ``ckpt`` of the run ``cfg`` against the bots ``vs``
     in ``envs`` (default: the run's games), ``games`` games each, greedy unless ``sample``;
     ``policy``: only that one of a run with several. Prints the report on ``console``."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sparring.train.overrides import ConfigError
+from sparring.config.overrides import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -1,16 +1,22 @@
-"""The package's modules import one another without cycles.
+"""The package's imports point one way: down the layers of `LAYERS`, and without cycles.
 
 A walk over every ``import`` statement of ``src/sparring`` (function-level imports too,
-since a cycle through one is only postponed; not those under ``if TYPE_CHECKING:``, which
-never run): module A -> module B when A imports B or a name from B, and A -> each package
-above B that is not above A too (importing ``sparring.train.checkpoint`` first runs
-``sparring/train/__init__.py``). A package's lazy re-exports (imports inside its
-module-level ``__getattr__``, PEP 562) run only when the name is first used, after every
-module involved has loaded, so they are not edges. Tarjan's algorithm finds the strongly
-connected components; any with two or more modules is a cycle."""
+since a cycle through one is only postponed): module A -> module B when A imports B or a
+name from B, and A -> each package above B that is not above A too (importing
+``sparring.train.checkpoint`` first runs ``sparring/train/__init__.py``).
+
+* Layers: every edge, type-only ones (under ``if TYPE_CHECKING:``) included, goes from a
+  package to itself or to a package of a lower layer. The same list is the one in
+  docs/architecture.md.
+* Cycles: among the imports that run (not the type-only ones, and not a package's lazy
+  re-exports inside its module-level ``__getattr__``, PEP 562, which run only when the name
+  is first used), Tarjan's algorithm finds the strongly connected components; any with two
+  or more modules is a cycle."""
 
 import ast
 from pathlib import Path
+
+import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -36,7 +42,9 @@ def _packages_above(name: str) -> list[str]:
     return [".".join(parts[:i]) for i in range(1, len(parts))]
 
 
-def import_graph(root: Path = SRC / "sparring") -> dict[str, set[str]]:
+def import_graph(root: Path = SRC / "sparring", *, type_only: bool = False) -> dict[str, set[str]]:
+    """Module -> the modules it imports (see the module's docstring); ``type_only``: the
+    imports under ``if TYPE_CHECKING:`` and in lazy re-exports count too."""
     modules = {}
     for f in root.rglob("*.py"):
         parts = list(f.relative_to(root.parent).with_suffix("").parts)
@@ -50,7 +58,7 @@ def import_graph(root: Path = SRC / "sparring") -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for m, f in modules.items():
         tree = ast.parse(f.read_text(encoding="utf-8"))
-        skip = _not_run_at_import(tree, f.name == "__init__.py")
+        skip = set() if type_only else _not_run_at_import(tree, f.name == "__init__.py")
         package = m if f.name == "__init__.py" else m.rpartition(".")[0]
         mine = {*_packages_above(m), m}  # packages already loading when m runs
         for node in ast.walk(tree):
@@ -129,3 +137,83 @@ def test_the_package_has_no_import_cycle():
     assert "sparring.train.loop" in graph["sparring.cli"] or any(
         "sparring.train" in t for t in graph["sparring.cli"])  # the walk sees imports
     assert cycles(graph) == []
+
+
+# Bottom to top. A package imports only from itself and from the layers below its own; two
+# packages of one layer never import each other.
+LAYERS: list[tuple[str, ...]] = [
+    ("data", "registry", "memo", "seeding", "extras", "lifeline", "plugins", "schedules"),
+    ("segments", "storage"),
+    ("objectives", "aggregation", "importance"),
+    ("kl",),
+    ("advantages",),
+    ("envs",),
+    ("policy",),
+    ("config",),
+    ("critic", "report"),
+    ("rollout",),
+    ("eval",),
+    ("train",),
+    ("distributed",),
+    ("build",),
+    ("export", "grid", "terminal_game"),
+    ("api", "sweep"),
+    ("cli",),
+    ("__main__",),
+]
+
+
+def package_of(module: str) -> str:
+    """``sparring.train.loop`` -> ``train``; the root package ``sparring`` -> ``sparring``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def layer_violations(graph: dict[str, set[str]],
+                     layers: list[tuple[str, ...]]) -> list[str]:
+    """Each import that goes up a layer or across a layer, as ``"a.b -> c.d (p -> q)"``;
+    also each package that no layer names. The root package (its ``__init__``, which
+    re-exports the public names) stands above every layer."""
+    rank = {p: i for i, layer in enumerate(layers) for p in layer}
+    out = []
+    for a, targets in sorted(graph.items()):
+        pa = package_of(a)
+        if pa == "sparring":
+            continue
+        if pa not in rank:
+            out.append(f"{a}: package {pa!r} is in no layer")
+            continue
+        for b in sorted(targets):
+            pb = package_of(b)
+            if pb in (pa, "sparring"):
+                continue
+            if pb not in rank or rank[pb] >= rank[pa]:
+                out.append(f"{a} -> {b} ({pa} -> {pb})")
+    return out
+
+
+def test_the_layer_check_finds_an_upward_and_a_sideways_import_by_hand():
+    layers = [("data",), ("envs", "policy"), ("train",)]
+    graph = {"sparring.data": {"sparring.train.loop"},  # up
+             "sparring.envs.base": {"sparring.policy.hf"},  # across one layer
+             "sparring.train.loop": {"sparring.data", "sparring.envs", "sparring.train.x"},
+             "sparring.cli": set()}
+    assert layer_violations(graph, layers) == [
+        "sparring.cli: package 'cli' is in no layer",
+        "sparring.data -> sparring.train.loop (data -> train)",
+        "sparring.envs.base -> sparring.policy.hf (envs -> policy)",
+    ]
+
+
+def test_every_package_is_in_exactly_one_layer():
+    named = [p for layer in LAYERS for p in layer]
+    assert len(named) == len(set(named))
+    root = SRC / "sparring"
+    on_disk = {p.name for p in root.iterdir() if (p / "__init__.py").is_file()}
+    on_disk |= {p.stem for p in root.glob("*.py") if p.stem != "__init__"}
+    assert on_disk == set(named)
+
+
+@pytest.mark.parametrize("type_only", [False, True], ids=["runtime", "with-type-only"])
+def test_imports_point_down_the_layers(type_only):
+    assert layer_violations(import_graph(type_only=type_only), LAYERS) == []

@@ -10,11 +10,11 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sparring.train.config.overlay import policy_config
-from sparring.train.overrides import ConfigError, did_you_mean
+from sparring.config.overlay import policy_config
+from sparring.config.overrides import ConfigError, did_you_mean
 
 if TYPE_CHECKING:
-    from sparring.train.config.schema import (
+    from sparring.config.schema import (
         AlgorithmConfig,
         Config,
         CriticConfig,
@@ -465,7 +465,7 @@ def config_warnings(cfg: Config) -> list[str]:
     train``): episode counts rounded to whole groups, opponents left without episodes,
     a group-relative estimator with one episode per group."""
     from sparring.advantages import ESTIMATORS
-    from sparring.rollout.plan import episode_counts
+    from sparring.config.plan import episode_counts
 
     out = []
     counts = episode_counts(cfg)

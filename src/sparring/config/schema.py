@@ -12,10 +12,10 @@ from typing import Any, Literal
 
 import yaml
 
-from sparring.train.config.aliases import translate, translate_overrides
-from sparring.train.config.checks import validate
-from sparring.train.config.files import find_recipe, read_yaml
-from sparring.train.overrides import ConfigError, apply_override, build
+from sparring.config.aliases import translate, translate_overrides
+from sparring.config.checks import validate
+from sparring.config.files import find_recipe, read_yaml
+from sparring.config.overrides import ConfigError, apply_override, build
 
 
 def opt(default: Any, help: str, **check: float) -> Any:

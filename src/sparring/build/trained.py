@@ -5,7 +5,7 @@ is rebuilt from the run's ``config.yaml`` and its weights (or LoRA adapter) are 
 safetensors; nothing is unpickled. A run with several ``policies`` holds one per policy:
 ``load_policy(..., policy=NAME)`` rebuilds that one (its own ``model`` and ``lora``; an
 adapter of a shared base comes back as a single-adapter model over a fresh base),
-`load_policies` all of them. A run folder is data, not code (`read_run_config`):
+`load_policies` all of them. A run folder is data, not code (`sparring.config.run_folder.read_run_config`):
 its config's ``model.trust_remote_code`` is ignored (with a warning) and its ``plugins``
 are not imported unless the caller passes ``trust_remote_code=True`` (the command line's
 ``--trust-remote-code``), so a folder with an ``auto_map`` and a Python file, or a plugin
@@ -26,16 +26,17 @@ import torch
 from sparring.policy.feature_cache import FeatureCache, attach_feature_cache
 from sparring.policy.hf import HFPolicy, device_unavailable
 from sparring.train.checkpoint import (
-    CheckpointError,
     latest_intact_checkpoint,
     load_checkpoint,
     load_weights,
     verify_checkpoint,
 )
-from sparring.train.config import Config, ConfigError, from_dict, policy_config, read_yaml
-from sparring.train.lora import apply_lora, load_parameters, load_trainable_state
+from sparring.storage.folders import CheckpointError
+from sparring.config import Config, policy_config
+from sparring.config.run_folder import read_run_config
+from sparring.policy.lora import apply_lora, load_parameters, load_trainable_state
 from sparring.train.policies import state_key
-from sparring.train.setup import load_model
+from sparring.build.run import load_model
 
 log = logging.getLogger(__name__)
 
@@ -52,86 +53,6 @@ def find_checkpoint(path: str | Path) -> tuple[Path, Path]:
         raise FileNotFoundError(f"{p} is neither a checkpoint nor a run folder with an intact "
                                 "checkpoint")
     return p, ckpt
-
-
-def read_run_config(path: str | Path, overrides: Sequence[str] = (), *,
-                    trust_remote_code: bool = False) -> Config:
-    """The config a run folder saved (``path``: its ``config.yaml``) plus ``overrides``, read
-    as data: without ``trust_remote_code`` its ``plugins`` are not imported (they stay in
-    ``cfg.plugins``; a name only they register is then an unknown name, and the error says
-    how to load them), ``model.trust_remote_code`` is set to False, with a warning when
-    the folder asked for it, and a code reference in an env option (an adapter's
-    ``"module:attr"``) must be one Sparring exposes (`sparring.plugins.check_reference`):
-    anything else is a ConfigError naming the option, raised before anything is imported
-    or built; the config is then checked inside `sparring.plugins.untrusted`, so no
-    reference or plugin it names resolves to code Sparring does not expose. With it, all
-    of these are honoured."""
-    data = read_yaml(path)
-    if not (isinstance(data, dict) and isinstance(data.get("model"), dict) and data.get("envs")):
-        raise ConfigError(f"{path} is empty or damaged: a run's config.yaml holds its model and "
-                          "envs sections (as the run wrote it); restore it from a copy")
-    return run_config_from_data(data, path, overrides, trust_remote_code=trust_remote_code)
-
-
-def run_config_from_data(data: Any, path: str | Path, overrides: Sequence[str] = (), *,
-                         trust_remote_code: bool = False) -> Config:
-    """`read_run_config` of the YAML ``data`` read from ``path`` (named in errors), without
-    its check that the sections of a run's config are there (a run of the Python API may
-    have no ``envs``)."""
-    from sparring.plugins import untrusted
-
-    if trust_remote_code:
-        cfg = from_dict(data, list(overrides))
-        cfg.model.trust_remote_code = True
-        return cfg
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a config file must hold a mapping, got "
-                          f"{type(data).__name__}")
-    _refuse_code_references(data, path)
-    saved: list[str] = []
-    if data.get("plugins"):
-        data = dict(data)
-        listed = data.pop("plugins")
-        saved = [str(x) for x in listed] if isinstance(listed, list) else [str(listed)]
-    try:
-        with untrusted():
-            cfg = from_dict(data, list(overrides))
-    except ConfigError as e:
-        if not saved:
-            raise
-        raise ConfigError(f"{e} ({path} lists plugins {saved}, not imported from a run "
-                          "folder: name them with --plugin, or pass --trust-remote-code)") \
-            from None
-    cfg.plugins = [*saved, *(p for p in cfg.plugins if p not in saved)]
-    if cfg.model.trust_remote_code:
-        log.warning("%s sets model.trust_remote_code: true; ignored (a run folder does not "
-                    "run code unless you pass --trust-remote-code)", path)
-    cfg.model.trust_remote_code = False
-    return cfg
-
-
-def _refuse_code_references(data: dict, path: str | Path) -> None:
-    """ConfigError for the first env option of a run's saved config that names code
-    Sparring does not expose (`sparring.envs.code_references`,
-    `sparring.plugins.check_reference`); resolves nothing. A malformed ``envs`` or an
-    unknown env name is left to the config check, which names it."""
-    from sparring.envs import code_references
-    from sparring.plugins import check_reference
-
-    envs = data.get("envs")
-    for i, env in enumerate(envs if isinstance(envs, list) else []):
-        options = env.get("options") if isinstance(env, dict) else None
-        if not isinstance(options, dict) or not isinstance(env.get("name"), str):
-            continue
-        try:
-            refs = code_references(env["name"], options)
-        except KeyError:  # an unknown env name: the config check names it
-            continue
-        for key, ref in refs.items():
-            try:
-                check_reference(ref, f"envs.{i}.options.{key} in {path}", trusted=False)
-            except ValueError as e:
-                raise ConfigError(str(e)) from None
 
 
 def check_policy_name(cfg: Config, policy: str | None) -> None:

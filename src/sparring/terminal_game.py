@@ -8,7 +8,7 @@ from collections.abc import Callable
 from sparring.envs import make
 from sparring.eval.periodic import env_options
 from sparring.rollout.prompts import PromptBuilder, PromptConfig
-from sparring.rollout.schedule import rollout_sampling
+from sparring.rollout.rollouts import rollout_sampling
 
 
 def printable(text: str) -> str:
@@ -30,7 +30,7 @@ def _readable(env, seat: int) -> str:
         env.compact = compact
 
 
-def play(policy, cfg, env_name: str, human_seat: int = 0, greedy: bool = True,
+def play_in_terminal(policy, cfg, env_name: str, human_seat: int = 0, greedy: bool = True,
          ask: Callable[[str], str] = input, say: Callable[[str], None] = print,
          seed: int = 0) -> list[float]:
     """One game: the human types moves (re-asked until legal), the model answers with

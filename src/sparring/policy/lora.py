@@ -16,16 +16,25 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
 
 from sparring.extras import import_extra
 from sparring.policy.hf import activate_adapter, is_adapter_weight  # noqa: F401 (re-exported)
-from sparring.train.config import LoraConfig
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"  # PEFT's name, as its loader expects
+
+
+class LoraSettings(Protocol):
+    """What the adapters are made of (the ``lora`` section, `sparring.config.LoraConfig`)."""
+
+    r: int
+    alpha: float
+    dropout: float
+    target_modules: list[str]
+    last_layers: int
 
 
 def adapted_layers(model: nn.Module, last_layers: int) -> list[int] | None:
@@ -42,21 +51,21 @@ def adapted_layers(model: nn.Module, last_layers: int) -> list[int] | None:
     return list(range(total - last_layers, total))
 
 
-def _peft_config(cfg: LoraConfig, model: nn.Module):
+def _peft_config(cfg: LoraSettings, model: nn.Module):
     PeftLoraConfig = import_extra("peft", "lora", "lora.enabled=true").LoraConfig  # noqa: N806
     return PeftLoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
                           target_modules=list(cfg.target_modules), bias="none",
                           layers_to_transform=adapted_layers(model, cfg.last_layers))
 
 
-def apply_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
+def apply_lora(model: nn.Module, cfg: LoraSettings) -> nn.Module:
     """Wrap ``model`` with PEFT LoRA adapters (adapters are injected in place)."""
     from peft import get_peft_model
 
     return get_peft_model(model, _peft_config(cfg, model))
 
 
-def shared_adapters(model: nn.Module, configs: Mapping[str, LoraConfig]) -> nn.Module:
+def shared_adapters(model: nn.Module, configs: Mapping[str, LoraSettings]) -> nn.Module:
     """One PEFT model over ``model`` with an adapter per entry of ``configs`` (named by its
     key, in order; LoRA's A matrices drawn from torch's RNG in that order, B zero), the base
     weights frozen; the first adapter is active."""
@@ -83,7 +92,7 @@ def save_adapter(model: nn.Module, adapter: str, folder: str | Path) -> None:
     """Adapter ``adapter`` of ``model`` alone, in PEFT's format: ``adapter_config.json`` and
     ``adapter_model.safetensors`` (its LoRA weights, keys without the adapter's name; a full
     disk is the `OSError` it stands for)."""
-    from sparring.train.checkpoint import write_tensors
+    from sparring.storage.folders import write_tensors
 
     model.peft_config[adapter].save_pretrained(str(folder))
     write_tensors(Path(folder) / ADAPTER_WEIGHTS, trainable_state(model, adapter))

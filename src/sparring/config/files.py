@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from sparring.train.overrides import ConfigError
+from sparring.config.overrides import ConfigError
 
 if TYPE_CHECKING:
-    from sparring.train.config.schema import Config
+    from sparring.config.schema import Config
 
 
 def recipe_dirs() -> list[Path]:
@@ -80,6 +80,6 @@ def _check_size(data: Any, path: str | Path) -> None:
 
 def save_config(cfg: Config, path: str | Path) -> None:
     """Write ``cfg`` as YAML atomically (a kill leaves the old file or the new one)."""
-    from sparring.train.atomic import atomic_write_text
+    from sparring.storage.atomic import atomic_write_text
 
     atomic_write_text(path, yaml.safe_dump(asdict(cfg), sort_keys=False))

@@ -1,6 +1,6 @@
 """Wire a `Config` into the parts of a run: ``build(cfg, run_dir) -> RunParts``.
 
-`sparring.train.parts.build_parts` builds the model, the rollouts and the evaluation in this
+`sparring.build.parts.build_parts` builds the model, the rollouts and the evaluation in this
 process. With ``distributed.rollout_workers`` the rollouts run on Ray actors
 (`sparring.distributed.RayRollouts`), each of which builds its own parts with
 `build_parts` (with the run's ``model.backend``), while the driver keeps the plain
@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from sparring.train.config import Config
-from sparring.train.parts import RunParts, build_parts, load_model, model_precision
+from sparring.config import Config
+from sparring.build.parts import RunParts, build_parts, load_model, model_precision
 
 
 def build(cfg: Config, run_dir: str | Path | None = None) -> RunParts:
@@ -28,7 +28,7 @@ def build(cfg: Config, run_dir: str | Path | None = None) -> RunParts:
     # the workers sample (each with the run's backend); the driver's rollouts only plan
     parts = build_parts(replace(cfg, model=replace(cfg.model, backend="hf")), run_dir)
     parts.rollout_fn = RayRollouts(cfg, parts.rollout_fn, parts.model,
-                                   Path(run_dir or "runs/unnamed"))
+                                   Path(run_dir or "runs/unnamed"), build_parts)
     return parts
 
 
