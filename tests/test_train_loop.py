@@ -17,8 +17,9 @@ from sparring.config import from_dict
 from sparring.data import Episode, Turn, collate
 from sparring.storage.folders import step_dirs
 from sparring.storage.metrics_file import read_metrics
-from sparring.train.loop import rollout_metrics, train
+from sparring.train.loop import train
 from sparring.train.policies import advantage_stage
+from sparring.train.step import rollout_metrics
 from tests import train_helpers as th
 from tests.train_resume_job import CONFIG, STEPS, run_job
 

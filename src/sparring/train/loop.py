@@ -1,28 +1,16 @@
-"""The training loop: rollouts -> TurnBatch -> advantages (+ shaping) -> update -> log.
+"""A run's lifecycle around its steps: start or resume, log, evaluate, checkpoint, crash.
 
-``train(cfg, model, rollout_fn, eval_fn)`` runs ``cfg.train.steps`` steps; each step
-
-1. ``episodes = rollout_fn(step)`` (the caller's rollouts, sampled from ``model``),
-2. ``batch = learner.annotate(collate(episodes), stage.needs)``: what the advantage stage
-   needs from the learner (critic values, ArCHer's utterance critic -- updated from its
-   replay buffer first --, reference log-probs, entropies),
-3. ``adv, keep = stage(batch)``: reward shapers, estimator, advantage shapers and keep
-   filters, per environment (`sparring.advantages.stage.AdvantageStage`),
-4. ``learner.update(batch, adv, keep)``; before it, a ``rollout_fn`` with a method
-   ``correct(step, batch, adv, learner) -> (batch, adv, metrics)`` (the Ray rollout
-   workers, `sparring.distributed.RayRollouts`) may reweight each policy's samples drawn
-   by older weights, and one with ``rollout_metrics() -> dict`` adds its own metrics,
-5. metrics to ``metrics.jsonl`` (and, from a ``rollout_fn`` with a method
-   ``league_metrics() -> dict``, the opponent pool's scores: `sparring.rollout.league`);
-   evaluation every ``eval.every`` steps and at the end;
-   a checkpoint every ``checkpoint.every`` steps, at the end, and at each step where
-   ``checkpoint.best_metric`` improves (kept apart from ``checkpoint.keep``;
-   `sparring.train.best`).
+``train(cfg, model, rollout_fn, eval_fn)`` runs ``cfg.train.steps`` steps of
+`sparring.train.step.TrainingStep` (rollouts -> batch -> advantages -> update, per policy).
+After each step: its metrics row to ``metrics.jsonl`` (`sparring.train.metrics`), an
+evaluation every ``eval.every`` steps and at the end (``eval_fn``), a checkpoint every
+``checkpoint.every`` steps, at the end, and at each step where ``checkpoint.best_metric``
+improves (kept apart from ``checkpoint.keep``; `sparring.train.best`).
 
 A crash (exception, Ctrl-C or SIGTERM: `sparring.train.signals`) writes a checkpoint of the
-last finished step before the error propagates, when it can be exact: during the rollout (the model, learner and stage
-are still as that step left them; the RNGs and the ``stateful`` objects the rollout moves
-on are snapshotted at each step's start). A crash part-way through the update writes none
+last finished step before the error propagates, when it can be exact: during the rollout
+(the model, learner and stage are still as that step left them; the RNGs and the
+``stateful`` objects the rollout moves on are snapshotted at each step's start). A crash part-way through the update writes none
 (it would mix two steps); the last periodic checkpoint stands. A crash after the update
 (in the evaluation, the metrics write or a checkpoint write) keeps the trained step: its
 crash checkpoint holds the step's metrics row, and the resume evaluates and logs it first,
@@ -36,12 +24,10 @@ metrics match an uninterrupted run. One process at a time trains in a run folder
 trained policy. See docs/reliability.md for what survives which failure.
 
 Several policies (``policies``; `sparring.train.policies`): ``model`` is ``{name: model}``
-(or the one base with ``lora.shared_base``); the batch is split by ``TurnBatch.policy`` and
-steps 2-4 run per policy on its own rows, each with its own learner and stage; rollout
-metrics stay global (``adv_mean`` etc. over all rows), a policy's own go under
-``policy/NAME/`` (its learner's, its critic's, its ``adv_mean``/``adv_std``/``kept_rows``);
-a checkpoint holds every policy's weights and state. ``eval_fn(step, learners)`` gets
-``{name: learner}`` in either case ('' names the one policy of a run).
+(or the one base with ``lora.shared_base``); each policy trains on its own rows with its
+own learner and stage (`sparring.train.step`); a checkpoint holds every policy's weights
+and state. ``eval_fn(step, learners)`` gets ``{name: learner}`` in either case ('' names the
+one policy of a run).
 """
 
 from __future__ import annotations
@@ -50,24 +36,16 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor
 
-from sparring.advantages.stage import AdvantageStage
 from sparring.config import Config, ConfigError, read_yaml, save_config, to_dict
-from sparring.data import Episode, TurnBatch, collate
 from sparring.eval.periodic import EvalFn
 from sparring.rollout.source import (
-    CorrectsStaleSamples,
-    ReportsLeague,
-    ReportsRolloutMetrics,
     RolloutSource,
 )
-from sparring.segments import segment_first
 from sparring.storage.folders import (
     CheckpointError,
     read_tensors,
@@ -89,9 +67,10 @@ from sparring.train.checkpoint import (
     tidy_checkpoints,
 )
 from sparring.train.metrics import MetricsLogger
-from sparring.train.policies import Models, TrainedPolicy, check_rows, trained_policies
+from sparring.train.policies import Models, TrainedPolicy, trained_policies
 from sparring.train.runlock import RunLock, claim_run_dir
 from sparring.train.signals import sigterm_as_interrupt
+from sparring.train.step import TrainingStep, batch_layout
 
 log = logging.getLogger(__name__)
 PENDING_ROW = "unlogged_row"  # crash checkpoint meta: the row of a step whose end failed
@@ -105,52 +84,6 @@ class StopTraining(Exception):  # noqa: N818 - a signal, not an error
 
 
 CONFIG_FILE = "config.yaml"
-
-
-def batch_layout(cfg: Config, stages: Sequence[AdvantageStage]) -> str:
-    """The layout the stages' estimators need (config validation makes them agree), or
-    ``rollout.layout`` when they all work on either."""
-    return next((s.layout for s in stages if s.layout != "any"), cfg.rollout.layout)
-
-
-def advantage_metrics(batch: TurnBatch, adv: Tensor, keep: Tensor) -> dict[str, float]:
-    """Mean and std of the advantages on the kept action tokens, share of rows kept."""
-    m = batch.action_mask & keep[:, None]
-    a = adv[m]
-    return {"adv_mean": float(a.mean()) if a.numel() else 0.0,
-            "adv_std": float(a.std()) if a.numel() > 1 else 0.0,
-            "kept_rows": float(keep.float().mean()) if keep.numel() else 0.0}
-
-
-def rollout_metrics(episodes: Sequence[Episode], batch: TurnBatch, adv: Tensor,
-                    keep: Tensor) -> dict[str, float]:
-    """Rewards per seat and env, advantage stats, invalid-action rate and response length
-    (of the policy's own samples), the share of explored moves (``rollout.explore``),
-    lengths."""
-    out: dict[str, float] = {"episodes": float(len(episodes))}
-    if batch.n_rows:
-        first = segment_first(batch.traj, batch.n_traj)
-        ret, env = batch.returns[first], batch.env_id[first]
-        out["reward"] = float(ret.mean())
-        for k, name in enumerate(batch.env_names):
-            sel = ret[env == k]
-            if len(sel):
-                out[f"env/{name}/return"] = float(sel.mean())
-    seats: dict[int, list[float]] = {}
-    for ep in episodes:
-        for s, r in enumerate(ep.returns):
-            seats.setdefault(s, []).append(float(r))
-    for s, rs in sorted(seats.items()):
-        out[f"return/seat{s}"] = sum(rs) / len(rs)
-    rows = [t for ep in episodes for t in ep.turns if t.action_ids]
-    turns = [t for t in rows if "explored" not in t.extras]  # the policy's own samples
-    if len(turns) < len(rows):  # rollout.explore: the share of moves drawn at random
-        out["explored_rate"] = 1.0 - len(turns) / len(rows)
-    out["invalid_rate"] = sum(t.invalid is not None for t in turns) / max(len(turns), 1)
-    out["response_length"] = sum(len(t.action_ids) for t in turns) / max(len(turns), 1)
-    out["episode_length"] = sum(len(ep.turns) for ep in episodes) / max(len(episodes), 1)
-    out.update(advantage_metrics(batch, adv, keep))
-    return out
 
 
 def _run_dir(cfg: Config) -> Path:
@@ -210,7 +143,7 @@ def _train(cfg: Config, model: Models, rollout_fn: RolloutSource, eval_fn: EvalF
     r = _Run(cfg, run, trained_policies(cfg, model), rollout_fn, eval_fn, stateful, pad_id,
              on_row)
     if resume:
-        pending_row = r.restore()
+        pending_row = r.resume_state()
     else:
         r.write_references()
         pending_row = None
@@ -251,18 +184,14 @@ class _Run:
                  rollout_fn: RolloutSource, eval_fn: EvalFn | None,
                  stateful: Mapping[str, Any] | None, pad_id: int, on_row: OnRow | None):
         self.cfg, self.run, self.policies = cfg, run, policies
-        self.rollout_fn, self.eval_fn, self.pad_id, self.on_row = rollout_fn, eval_fn, pad_id, on_row
-        # the rollout source's optional hooks (sparring.rollout.source)
-        self.correct = rollout_fn.correct if isinstance(rollout_fn, CorrectsStaleSamples) else None
-        self.league = rollout_fn.league_metrics if isinstance(rollout_fn, ReportsLeague) else None
-        self.rollout_metrics = (rollout_fn.rollout_metrics
-                                if isinstance(rollout_fn, ReportsRolloutMetrics) else None)
+        self.eval_fn, self.on_row = eval_fn, on_row
         self.own = {p.key(k) for p in policies for k in ("learner", "stage")}
         self.objects: dict[str, Any] = {p.key(k): getattr(p, k) for p in policies
                                         for k in ("learner", "stage")}
         self.objects["rng"] = RNGState()
         self.objects.update({f"user.{k}": v for k, v in (stateful or {}).items()})
-        self.layout = batch_layout(cfg, [p.stage for p in policies])
+        self.train_step = TrainingStep(policies, rollout_fn,
+                                       batch_layout(cfg, [p.stage for p in policies]), pad_id)
         # what eval_fn gets: {name: learner} ('' names the one policy of a run)
         self.learners = {p.name: p.learner for p in policies}
         self.ref_sha256: dict[str, str] = {}  # checkpoint meta key -> reference file digest
@@ -275,52 +204,14 @@ class _Run:
     # ------------------------------------------------------------ the step
 
     def step(self, i: int) -> dict[str, Any]:
-        """Training step ``i`` (0-based), steps 1-4 of the module docstring: its metrics."""
-        # 1. rollouts: they move the RNGs and the user's objects on, not the policies
+        """Training step ``i`` (0-based): its metrics. Until the update starts a crash
+        checkpoint can be exact (the rollouts move only the RNGs and the user's objects on,
+        which ``boundary`` holds as the last step left them); from then on it cannot."""
         self.boundary = self.snapshot()
-        t0 = time.perf_counter()
-        episodes = list(self.rollout_fn(i))
-        t1 = time.perf_counter()
-        batch = collate(episodes, layout=self.layout, pad_id=self.pad_id).to(
-            self.policies[0].learner.device)
-        check_rows(batch, self.policies)
-        self.boundary = None  # from here on the policies change: no exact crash checkpoint
-        # 2-3. each policy's rows: what its stage needs (values, critic update, reference
-        # log-probs), then its advantages and keep flags
-        shares = [_share(p, batch) for p in self.policies]
-        off_policy: dict[str, float] = {}
-        if self.correct is not None:  # e.g. async rollout workers: stale samples
-            for sh in shares:           # reweighted, each policy's against its own learner
-                sh.batch, sh.adv, corrected = self.correct(i, sh.batch, sh.adv,
-                                                           sh.policy.learner)
-                off_policy.update(sh.policy.metrics(corrected))
-        metrics = self.batch_metrics(episodes, batch, shares)
-        if self.rollout_metrics is not None:  # e.g. rollout workers: restarts, staleness
-            metrics.update(self.rollout_metrics())
-        metrics.update(off_policy)
-        if self.league is not None:  # the opponent pool's scores (sparring.rollout.league)
-            metrics.update(self.league())
-        # 4. the update: each policy on its own rows
-        for sh in shares:
-            learner = sh.policy.learner
-            metrics.update(sh.policy.metrics(learner.update(sh.batch, sh.adv, sh.keep)))
-        t2 = time.perf_counter()
-        n_tok = sum(len(t.action_ids) for ep in episodes for t in ep.turns)
-        metrics.update({"time/rollout": t1 - t0, "time/update": t2 - t1,
-                        "throughput/episodes_per_s": len(episodes) / max(t1 - t0, 1e-9),
-                        "throughput/tokens_per_s": n_tok / max(t1 - t0, 1e-9)})
-        return metrics
+        return self.train_step(i, before_update=self._policies_changing)
 
-    def batch_metrics(self, episodes: Sequence[Episode], batch: TurnBatch,
-                      shares: list[_Share]) -> dict[str, Any]:
-        """`rollout_metrics` over all rows (the policies' advantages put back in place),
-        then each policy's advantage and critic metrics under its name (the one policy of
-        a run has none, so its advantage stats are the same keys, computed the same way)."""
-        metrics = rollout_metrics(episodes, batch, *_merge(batch, shares))
-        for sh in shares:
-            metrics.update(sh.policy.metrics(advantage_metrics(sh.batch, sh.adv, sh.keep)))
-            metrics.update(sh.policy.metrics(sh.critic_metrics))
-        return metrics
+    def _policies_changing(self) -> None:
+        self.boundary = None
 
     def finish(self, step: int, metrics: dict[str, Any]) -> None:
         """The end of a trained step: its evaluation, its row, the best and periodic
@@ -375,7 +266,7 @@ class _Run:
                 self.ref_sha256[p.key("reference_sha256")] = sha256_file(
                     write_tensors(self.run / p.reference_file, ref))
 
-    def restore(self) -> dict[str, Any] | None:
+    def resume_state(self) -> dict[str, Any] | None:
         """A resumed run: weights, learner, stage, RNG and user state from the newest intact
         checkpoint, the reference weights checked against its digests, the metrics log cut
         back to it. Returns the row its crash checkpoint still holds, if any."""
@@ -435,43 +326,6 @@ class _Run:
             self.checkpoint(done, self.boundary, {"crash": f"{type(e).__name__}: {e}", **row})
         except Exception as save_error:  # e.g. the disk is full: report the first error
             log.warning("could not write a crash checkpoint at step %d: %s", done, save_error)
-
-
-@dataclass
-class _Share:
-    """One policy's part of a step: its rows of the batch (None: all of them), annotated
-    by its learner, and its stage's advantages ``[n, T]`` and keep flags ``[n]``."""
-
-    policy: TrainedPolicy
-    rows: Tensor | None
-    batch: TurnBatch
-    adv: Tensor
-    keep: Tensor
-    critic_metrics: dict[str, float]
-
-
-def _share(p: TrainedPolicy, batch: TurnBatch) -> _Share:
-    """Steps 2-3 of the module docstring for policy ``p`` on its rows of ``batch``."""
-    rows = p.rows(batch)
-    mine = batch if rows is None else batch.select(rows)
-    if rows is not None and not mine.n_rows:  # e.g. bots had its seats: an empty update
-        return _Share(p, rows, mine, torch.zeros(mine.action_mask.shape, device=mine.device),
-                      torch.zeros(0, dtype=torch.bool, device=mine.device), {})
-    mine, critic_metrics = p.learner.annotate(mine, p.stage.needs)
-    adv, keep = p.stage(mine)
-    return _Share(p, rows, mine, adv, keep, critic_metrics)
-
-
-def _merge(batch: TurnBatch, shares: list[_Share]) -> tuple[Tensor, Tensor]:
-    """The policies' advantages ``[n, T]`` and keep flags ``[n]`` put back in ``batch``'s
-    row order (a share whose ``rows`` is None has every row)."""
-    adv = torch.zeros(batch.action_mask.shape, dtype=torch.float32, device=batch.device)
-    keep = torch.zeros(batch.n_rows, dtype=torch.bool, device=batch.device)
-    for sh in shares:
-        rows = (torch.arange(batch.n_rows) if sh.rows is None else sh.rows).to(batch.device)
-        adv[rows] = sh.adv.to(batch.device, torch.float32)
-        keep[rows] = sh.keep.to(batch.device)
-    return adv, keep
 
 
 def check_steps_left(run_dir: str | Path, steps: int) -> None:
