@@ -217,3 +217,10 @@ def test_every_package_is_in_exactly_one_layer():
 @pytest.mark.parametrize("type_only", [False, True], ids=["runtime", "with-type-only"])
 def test_imports_point_down_the_layers(type_only):
     assert layer_violations(import_graph(type_only=type_only), LAYERS) == []
+
+
+def test_the_architecture_page_lists_the_same_layers():
+    """docs/architecture.md's layer block (one layer a line, bottom to top) is `LAYERS`."""
+    text = (SRC.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    block = text.split("```text\n", 1)[1].split("```", 1)[0]
+    assert [tuple(line.split()) for line in block.splitlines() if line.strip()] == LAYERS
