@@ -93,7 +93,7 @@ def rollout(arena: Arena, policy: HFPolicy, step: int, groups: int = GROUPS,
     from ``seeds[j]`` and belongs to group ``j``; ``sample_seeds`` give each game its own
     random stream, so a run repeats exactly."""
     seeds = [step * groups + j for j in range(groups)]
-    return arena.play(ENV, ENV_OPTIONS, seeds=seeds, group_size=group_size,
+    return arena.run_episodes(ENV, ENV_OPTIONS, seeds=seeds, group_size=group_size,
                       seat_players=policy, sample_seeds=seeds)
 
 

@@ -14,12 +14,12 @@ import torch
 import yaml
 
 from sparring import Config, collate
-from sparring.advantages.stage import AdvantageStage
 from sparring.aggregation import count_seqs, count_tokens
 from sparring.objectives import OBJECTIVES
 from sparring.train.batch_forward import BatchForward, allowed_of, row_slices
 from sparring.train.learner import Learner
 from sparring.train.loss import micro_loss
+from sparring.train.policies import advantage_stage
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "minimal_selfplay.py"
 # The loss and its gradient: the trainer runs the prompts the rows share once, the example
@@ -81,7 +81,7 @@ def test_advantages_equal_the_trainers_advantage_stage(ex, played, tmp_path):
     trivial: of both signs and of several sizes, so that a sign, a centring or a scale
     that differed would show."""
     _, batch = played
-    stage = AdvantageStage.from_config(trainer_config(ex, tmp_path, minibatch=0))
+    stage = advantage_stage(trainer_config(ex, tmp_path, minibatch=0))
     adv, keep = stage(batch)
     mine = ex.advantages(batch)
     torch.testing.assert_close(mine, adv * keep[:, None], rtol=0, atol=0)
