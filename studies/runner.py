@@ -59,7 +59,7 @@ from sparring.grid import (  # noqa: E402, F401  (the machinery, re-exported for
     run_jobs,
     wall_time,
 )
-from sparring.report import series  # noqa: E402
+from sparring.report.plots import series  # noqa: E402
 
 # t_{0.975, df}: the two-sided 95% Student-t quantile (df 1..30, then 40, 60, 120)
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
