@@ -22,7 +22,7 @@ import time
 import torch
 
 from sparring.advantages import ESTIMATORS, compute, list_estimators
-from sparring.build.run import build
+from sparring.assembly.run import build
 from sparring.config import load_config
 from sparring.data import TurnBatch, collate
 from sparring.train.learner import Learner

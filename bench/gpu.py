@@ -210,7 +210,7 @@ def recipe_row(recipe: str, device: str, steps: int) -> dict[str, Any]:
     """``recipe`` for ``steps`` steps on ``device``: steps a second over the training loop
     (its first step included, the model's setup not), and the mean step's split after the
     first."""
-    from sparring.build import build
+    from sparring.assembly import build
     from sparring.config import find_recipe, load_config
     from sparring.train.loop import train
 

@@ -47,7 +47,7 @@ def main() -> None:
                     "(train.feature_whiten)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_intermixed_args()
-    from sparring.build.parts import load_model
+    from sparring.assembly.parts import load_model
     from sparring.config import load_config
     from sparring.config.files import find_recipe
     from sparring.envs import make

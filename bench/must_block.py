@@ -148,11 +148,11 @@ def line_direction(board: list[str], view: int, cells: set[int], mark: str) -> s
 def load(spec: str, device: str | None = None):
     """(policy, config, label) of ``RUN`` (its last checkpoint) or ``base:RUN``; ``device``:
     where it runs (default: the run's)."""
-    from sparring.build.trained import load_policies
+    from sparring.assembly.trained import load_policies
     from sparring.config.run_folder import read_run_config
 
     if spec.startswith("base:"):
-        from sparring.build.parts import load_model
+        from sparring.assembly.parts import load_model
         from sparring.policy.hf import HFPolicy
 
         cfg = read_run_config(Path(spec[5:]) / "config.yaml")

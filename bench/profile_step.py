@@ -19,7 +19,7 @@ import pstats
 import tempfile
 from pathlib import Path
 
-from sparring.build import build
+from sparring.assembly import build
 from sparring.config import find_recipe, load_config
 from sparring.train.loop import train
 

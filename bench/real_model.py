@@ -107,7 +107,7 @@ def one_row(name: str, steps: int, device: str, random_from: Path | None = None)
     """Train row ``name`` for 1 + ``steps`` steps; its timings (this runs in a subprocess)."""
     import torch
 
-    from sparring.build import build
+    from sparring.assembly import build
     from sparring.config import find_recipe, load_config
     from sparring.train.loop import train
 

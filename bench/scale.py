@@ -50,7 +50,7 @@ SETTINGS = [
 def run(overrides: list[str], warmup: int, steps: int, folder: Path,
         recipe: str = "default") -> dict[str, float]:
     """Train ``warmup + steps`` steps of ``recipe``; timings of the last ``steps``."""
-    from sparring.build.run import build
+    from sparring.assembly.run import build
     from sparring.config import find_recipe, load_config
     from sparring.train.loop import train
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from sparring.build.trained import load_policy
+from sparring.assembly.trained import load_policy
 from sparring.envs import make
 from sparring.eval.games import probabilities_at
 from sparring.rollout.rollouts import make_arena

@@ -17,7 +17,7 @@ import argparse
 import re
 from collections import Counter
 
-from sparring.build.trained import load_policy
+from sparring.assembly.trained import load_policy
 from sparring.eval.exploitability import exploitability
 from sparring.eval.games import policy_strategy
 from sparring.rollout.rollouts import make_arena

@@ -81,7 +81,7 @@ from sparring.envs.bots import make_bot
 from sparring.eval.games import evaluate_vs_bot, policy_exploitability
 from sparring.policy.sampling import SamplingParams
 from sparring.rollout.rollouts import make_arena
-from sparring.build.trained import load_policies
+from sparring.assembly.trained import load_policies
 run, games = sys.argv[1], int(sys.argv[2])
 policies, cfg, ckpt = load_policies(run)
 policy, arena = policies[""], make_arena(cfg.rollout)

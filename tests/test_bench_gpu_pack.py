@@ -7,7 +7,7 @@ import torch
 from bench.gpu_pack import pack, unpack
 from safetensors.torch import load_file
 
-from sparring.build.trained import load_policy
+from sparring.assembly.trained import load_policy
 from sparring.cli import main
 from sparring.policy.lora import trainable_state
 from sparring.train.checkpoint import latest_intact_checkpoint

@@ -525,7 +525,7 @@ def test_eval_lists_positions_the_policy_sees_alike_once(tmp_path, capsys):
     board positions (counted here from the exact evaluation itself)."""
     from collections import Counter
 
-    from sparring.build.trained import load_policies
+    from sparring.assembly.trained import load_policies
     from sparring.eval.games import policy_vs_minimax
     from sparring.rollout.rollouts import make_arena
 
@@ -547,7 +547,7 @@ def test_eval_lists_positions_the_policy_sees_alike_once(tmp_path, capsys):
 
 
 def test_eval_against_minimax_adds_the_exact_row_and_the_blunders(run, capsys):
-    from sparring.build.trained import load_policies
+    from sparring.assembly.trained import load_policies
     from sparring.eval.games import policy_conversion_vs_minimax, policy_vs_minimax
     from sparring.rollout.rollouts import make_arena
 

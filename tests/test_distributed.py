@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sparring.build.run import build
+from sparring.assembly.run import build
 from sparring.config import ConfigError, load_config
 from sparring.config.plan import group_tasks
 from sparring.distributed.split import split_groups

@@ -70,8 +70,8 @@ def test_list_shows_aliases(capsys):
 
 
 def test_config_with_an_alias_validates_trains_and_evaluates(tmp_path, capsys):
-    from sparring.build.run import build
-    from sparring.build.trained import load_policy
+    from sparring.assembly.run import build
+    from sparring.assembly.trained import load_policy
     from sparring.terminal_game import play_in_terminal
     from sparring.train.loop import train
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sparring.build.run import build
+from sparring.assembly.run import build
 from sparring.config import ConfigError, load_config
 from sparring.envs import make
 from sparring.eval.exploitability import exploitability

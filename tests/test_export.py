@@ -72,7 +72,7 @@ def test_export_full_weights_through_the_cli(tmp_path):
 
 def test_export_merges_lora(tmp_path):
     pytest.importorskip("peft", reason="needs the 'lora' extra: pip install 'sparring[lora]'")
-    from sparring.build.trained import load_policy
+    from sparring.assembly.trained import load_policy
     from sparring.policy.lora import is_peft
 
     run = tmp_path / "run"
@@ -129,7 +129,7 @@ def test_the_average_policy_is_the_magnet_the_run_evaluated(tmp_path):
     plain load equals the logged `exploitability`), the export writes those weights, and a
     run without a magnet is refused by name."""
     pytest.importorskip("peft", reason="needs the 'lora' extra: pip install 'sparring[lora]'")
-    from sparring.build.trained import load_policy
+    from sparring.assembly.trained import load_policy
     from sparring.eval.games import policy_exploitability
     from sparring.rollout.rollouts import make_arena
 

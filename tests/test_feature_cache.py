@@ -243,7 +243,7 @@ def test_a_frozen_body_run_matches_one_without_the_cache_and_resumes_exactly(tra
     bit (the cache starts empty and recomputes the same features; the transform comes from
     the checkpoint); the saved policy has the trained head, the untouched input embeddings
     and, with a transform, the run's (fixed at step 1, the same in every checkpoint)."""
-    from sparring.build.trained import load_policy
+    from sparring.assembly.trained import load_policy
     from sparring.cli import main
     from sparring.storage.folders import step_dirs
 
@@ -288,7 +288,7 @@ def test_a_frozen_body_run_matches_one_without_the_cache_and_resumes_exactly(tra
 
 def frozen_tiny_from_run(run):
     """The run's model as built before training (same seed, config)."""
-    from sparring.build.parts import load_model
+    from sparring.assembly.parts import load_model
     from sparring.config.run_folder import read_run_config
 
     cfg = read_run_config(run / "config.yaml")

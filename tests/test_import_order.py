@@ -155,7 +155,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("eval",),
     ("train",),
     ("distributed",),
-    ("build",),
+    ("assembly",),
     ("export", "grid", "terminal_game"),
     ("api", "sweep"),
     ("cli",),

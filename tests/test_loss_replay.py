@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sparring.build.run import build
+from sparring.assembly.run import build
 from sparring.config import ConfigError, load_config
 from sparring.data import Episode
 from sparring.envs import make

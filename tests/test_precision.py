@@ -85,7 +85,7 @@ def test_the_config_refuses_an_unknown_precision():
 def test_the_default_tiny_model_stays_float32():
     """`auto` keeps the 0.14 M-parameter default model in float32 on every machine, so the
     default recipe's figures do not depend on whether the CPU has bf16."""
-    from sparring.build.run import load_model
+    from sparring.assembly.run import load_model
     from sparring.config import load_config
 
     model, _ = load_model(load_config(None, []))

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from sparring.build.run import build
+from sparring.assembly.run import build
 from sparring.config import load_config
 from sparring.envs import make
 from sparring.train.loop import train

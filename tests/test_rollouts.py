@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sparring.build.run import build
+from sparring.assembly.run import build
 from sparring.config import ConfigError, load_config
 from sparring.config.plan import episode_counts
 from sparring.rollout.seating import learner_seat, rotating

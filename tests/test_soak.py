@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sparring.build.run import build
+from sparring.assembly.run import build
 from sparring.config import find_recipe, load_config
 from sparring.storage.folders import step_dirs
 from sparring.train.loop import train

@@ -1,11 +1,11 @@
-"""The wiring of a config into the parts of a run (sparring.build.run)."""
+"""The wiring of a config into the parts of a run (sparring.assembly.run)."""
 
 from pathlib import Path
 
 import pytest
 import torch
 
-from sparring.build.run import RunParts, build, load_model
+from sparring.assembly.run import RunParts, build, load_model
 from sparring.config import load_config
 from sparring.rollout.rollouts import Rollouts
 

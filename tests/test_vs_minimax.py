@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sparring.build.run import build
+from sparring.assembly.run import build
 from sparring.config import load_config
 from sparring.envs import make
 from sparring.envs.bots.minimax import MinimaxBot, minimax_value, optimal_children

@@ -1,6 +1,6 @@
 """Training from Python: ``Trainer(Config.load("kuhn_selfplay", overrides=[...])).fit()``.
 
-`Trainer` runs exactly what ``sparring train`` runs (`sparring.build.run.build`, then
+`Trainer` runs exactly what ``sparring train`` runs (`sparring.assembly.run.build`, then
 `sparring.train.loop.train`) and returns the run's metrics, one dict per logged step (the
 rows of ``RUN_DIR/metrics.jsonl``; the row of step 0 holds the evaluation before training).
 
@@ -104,7 +104,7 @@ class Trainer:
 
     def fit(self) -> list[dict[str, Any]]:
         """Train; returns the metrics rows (also in ``self.metrics``)."""
-        from sparring.build.run import build
+        from sparring.assembly.run import build
         from sparring.storage.metrics_file import read_metrics
         from sparring.train.loop import train
 

@@ -123,7 +123,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     _check_device(cfg.model.device)
     for note in config_warnings(cfg):
         console.print(f"[yellow]warning:[/yellow] {note}")
-    from sparring.build.run import build
+    from sparring.assembly.run import build
     from sparring.train.loop import _run_dir, resume, train
 
     run_dir = Path(args.resume) if args.resume else _run_dir(cfg)
@@ -258,7 +258,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from sparring.build.trained import check_policy_name, load_policies
+    from sparring.assembly.trained import check_policy_name, load_policies
     from sparring.envs import env_entry
     from sparring.envs.bots import BOTS, check_opponents
     from sparring.eval.results_table import print_evaluation
@@ -285,7 +285,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_play(args: argparse.Namespace) -> int:
-    from sparring.build.trained import check_policy_name, load_policies
+    from sparring.assembly.trained import check_policy_name, load_policies
     from sparring.envs import env_entry
     from sparring.eval.periodic import env_seats
     from sparring.registry import UnknownNameError

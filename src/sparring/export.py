@@ -1,7 +1,7 @@
 """Export a trained policy as a standard Hugging Face model folder: ``sparring export RUN_DIR OUT``.
 
 The policy of a run (its latest checkpoint) or of one checkpoint is rebuilt as `eval` and
-`play` rebuild it (`sparring.build.trained.load_policy`: the run's config, safetensors
+`play` rebuild it (`sparring.assembly.trained.load_policy`: the run's config, safetensors
 weights, nothing unpickled); LoRA adapters are merged into the base weights
 (``merge_and_unload``), so the folder is a plain causal LM: ``config.json``,
 ``model.safetensors`` (sharded when large), ``generation_config.json`` and the tokenizer
@@ -65,8 +65,8 @@ def export(source: str | Path, out_dir: str | Path, *, dtype: str | None = None,
     ``model.dtype``); ``trust_remote_code``: as for `load_policy` (off: a run folder's
     config cannot make a model's own code run); ``policy``: which one of a run with
     several policies; ``average``: the run's magnet, an average of its recent policies
-    (`sparring.build.trained.load_magnet`). Returns ``out_dir``."""
-    from sparring.build.trained import load_policy
+    (`sparring.assembly.trained.load_magnet`). Returns ``out_dir``."""
+    from sparring.assembly.trained import load_policy
 
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"export: dtype={dtype!r}; allowed: {', '.join(DTYPES)}")

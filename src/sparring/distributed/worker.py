@@ -1,7 +1,7 @@
 """One rollout worker: what a Ray actor of `sparring.distributed.rollouts.RayRollouts` runs.
 
 A worker builds the run's parts as ``sparring train`` does, with the function the driver
-hands it (``build_parts``: `sparring.build.parts.build_parts`), with no workers of its own: the model, its policy backend (HF, or the vLLM engine with
+hands it (``build_parts``: `sparring.assembly.parts.build_parts`), with no workers of its own: the model, its policy backend (HF, or the vLLM engine with
 ``model.backend=vllm``), the environments and the rollout schedule. It never trains; the
 driver sends it
 

@@ -39,7 +39,7 @@ def print_evaluation(console: Console, policies: dict[str, Any], cfg: Any, ckpt:
                      vs: Sequence[str], envs: Sequence[str] = (), games: int = 400,
                      policy: str | None = None, sample: bool = False, seed: int = 0,
                      strategy: bool = False) -> None:
-    """Play ``policies`` (`sparring.build.trained.load_policies`'s mapping, ``{'': policy}``
+    """Play ``policies`` (`sparring.assembly.trained.load_policies`'s mapping, ``{'': policy}``
     for a run with one) from checkpoint ``ckpt`` of the run ``cfg`` against the bots ``vs``
     in ``envs`` (default: the run's games), ``games`` games each, greedy unless ``sample``;
     ``policy``: only that one of a run with several. Prints the report on ``console``."""

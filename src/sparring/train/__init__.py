@@ -2,7 +2,7 @@
 (`train`, `resume`), checkpoints and metrics.
 
 The run's parts (model, rollouts, evaluation) are built above this package
-(`sparring.build`); the configuration is below it (`sparring.config`).
+(`sparring.assembly`); the configuration is below it (`sparring.config`).
 """
 
 from sparring.train.guarded_step import NonFiniteError

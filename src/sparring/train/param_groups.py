@@ -3,7 +3,7 @@ network at a fraction of it.
 
 The output layer is the model's ``get_output_embeddings()`` (the LM head). A head tied to
 the input embeddings is untied when the model is built for such a run
-(`untie_output_layer`, from `sparring.build.parts.load_model`), so the input embeddings
+(`untie_output_layer`, from `sparring.assembly.parts.load_model`), so the input embeddings
 belong to the body. Every other
 trained weight (the body: embeddings, attention, MLPs, norms) learns at ``body_lr_scale *
 lr``; at 0 the body is frozen (``requires_grad`` off, so the backward pass stops at the

@@ -7,7 +7,7 @@ it) and its tokenizer; `build_parts` adds the rollout schedule
 sample from a `sparring.policy.vllm.VLLMPolicy` that receives its learner's weights before
 every step (`sparring.rollout.synced.EngineRollouts`): an engine per policy, or with
 ``lora.shared_base`` one engine serving every policy's adapter. A Ray rollout worker builds
-its parts with this function; `sparring.build.run.build` adds the workers on top.
+its parts with this function; `sparring.assembly.run.build` adds the workers on top.
 
 Several policies (``policies``): a model per policy (`load_model` of its own ``model``
 section: the same initial weights unless it changes them), or with ``lora.shared_base`` one

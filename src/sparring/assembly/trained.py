@@ -36,7 +36,7 @@ from sparring.config import Config, policy_config
 from sparring.config.run_folder import read_run_config
 from sparring.policy.lora import apply_lora, load_parameters, load_trainable_state
 from sparring.train.policies import state_key
-from sparring.build.run import load_model
+from sparring.assembly.run import load_model
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Wire a `Config` into the parts of a run: ``build(cfg, run_dir) -> RunParts``.
 
-`sparring.build.parts.build_parts` builds the model, the rollouts and the evaluation in this
+`sparring.assembly.parts.build_parts` builds the model, the rollouts and the evaluation in this
 process. With ``distributed.rollout_workers`` the rollouts run on Ray actors
 (`sparring.distributed.RayRollouts`), each of which builds its own parts with
 `build_parts` (with the run's ``model.backend``), while the driver keeps the plain
@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from sparring.config import Config
-from sparring.build.parts import RunParts, build_parts, load_model, model_precision
+from sparring.assembly.parts import RunParts, build_parts, load_model, model_precision
 
 
 def build(cfg: Config, run_dir: str | Path | None = None) -> RunParts:
