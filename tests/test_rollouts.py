@@ -24,7 +24,8 @@ def _cfg(overrides=()):
     rollouts depend on the steps played before (tests/test_loss_replay.py covers it)."""
     return load_config(CONFIGS / "default.yaml", [*TINY, "rollout.episodes_per_step=24",
                                                   "envs.0.group_size=4",
-                                                  "envs.0.loss_replay=0", *overrides])
+                                                  "envs.0.starts=[{name: random_opening, "
+                                                  "moves: 4}]", *overrides])
 
 
 def test_episode_counts_follow_weights_in_whole_groups():
@@ -317,8 +318,8 @@ def test_a_lora_policys_pool_snapshot_plays_as_the_policy_did(tmp_path):
 
 
 def test_opening_moves_start_each_group_at_its_own_random_position(tmp_path):
-    cfg = _cfg(["envs.0.opening_moves=4", "rollout.episodes_per_step=96",
-                "envs.0.opponents=[self, random]", "envs.0.symmetric_views=false"])
+    cfg = _cfg(["envs.0.starts.0.moves=4", "rollout.episodes_per_step=96",
+                "envs.0.opponents=[self, random]"])
     parts = build(cfg, tmp_path)
     eps = parts.rollout_fn(0)
     starts: dict[int, set[str]] = {}
@@ -332,18 +333,19 @@ def test_opening_moves_start_each_group_at_its_own_random_position(tmp_path):
     for ep in eps:  # the opening is nobody's turn: every recorded turn is a player's move
         assert sum(c != "." for c in ep.turns[-1].state_key) == \
             sum(c != "." for c in ep.turns[0].state_key) + len(ep.turns) - 1
-    plain = build(_cfg(["rollout.episodes_per_step=96", "envs.0.opening_moves=0"]),
+    plain = build(_cfg(["rollout.episodes_per_step=96", "envs.0.starts=[]"]),
                   tmp_path / "plain").rollout_fn(0)
     assert {ep.turns[0].state_key for ep in plain} == {"." * 9}
 
 
 def test_symmetric_views_show_each_seat_its_own_view(tmp_path):
-    """With envs.0.symmetric_views, a training turn's prompt is the board seen through the
+    """With a symmetric_views start, a training turn's prompt is the board seen through the
     mover's view (its state key says which), a group shares its views, and the policy's
     first turns spread over the views; without the option the plain game is played."""
     from sparring.envs.games.tictactoe import VIEWS
 
-    cfg = _cfg(["envs.0.symmetric_views=true", "envs.0.options.canonical=false",
+    cfg = _cfg(["envs.0.starts=[{name: random_opening, moves: 4}, {name: symmetric_views}]",
+                "envs.0.options.canonical=false",
                 "rollout.episodes_per_step=96", "envs.0.opponents=[self, random]"])
     parts = build(cfg, tmp_path)
     eps = parts.rollout_fn(0)
@@ -357,6 +359,6 @@ def test_symmetric_views_show_each_seat_its_own_view(tmp_path):
         views.setdefault(ep.group, set()).add(ep.turns[0].state_key)
     assert all(len(v) == 1 for v in views.values())  # a group shares its views
     assert len({next(iter(v)) for v in views.values()}) > 3
-    plain = build(_cfg(["rollout.episodes_per_step=96", "envs.0.symmetric_views=false"]),
+    plain = build(_cfg(["rollout.episodes_per_step=96"]),
                   tmp_path / "plain").rollout_fn(0)
     assert all("|" not in t.state_key for ep in plain for t in ep.turns)

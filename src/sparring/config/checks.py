@@ -369,35 +369,12 @@ def _env_options_check(i: int, env: EnvSpec) -> Any:
     if bad:
         raise ConfigError(f"envs.{i}.learner_seats: {bad} out of range; {entry.name} has "
                           f"seats 0..{made.num_seats - 1}")
-    from sparring.envs.wrappers import RandomOpening, SymmetricViews, check_openings
-    game = made
-    if env.symmetric_views and env.options.get("canonical"):
-        raise ConfigError(f"envs.{i}.symmetric_views: the game's option canonical already "
-                          "shows every position in one orientation, and random views would "
-                          f"undo it; set envs.{i}.symmetric_views=false or drop canonical")
-    if env.symmetric_views:
-        try:
-            made = SymmetricViews(made)
-        except ValueError as e:
-            raise ConfigError(f"envs.{i}.symmetric_views: {e}; set envs.{i}.symmetric_views="
-                              "false for this game") from None
-    if env.loss_replay and made.num_seats < 2:
-        raise ConfigError(f"envs.{i}.loss_replay: {entry.name} has one seat, so no game is "
-                          "lost to another seat; loss replay needs two or more")
-    if env.opening_moves or env.loss_replay:  # both start through RandomOpening
-        try:
-            RandomOpening(made, env.opening_moves)
-        except ValueError as e:
-            key = "opening_moves" if env.opening_moves else "loss_replay"
-            raise ConfigError(f"envs.{i}.{key}: {e}") from None
-    if env.openings:
-        from sparring.envs.openings import read_openings
-
-        try:
-            check_openings(made, read_openings(env.openings))
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"envs.{i}.openings: {e}") from None
-    return game
+    from sparring.envs.starts import check_starts, parse_starts
+    try:
+        check_starts(parse_starts(env.starts), made, dict(env.options))
+    except ValueError as e:
+        raise ConfigError(f"envs.{i}.starts.{e}") from None
+    return made
 
 
 def _lookahead_check(i: int, game: Any) -> None:

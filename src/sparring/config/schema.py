@@ -6,6 +6,7 @@ the defaults with their help (configs/reference.yaml)."""
 
 from __future__ import annotations
 
+import typing
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -18,12 +19,14 @@ from sparring.config.files import find_recipe, read_yaml
 from sparring.config.overrides import ConfigError, apply_override, build
 
 
-def opt(default: Any, help: str, **check: float) -> Any:
+def opt(default: Any, help: str, components: str = "", **check: float) -> Any:
     """A config field: default (a list/dict default is copied per instance), help, bounds.
 
-    ``check`` may hold ``ge``, ``gt``, ``le``, ``lt`` numeric bounds enforced on load.
+    ``check`` may hold ``ge``, ``gt``, ``le``, ``lt`` numeric bounds enforced on load;
+    ``components``: the kind of registered components the field lists (`commented_yaml`
+    writes their options under it).
     """
-    meta = {"help": help, **check}
+    meta = {"help": help, **check, **({"components": components} if components else {})}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     if is_dataclass(default):
@@ -66,33 +69,11 @@ class EnvSpec:
                                "(`sparring list bots`)")
     group_size: int = opt(1, "episodes per group (same start state / prompt)", ge=1)
     estimator_options: dict[str, Any] = opt({}, "estimator options for this env's rows")
-    opening_moves: int = opt(
-        0, "exploring starts: each group of training episodes begins after n random legal "
-        "moves, n uniform in 0..opening_moves (never a move that ends the game; games that "
-        "pay at the end; evaluation plays the plain game)", ge=0)
-    openings: str = opt(
-        "", "a file of listed openings (one per line, moves separated by spaces; relative "
-        "to the working directory or the checkout, e.g. configs/openings/...): a group of "
-        "training episodes starts after one of them, drawn uniformly, with probability "
-        "openings_share (else as opening_moves says); evaluation plays the plain game")
-    openings_share: float = opt(1.0, "probability a training group starts from a listed "
-                                "opening (envs[].openings)", ge=0, le=1)
-    loss_replay: float = opt(
-        0.0, "loss replay: probability a training group starts again from a position where "
-        "a trained seat went on to lose in an earlier step (its last loss_replay_depth "
-        "decisions of each lost game, the loss_replay_size latest distinct positions kept; "
-        "sparring.rollout.loss_replay), before listed and random openings are drawn; 0: "
-        "off. Games of two or more seats that pay at the end, as for opening_moves", ge=0,
-        le=1)
-    loss_replay_size: int = opt(256, "loss replay: distinct positions kept, the latest "
-                                "first", ge=1)
-    loss_replay_depth: int = opt(2, "loss replay: a losing seat's last decisions kept from "
-                                 "each lost game", ge=1)
-    symmetric_views: bool = opt(
-        False, "each seat sees the board through its own random symmetry of the game "
-        "(drawn per episode from its reset seed; the game must declare its symmetries, as "
-        "tictactoe and connect_four do), so self-play meets its lines in every orientation; "
-        "training only, evaluation plays the plain game")
+    starts: list[dict[str, Any]] = opt(
+        [], "how a group of training episodes starts, a list of start components "
+        "[{name: ..., option: value}, ...], each name at most once (`sparring list starts`; "
+        "sparring.envs.starts); evaluation plays the plain game. []: the game's own start",
+        components="start")
     learner_seats: list[int] = opt(
         [], "the learner's seat in games against bots or the pool, in turn: episode i of a "
         "group's run puts it in learner_seats[i % len]; repeat a seat to train it more "
@@ -520,12 +501,13 @@ def to_dict(cfg: Config) -> dict[str, Any]:
 
 def from_dict(data: dict[str, Any] | None, overrides: list[str] | tuple[str, ...] = (),
               check: bool = True) -> Config:
-    """Defaults <- ``data`` <- ``overrides``, old keys renamed (`aliases`); validated unless
-    ``check=False``."""
+    """Defaults <- ``data`` <- ``overrides``, old keys read as the new ones (`aliases`);
+    validated unless ``check=False``."""
     if data is not None and not isinstance(data, dict):
         raise ConfigError(f"a config file must hold a mapping, got {type(data).__name__}")
-    cfg = build(Config, translate(data or {}))
-    for item in translate_overrides(overrides):
+    items, old = translate_overrides(overrides)
+    cfg = build(Config, translate(data or {}, old))
+    for item in items:
         apply_override(cfg, item)
     from sparring.plugins import PluginError, import_plugins
     try:
@@ -545,14 +527,23 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
 def commented_yaml(cls: type = Config, indent: int = 0) -> str:
     """The defaults of ``cls`` as YAML with each field's help as a comment."""
     out, pad = [], " " * indent
-    obj = cls()
+    obj, hints = cls(), typing.get_type_hints(cls)
     for f in fields(cls):
         value = getattr(obj, f.name)
         out.append(f"{pad}# {f.metadata.get('help', '')}")
+        if f.metadata.get("components"):  # the registered components and their options
+            from sparring.config.components import describe
+            out += [f"{pad}#   {line}" for line in describe(f.metadata["components"])]
         if is_dataclass(value):
             out.append(f"{pad}{f.name}:")
             out.append(commented_yaml(type(value), indent + 2))
         else:
             dumped = yaml.safe_dump({f.name: value}, default_flow_style=True, width=1000).strip()
             out.append(pad + dumped[1:-1] if dumped.startswith("{") else pad + dumped)
+            item = typing.get_args(hints[f.name])[-1:]  # a list's or a named mapping's items
+            if item and is_dataclass(item[0]):
+                what = "each item" if typing.get_origin(hints[f.name]) is list else "each entry"
+                out.append(f"{pad}#   {what}:")
+                out += [f"{pad}#   {line}" for line in
+                        commented_yaml(item[0], 2).splitlines()]
     return "\n".join(out)

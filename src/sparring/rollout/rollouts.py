@@ -27,10 +27,11 @@ per episode turn, `Arena.run_episodes`'s ``sample_seeds``), bot moves and pool d
 uninterrupted one, and `Rollouts.collect` of any split of the tasks, concatenated in task
 order, gives the same episodes as the whole step (what `sparring.distributed` relies on).
 An env named by an alias plays exactly as under its canonical name. With
-``envs[].opening_moves`` a spec's episodes start after a random opening drawn from their
-reset seed (`sparring.envs.wrappers.RandomOpening`), so a group shares its opening; with
-``envs[].symmetric_views`` each seat sees the board through its own symmetry, drawn from
-the reset seed too (`sparring.envs.wrappers.SymmetricViews`); see `training_env`.
+``envs[].starts`` (`sparring.envs.starts`) a spec's episodes start as its components say,
+drawn from their reset seed, so a group shares its start: after a random or listed
+opening, from a position of the loss replay (`sparring.envs.wrappers.RandomOpening`), each
+seat through its own symmetric view (`sparring.envs.wrappers.SymmetricViews`); see
+`training_env`.
 """
 
 from __future__ import annotations
@@ -48,13 +49,13 @@ from sparring.data import Episode
 from sparring.envs import env_entry, make
 from sparring.envs.bots import BOTS, check_opponents, make_bot
 from sparring.envs.invalid import InvalidActionPolicy
-from sparring.envs.openings import read_openings
-from sparring.envs.wrappers import RandomOpening, SymmetricViews
+from sparring.envs.starts import LossReplayStart, Start, parse_starts, start_env
 from sparring.policy.hf import HFPolicy
 from sparring.policy.sampling import SamplingParams
 from sparring.rollout.arena import Arena
 from sparring.rollout.league import league_metrics, record_scores
-from sparring.rollout.loss_replay import LossReplay, Start, record_losses
+from sparring.rollout.loss_replay import LossReplay, record_losses
+from sparring.rollout.loss_replay import Start as Replayed
 from sparring.rollout.opponents import OpponentPool
 from sparring.rollout.players import BotPlayer, ModelPlayer
 from sparring.rollout.prompts import PromptConfig
@@ -70,19 +71,11 @@ if TYPE_CHECKING:
 SPECIAL_OPPONENTS = ("self", "pool")  # opponent kinds besides the bots of BOTS
 
 
-def training_env(name: str, spec: EnvSpec, replayed: Sequence[Start] = (),
+def training_env(name: str, starts: Sequence[Start], replayed: Sequence[Replayed] = (),
                  **options: Any) -> Env:
-    """Env ``name`` as a training episode of ``spec`` plays it: through per-seat symmetric
-    views (``symmetric_views``), after a random or listed opening (``opening_moves``,
-    ``openings``) or from a ``replayed`` start (``loss_replay``)."""
-    env = make(name, **options)
-    if spec.symmetric_views:
-        env = SymmetricViews(env)
-    if spec.opening_moves or spec.openings or spec.loss_replay:
-        listed = read_openings(spec.openings) if spec.openings else ()
-        env = RandomOpening(env, spec.opening_moves, listed, spec.openings_share,
-                            replayed, spec.loss_replay)
-    return env
+    """Env ``name`` as a training episode plays it with the start components ``starts``
+    (`sparring.envs.starts.start_env`); ``replayed``: the loss replay's positions."""
+    return start_env(make(name, **options), starts, replayed)
 
 
 def rollout_sampling(r: RolloutConfig, *, greedy: bool = False) -> SamplingParams:
@@ -154,9 +147,10 @@ class Rollouts:
                      for name in s.opponents if name in BOTS}
         self.env_names = [env_entry(s.name).name for s in cfg.envs]  # canonical, per spec
         self.num_seats = [make(s.name, **s.options).num_seats for s in cfg.envs]  # per spec
-        # per spec index with envs[].loss_replay, its replayed starts
-        self.replays = {i: LossReplay(s.loss_replay_size, s.loss_replay_depth)
-                        for i, s in enumerate(cfg.envs) if s.loss_replay}
+        self.starts = [parse_starts(s.starts) for s in cfg.envs]  # per spec, its components
+        # per spec index with a loss_replay start, its replayed positions
+        self.replays = {i: LossReplay(p.size, p.depth) for i, parts in enumerate(self.starts)
+                        for p in parts if isinstance(p, LossReplayStart)}
         self.replayed_share: dict[int, float] = {}  # per spec, in the last recorded step
 
     def _reseed(self, step: int) -> None:
@@ -259,10 +253,12 @@ class Rollouts:
                 return choosers[t](run[t].index * gs + m)
 
             kw["players_fn"] = players
-        if spec.opening_moves or spec.openings or spec.symmetric_views or spec.loss_replay:
-            replayed = self.replays[run[0].spec].starts() if spec.loss_replay else ()
-            return self.arena.run_episodes(partial(training_env, name, spec, replayed),
-                                   dict(spec.options), **kw)
+        starts = self.starts[run[0].spec]
+        if starts:
+            replay = self.replays.get(run[0].spec)
+            replayed = replay.starts() if replay is not None else ()
+            return self.arena.run_episodes(partial(training_env, name, starts, replayed),
+                                           dict(spec.options), **kw)
         return self.arena.run_episodes(name, dict(spec.options), **kw)
 
     def _chooser(self, kind: str, seed: int, learner: Any, spec: EnvSpec,
