@@ -32,10 +32,24 @@ def fresh_warnings(monkeypatch, caplog):
     caplog.set_level(logging.WARNING, logger=aliases.__name__)
 
 
+OLD_EXPLORE = {"explore": 0.0, "explore_schedule": "constant", "explore_final_ratio": 0.0,
+               "explore_turns": 0, "explore_tactical": False}
+EXPLORE_AS = {"explore": "rate", "explore_schedule": "schedule",
+              "explore_final_ratio": "final_ratio", "explore_turns": "turns",
+              "explore_tactical": "tactical"}
+
+
 def old_style(data):
     """A saved config as the previous release wrote it: every old key, the new settings
     they became left out (only those whose old keys can say what the new ones do)."""
     data = yaml.safe_load(yaml.safe_dump(data))  # a deep copy
+    explore = data.pop("exploration", {})
+    for section, who, keys in (("rollout", "learner", list(OLD_EXPLORE)[:3]),
+                               ("league", "league", list(OLD_EXPLORE))):
+        spec = explore.pop(who, {})
+        data.setdefault(section, {}).update({k: spec.get(EXPLORE_AS[k], OLD_EXPLORE[k])
+                                             for k in keys})
+    assert not explore, explore
     for env in data.get("envs", []):
         starts = {s["name"]: s for s in env.pop("starts")}
         assert set(starts) <= {"random_opening", "loss_replay", "openings",
@@ -94,6 +108,34 @@ def test_old_start_keys_read_as_start_components_with_a_warning(tmp_path, caplog
     assert "envs.0.symmetric_views is the old spelling" in text  # read, though off
 
 
+def test_old_exploration_keys_read_as_exploration_entries(tmp_path, caplog):
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump({
+        **ENV, "rollout": {"explore": 0.1, "explore_schedule": "cosine"},
+        "league": {"explore": 0.5, "explore_turns": 2, "explore_tactical": False, "every": 3},
+        "algorithm": {"recompute_old_logp": True}}))
+    cfg = load_config(path)
+    assert to_dict(cfg)["exploration"] == {
+        "learner": {"rate": 0.1, "schedule": "cosine", "final_ratio": 0.0, "turns": 0,
+                    "tactical": False},
+        "league": {"rate": 0.5, "schedule": "constant", "final_ratio": 0.0, "turns": 2,
+                   "tactical": False}}
+    assert cfg.league.every == 3
+    assert "rollout.explore is the old spelling of exploration.learner.rate" in caplog.text
+    assert "league.explore_turns is the old spelling of exploration.league.turns" in caplog.text
+    cfg = from_dict(ENV, ["league.explore=0.25", "exploration.league.turns=1"], check=False)
+    assert (cfg.exploration["league"].rate, cfg.exploration["league"].turns) == (0.25, 1)
+    quiet = {**ENV, "rollout": {"explore": 0.0}, "league": dict(OLD_EXPLORE)}
+    assert from_dict(quiet, check=False).exploration == {}  # at their defaults: nobody explores
+    with pytest.raises(ConfigError, match=r"^league.explore and exploration.league.rate are "
+                                          r"one setting"):
+        from_dict({**ENV, "league": {"explore": 0.5}, "exploration": {"league": {"rate": 0.1}}},
+                  check=False)
+    with pytest.raises(ConfigError, match=r"^rollout.explore and exploration.learner.rate are "
+                                          r"one setting"):
+        from_dict(ENV, ["rollout.explore=0.5", "exploration.learner.rate=0.1"], check=False)
+
+
 def test_old_start_overrides_replace_what_the_file_says_in_either_spelling():
     new = {"envs": [{"name": "tictactoe", "starts": [{"name": "random_opening", "moves": 4},
                                                      {"name": "loss_replay", "share": 0.5}]}]}
@@ -142,7 +184,8 @@ def test_an_old_style_saved_config_loads_and_resumes_as_its_translation(tmp_path
     from sparring.config.run_folder import read_run_config
 
     new = to_dict(from_dict(ENV, ["envs.0.starts=[{name: random_opening, moves: 2}, "
-                                 "{name: loss_replay, share: 0.5, size: 64}]"]))
+                                 "{name: loss_replay, share: 0.5, size: 64}]",
+                                 "exploration.league={rate: 0.5, turns: 1}"]))
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(old_style(new), sort_keys=False))
     saved = read_run_config(tmp_path / "config.yaml")
     assert to_dict(saved) == new
@@ -170,12 +213,13 @@ def test_a_run_folder_with_an_old_style_config_resumes_and_evaluates(tmp_path):
 
     make_old()
     assert main(["train", "--resume", str(run), "train.steps=3",
-                 "envs.0.loss_replay_size=32"]) == 0
+                 "envs.0.loss_replay_size=32", "league.explore=0.25"]) == 0
     assert [r["step"] for r in read_metrics(run)][-1] == 3
     resumed = yaml.safe_load((run / "config.yaml").read_text())  # rewritten, new keys
     assert resumed["envs"][0]["starts"][1] == {"name": "loss_replay", "share": 0.5,
                                                "size": 32}
     assert "opening_moves" not in resumed["envs"][0]
+    assert resumed["exploration"]["league"]["rate"] == 0.25 and "explore" not in resumed["league"]
     make_old()
     assert main(["eval", str(run), "--vs", "random", "--games", "2"]) == 0
 

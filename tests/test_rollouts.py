@@ -257,8 +257,8 @@ def test_a_snapshot_written_before_manifests_loads_with_a_warning(tmp_path, capl
 def test_pool_explore_follows_its_cosine_schedule(tmp_path):
     """epsilon(step) = 0.4 * (0.25 + 0.75 * (1 + cos(pi * step / 10)) / 2): 0.4 at step 0,
     0.4 * 0.625 = 0.25 at step 5, 0.4 * 0.25 = 0.1 at step 10; set on every policy's pool."""
-    roll = build(_cfg(["league.explore=0.4", "league.explore_schedule=cosine",
-                       "league.explore_final_ratio=0.25", "train.steps=10"]),
+    roll = build(_cfg(["exploration.league={rate: 0.4, schedule: cosine, final_ratio: 0.25}",
+                       "train.steps=10"]),
                  tmp_path).rollout_fn
     for step, epsilon in [(0, 0.4), (5, 0.25), (10, 0.1)]:
         roll.collect(step, [])
@@ -266,23 +266,26 @@ def test_pool_explore_follows_its_cosine_schedule(tmp_path):
 
 
 def test_the_learners_own_explore_follows_its_cosine_schedule(tmp_path):
-    """rollout.explore: the same cosine as the pool's, on the training player; its
+    """exploration.learner: the same cosine as the pool's, on the training player; its
     explored turns are rows marked explored. Without recomputed old log-probs, or in the
     trajectory layout, the config is refused."""
     from sparring.config import ConfigError
 
-    roll = build(_cfg(["rollout.explore=0.4", "rollout.explore_schedule=cosine",
-                       "rollout.explore_final_ratio=0.25", "train.steps=10",
+    roll = build(_cfg(["exploration.learner.rate=0.4", "exploration.learner.schedule=cosine",
+                       "exploration.learner.final_ratio=0.25", "train.steps=10",
                        "algorithm.recompute_old_logp=true"]), tmp_path).rollout_fn
     for step, epsilon in [(0, 0.4), (5, 0.25), (10, 0.1)]:
         eps = roll(step)
         assert roll.learner.explore == pytest.approx(epsilon)
+    assert (roll.learner.explore_turns, roll.learner.explore_tactical) == (0, False)
+    assert roll.pool.explore_turns == 0
     marked = [t for e in eps for t in e.turns if t.extras.get("explored") == 1.0]
     assert marked and all(t.action_ids and t.logprobs is None for t in marked)
-    with pytest.raises(ConfigError, match="algorithm.recompute_old_logp=true"):
-        _cfg(["rollout.explore=0.1"])
-    with pytest.raises(ConfigError, match="rollout.layout=turn"):
-        _cfg(["rollout.explore=0.1", "algorithm.recompute_old_logp=true",
+    with pytest.raises(ConfigError, match="^exploration.learner.rate: 0.1 plays moves .*"
+                                          "algorithm.recompute_old_logp=true"):
+        _cfg(["exploration.learner.rate=0.1"])
+    with pytest.raises(ConfigError, match="^exploration.learner.rate: .*rollout.layout=turn"):
+        _cfg(["exploration.learner.rate=0.1", "algorithm.recompute_old_logp=true",
               "rollout.layout=trajectory"])
 
 

@@ -74,10 +74,21 @@ def test_yaml_and_overrides_are_typed(tmp_path):
      r"envs.0.starts.1: 'symmetric_views' is given twice"),
     (["envs=[{name: tictactoe, learner_seats: [0, 2]}]"],
      r"envs.0.learner_seats: \[2\] out of range; tictactoe has seats 0..1"),
-    (["league.explore=1.5"], r"league.explore: 1.5 is out of range \(must be <= 1\)"),
-    (["envs=[{name: kuhn_poker, opponents: [self, pool]}]", "league.explore_tactical=true"],
-     r"league.explore_tactical: kuhn_poker has hidden chance deals.*"
+    (["exploration.league.rate=1.5"],
+     r"exploration.league.rate: 1.5 is out of range \(must be <= 1\)"),
+    (["exploration.leage.rate=0.5"],
+     r"exploration.leage: no player of that name explores; did you mean 'league'\? "
+     r"\(allowed: learner, league\)"),
+    (["exploration.league.turns=-1"], r"exploration.league.turns: -1 is out of range"),
+    (["exploration.learner.schedule=linear"],
+     r"exploration.learner.schedule: 'linear' is not allowed.*\(allowed: constant, cosine\)"),
+    (["envs=[{name: kuhn_poker, opponents: [self, pool]}]",
+      "exploration.league.tactical=true"],
+     r"exploration.league.tactical: kuhn_poker has hidden chance deals.*"
      r"\(envs.0 plays the pool\)"),
+    (["envs=[{name: kuhn_poker, opponents: [self]}]", "exploration.learner.tactical=true"],
+     r"exploration.learner.tactical: kuhn_poker has hidden chance deals.*"
+     r"\(envs.0 is a training game\)"),
     (["league.mode=pfsp", "league.pfsp_power=0"],
      r"league.pfsp_power: 0.0 is out of range \(must be > 0\)"),
     (["lora.last_layers=2"], r"lora.last_layers: places LoRA adapters, and lora.enabled is "

@@ -448,7 +448,7 @@ def test_the_sampler_learner_gap_is_measured_on_the_action_tokens(epochs):
 
 
 def test_explored_rows_have_no_sampler_gap():
-    """Rows marked ``extras["explored"]`` (moves drawn by rollout.explore, no sampler
+    """Rows marked ``extras["explored"]`` (moves drawn by exploration.learner, no sampler
     log-probs: 0.0 in the batch) count as no gap: the step's gap is the one of the sampled
     rows' tokens, its mean over all action tokens; unmarked, the explored rows' zeros would
     be counted as gaps of |log p| (several nats)."""

@@ -103,6 +103,39 @@ def _components(list_key: str, specs: dict[str, tuple[str, dict[str, str]]],
     return fold
 
 
+def _section(new: str, options: dict[str, str], defaults: dict[str, Any]
+             ) -> Callable[..., Any]:
+    """A fold into the mapping at ``new``: ``options`` maps each old key to its option there.
+    The old keys at their old ``defaults`` are left out of a new mapping; one that the
+    mapping has already is a clash, unless given as an override (which replaces it)."""
+
+    def fold(values: dict[str, Any], target: Any, forced: set[str]) -> Any:
+        out = dict(target) if isinstance(target, dict) else {}
+        for k, v in values.items():
+            name = options[k]
+            if name in out and k not in forced:
+                raise _Clash(k, f"{new}.{name}")
+            if k in forced or v != defaults[k]:
+                out[name] = v
+        return out if out or target is not None else None
+
+    return fold
+
+
+def _explore(prefix: str, who: str, keys: tuple[str, ...]) -> Folded:
+    """The old exploration keys of ``prefix`` (``rollout``, ``league``) as ``exploration.who``."""
+    options = {"explore": "rate", "explore_schedule": "schedule",
+               "explore_final_ratio": "final_ratio", "explore_turns": "turns",
+               "explore_tactical": "tactical"}
+    defaults = {"explore": 0.0, "explore_schedule": "constant", "explore_final_ratio": 0.0,
+                "explore_turns": 0, "explore_tactical": False}
+    new = f"exploration.{who}"
+    return Folded("", {f"{prefix}.{k}": defaults[k] for k in keys}, new,
+                  _section(new, {f"{prefix}.{k}": options[k] for k in keys},
+                           {f"{prefix}.{k}": defaults[k] for k in keys}),
+                  {f"{prefix}.{k}": f"{new}.{options[k]}" for k in keys})
+
+
 # the old keys of an env's start and the value each had by default
 _OLD_STARTS = {"opening_moves": 0, "openings": "", "openings_share": 1.0, "loss_replay": 0.0,
                "loss_replay_size": 256, "loss_replay_depth": 2, "symmetric_views": False}
@@ -124,6 +157,9 @@ FOLDED: list[Folded] = [
             "loss_replay_size": "starts: [{name: loss_replay, size: N}]",
             "loss_replay_depth": "starts: [{name: loss_replay, depth: N}]",
             "symmetric_views": "starts: [{name: symmetric_views}]"}),
+    _explore("rollout", "learner", ("explore", "explore_schedule", "explore_final_ratio")),
+    _explore("league", "league", ("explore", "explore_schedule", "explore_final_ratio",
+                                  "explore_turns", "explore_tactical")),
 ]
 
 # removed keys and the value each had by default, by scope
@@ -305,13 +341,14 @@ def translate_overrides(items: Sequence[str]) -> tuple[list[str], list[tuple[str
     for key, _, folded, where in old:
         if folded is None:
             continue
-        new = where + folded.new
+        spelled = folded.spelled(key[len(where):], where)
+        new = spelled if " " not in spelled else where + folded.new  # its key, where it has one
         for g in given:
             if g == new or g.startswith(new + "."):
                 raise _both(key, g)
             if new.startswith(g + "."):
                 raise ConfigError(f"{key} is the old spelling of {new}, which {g} also "
-                                  f"sets; give it there as {folded.new}")
+                                  f"sets; give it there")
     return out, [(key, value) for key, value, _, _ in old]
 
 

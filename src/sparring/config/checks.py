@@ -73,14 +73,16 @@ def _options_check(kind: str, name: str, options: dict[str, Any], key: str) -> N
 
 def validate(cfg: Config) -> Config:
     """Cross-field checks, registry names and their options; returns ``cfg``."""
-    _algorithm_check(cfg.algorithm, cfg.envs, "algorithm", cfg.rollout.explore,
+    _exploration_check(cfg)
+    _algorithm_check(cfg.algorithm, cfg.envs, "algorithm", _learner_rate(cfg),
                      cfg.rollout.invalid_action)
     _critic_check(cfg.critic, cfg.algorithm.estimator, "critic")
     for i, env in enumerate(cfg.envs):
         _registry_check("env", env.name, f"envs.{i}.name")
         game = _env_options_check(i, env)
-        if cfg.league.explore_tactical and "pool" in env.opponents:
-            _lookahead_check(i, game)
+        for who, spec in cfg.exploration.items():
+            if spec.tactical and (who == "learner" or "pool" in env.opponents):
+                _lookahead_check(i, game, who)
     _betas_check(cfg.optim.betas, "optim.betas")
     _body_lr_check(cfg, "optim.body_lr_scale")
     for key in ("feature_center", "feature_whiten"):
@@ -93,9 +95,9 @@ def validate(cfg: Config) -> Config:
     if cfg.train.microbatch_size and cfg.train.minibatch_size \
             and cfg.train.microbatch_size > cfg.train.minibatch_size:
         raise ConfigError("train.microbatch_size: must not exceed train.minibatch_size")
-    if cfg.rollout.explore and cfg.rollout.layout == "trajectory":
-        raise ConfigError("rollout.explore: explored moves are marked per turn, and the "
-                          "trajectory layout joins a seat's turns into one row; use "
+    if _learner_rate(cfg) and cfg.rollout.layout == "trajectory":
+        raise ConfigError("exploration.learner.rate: explored moves are marked per turn, and "
+                          "the trajectory layout joins a seat's turns into one row; use "
                           "rollout.layout=turn")
     if cfg.rollout.answer_format.count("{}") != 1:
         raise ConfigError(f"rollout.answer_format: {cfg.rollout.answer_format!r} needs exactly "
@@ -113,11 +115,28 @@ def validate(cfg: Config) -> Config:
     return cfg
 
 
+def _learner_rate(cfg: Config) -> float:
+    """The learner's exploration rate (``exploration.learner.rate``; 0 without an entry)."""
+    spec = cfg.exploration.get("learner")
+    return spec.rate if spec is not None else 0.0
+
+
+def _exploration_check(cfg: Config) -> None:
+    """``exploration`` names who explores among `EXPLORERS`."""
+    from sparring.config.schema import EXPLORERS
+    for who in cfg.exploration:
+        if who not in EXPLORERS:
+            raise ConfigError(f"exploration.{who}: no player of that name explores"
+                              f"{did_you_mean(who, list(EXPLORERS))} (allowed: "
+                              f"{', '.join(EXPLORERS)})")
+
+
 def _algorithm_check(a: AlgorithmConfig, envs: list[EnvSpec], key: str,
                      explore: float = 0.0, invalid_action: str = "constrained") -> None:
     """Registry names and keyword options of ``a`` (``algorithm``, or a policy's own at
     ``key``), the estimator's options of every env spec, recomputed old log-probs where
-    ``rollout.explore`` > 0, constrained decoding for the uniform-KL bonus."""
+    the learner explores (``explore``, its rate), constrained decoding for the uniform-KL
+    bonus."""
     if a.entropy_bonus == "uniform_kl":
         if invalid_action != "constrained":
             raise ConfigError(f"{key}.entropy_bonus: 'uniform_kl' pulls towards uniform play "
@@ -127,8 +146,8 @@ def _algorithm_check(a: AlgorithmConfig, envs: list[EnvSpec], key: str,
             raise ConfigError(f"{key}.entropy_target holds the token entropy, which "
                               f"{key}.entropy_bonus='uniform_kl' does not weigh; drop one")
     if explore > 0 and not a.recompute_old_logp:
-        raise ConfigError(f"rollout.explore: {explore} plays moves the sampler did not sample, "
-                          "so they have no sampler log-probs; set "
+        raise ConfigError(f"exploration.learner.rate: {explore} plays moves the sampler did "
+                          "not sample, so they have no sampler log-probs; set "
                           f"{key}.recompute_old_logp=true (the learner scores them)")
     _registry_check("estimator", a.estimator, f"{key}.estimator")
     _registry_check("objective", a.objective, f"{key}.objective")
@@ -219,7 +238,7 @@ def _policies_check(cfg: Config) -> None:
         _model_check(pc.model, f"policies.{n}.model")
         if cfg.policies[n].algorithm:
             _algorithm_check(pc.algorithm, cfg.envs, f"policies.{n}.algorithm",
-                             cfg.rollout.explore, cfg.rollout.invalid_action)
+                             _learner_rate(cfg), cfg.rollout.invalid_action)
         if cfg.policies[n].algorithm or cfg.policies[n].critic:
             _critic_check(pc.critic, pc.algorithm.estimator, f"policies.{n}.critic")
         _betas_check(pc.optim.betas, f"policies.{n}.optim.betas")
@@ -377,15 +396,15 @@ def _env_options_check(i: int, env: EnvSpec) -> Any:
     return made
 
 
-def _lookahead_check(i: int, game: Any) -> None:
-    """``league.explore_tactical``: the pool's game ``envs.i`` can be searched by
-    copies with nothing hidden (`sparring.envs.lookahead.check_lookahead`)."""
+def _lookahead_check(i: int, game: Any, who: str) -> None:
+    """``exploration.<who>.tactical``: the game ``envs.i`` that ``who`` plays can be searched
+    by copies with nothing hidden (`sparring.envs.lookahead.check_lookahead`)."""
     from sparring.envs.lookahead import check_lookahead
     try:
         check_lookahead(game)
     except ValueError as e:
-        raise ConfigError(f"league.explore_tactical: {e} (envs.{i} plays the pool)") \
-            from None
+        where = "plays the pool" if who == "league" else "is a training game"
+        raise ConfigError(f"exploration.{who}.tactical: {e} (envs.{i} {where})") from None
 
 
 def _opponents_check(cfg: Config) -> None:

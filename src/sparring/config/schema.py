@@ -127,18 +127,38 @@ class RolloutConfig:
     invalid_penalty: float = opt(-1.0, "reward added to a turn with an invalid action")
     max_retries: int = opt(2, "retries per move with invalid_action=retry", ge=0)
     max_turns: int = opt(200, "turn budget per episode (truncated beyond)", ge=1)
-    explore: float = opt(
-        0.0, "epsilon of the training policy's own seats: at each of its turns it plays a "
-        "uniformly random legal move with this probability, and that move is a training row "
-        "scored with the learner's log-probs (off-policy, not reweighted: a move self-play "
-        "has stopped sampling can win back probability when it pays); needs "
-        "algorithm.recompute_old_logp", ge=0, le=1)
-    explore_schedule: Literal["constant", "cosine"] = opt(
-        "constant", "explore over train.steps: constant, or a cosine from explore down to "
-        "explore_final_ratio * explore (the bias towards explored moves fades out)")
-    explore_final_ratio: float = opt(
-        0.0, "final epsilon of the cosine explore_schedule as a fraction of explore",
-        ge=0, le=1)
+
+
+@dataclass
+class ExplorationSpec:
+    """How one kind of player explores (an entry of ``exploration``)."""
+
+    rate: float = opt(
+        0.0, "epsilon: at each of its turns the player plays a uniformly random legal move "
+        "with this probability", ge=0, le=1)
+    schedule: Literal["constant", "cosine"] = opt(
+        "constant", "rate over train.steps: constant, or a cosine from rate down to "
+        "final_ratio * rate")
+    final_ratio: float = opt(0.0, "final rate of the cosine schedule as a fraction of rate",
+                             ge=0, le=1)
+    turns: int = opt(
+        0, "explore only at the player's first N turns of an episode (0: at every turn); "
+        "its later moves are its policy's, so a line opened at random is followed up well",
+        ge=0)
+    tactical: bool = opt(
+        False, "draw the random move among the moves a two-ply lookahead keeps (a win in one "
+        "if there is one, else none that lets the next mover win at once): new positions "
+        "without gifts (needs a game with clone() and no hidden chance)")
+
+
+EXPLORERS = {
+    "learner": "the training policy's own seats: each random move is a training row scored "
+               "with the learner's log-probs (off-policy, not reweighted), so a move self-play "
+               "has stopped sampling can win back probability when it pays; needs "
+               "algorithm.recompute_old_logp and rollout.layout turn",
+    "league": "the league's snapshots (the pool's past policies): the learner meets "
+              "positions its past selves would not reach, then their follow-up play",
+}
 
 
 @dataclass
@@ -154,26 +174,6 @@ class LeagueConfig:
         "fewer saves memory with large models but reloads a snapshot from disk each time "
         "a draw misses)", ge=0)
     bots: list[str] = opt(["random"], "bots in the opponent pool besides snapshots")
-    explore: float = opt(
-        0.0, "epsilon of the pool's snapshots: at each of their moves they play a uniformly "
-        "random legal move with this probability (opponent exploration: the learner meets "
-        "positions its past selves would not reach, then their follow-up play)", ge=0, le=1)
-    explore_schedule: Literal["constant", "cosine"] = opt(
-        "constant", "explore over train.steps: constant, or a cosine from explore "
-        "down to explore_final_ratio * explore (wide coverage early; late, "
-        "opponents that punish the moves which only pay against a random mover)")
-    explore_final_ratio: float = opt(
-        0.0, "final epsilon of the cosine explore_schedule as a fraction of explore",
-        ge=0, le=1)
-    explore_turns: int = opt(
-        0, "a snapshot explores only at its first N turns of an episode (0: at every turn); "
-        "its later moves are its policy's, so a line opened at random is followed up well",
-        ge=0)
-    explore_tactical: bool = opt(
-        False, "a snapshot's random move is drawn among the moves a two-ply lookahead keeps "
-        "(a win in one if there is one, else none that lets the next mover win at once): new "
-        "positions without gifts, so a move that only pays against an opponent who misses a "
-        "block stops paying (needs a game with clone() and no hidden chance)")
     temperature: float = opt(
         0.0, "sampling temperature of the pool's snapshots (0: rollout.temperature); above "
         "it, opponents that spread their play over the moves they rate well", ge=0)
@@ -470,7 +470,11 @@ class Config:
     rollout: RolloutConfig = opt(RolloutConfig(), "rollout collection")
     league: LeagueConfig = opt(
         LeagueConfig(), "the opponent pool ('pool' in envs[].opponents): bots and past "
-        "snapshots of the policy, how they are kept, drawn and explore")
+        "snapshots of the policy, how they are kept and drawn")
+    exploration: dict[str, ExplorationSpec] = opt(
+        {}, "random moves in training games, by who makes them: "
+        + "; ".join(f"'{k}', {v}" for k, v in EXPLORERS.items())
+        + ". {}: nobody explores (evaluation never does)")
     algorithm: AlgorithmConfig = opt(AlgorithmConfig(), "estimator, objective, regularisers")
     critic: CriticConfig = opt(CriticConfig(), "the value function (critic) the learner trains")
     optim: OptimConfig = opt(OptimConfig(), "optimizer and learning-rate schedule")

@@ -44,6 +44,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sparring.config import ExplorationSpec
 from sparring.config.plan import GroupTask, group_tasks
 from sparring.data import Episode
 from sparring.envs import env_entry, make
@@ -114,10 +115,16 @@ class Rollouts:
         self.policy = next(iter(given.values()))
         self.cfg, self.run_dir = cfg, Path(run_dir)
         r, lg = cfg.rollout, cfg.league
+        mine, theirs = (cfg.exploration.get(who, ExplorationSpec())
+                        for who in ("learner", "league"))
         self.arena = make_arena(r)
-        self.learner = ModelPlayer(self.policy, name="learner", train=True)
-        players = {n: ModelPlayer(p, name=n, train=True) for n, p in self.policies.items()}
-        self.players = players  # epsilon of each (rollout.explore) set per step in _reseed
+        self.learner = ModelPlayer(self.policy, name="learner", train=True,
+                                   explore_turns=mine.turns, explore_tactical=mine.tactical)
+        players = {n: ModelPlayer(p, name=n, train=True, explore_turns=mine.turns,
+                                  explore_tactical=mine.tactical)
+                   for n, p in self.policies.items()}
+        # their epsilon (exploration.learner) is set per step in _reseed
+        self.players = players
         # per env spec, the player of each seat (several policies), else None
         self.seat_players = [[players[n] for n in s.seats] if players else None
                              for s in cfg.envs]
@@ -129,9 +136,8 @@ class Rollouts:
                                       seed=cfg.train.seed, loader=self.snapshots.load,
                                       unloader=self.snapshots.unload,
                                       cache_size=lg.cache or lg.max,
-                                      explore=lg.explore,
-                                      explore_turns=lg.explore_turns,
-                                      explore_tactical=lg.explore_tactical,
+                                      explore=theirs.rate, explore_turns=theirs.turns,
+                                      explore_tactical=theirs.tactical,
                                       sampling=snapshot_sampling, power=lg.pfsp_power,
                                       score_rate=lg.score_rate)
                       for n in (self.policies or [""])}
@@ -156,23 +162,28 @@ class Rollouts:
     def _reseed(self, step: int) -> None:
         """The policies' own generators, for backends without per-prompt seeds (their
         samples then depend on the batch; `HFPolicy` takes seeds and does not use these),
-        the training players' epsilon (``rollout.explore_schedule``) and the pools' at
-        ``step`` (``league.explore_schedule``)."""
+        the training players' epsilon (``exploration.learner``) and the pools' snapshots'
+        (``exploration.league``) at ``step``."""
         self.snapshots.step = step  # what seeds the snapshots loaded during this step
         self.policy.generator.manual_seed(self.cfg.train.seed * 1_000_003 + step * 7919)
         for name, p in self.policies.items():
             p.generator.manual_seed(stable_seed(self.cfg.train.seed, step, name))
-        r, lg = self.cfg.rollout, self.cfg.league
-        explore = lr_at(step, lr=lg.explore, schedule=lg.explore_schedule,
-                        total_steps=self.cfg.train.steps, final_ratio=lg.explore_final_ratio)
-        own = lr_at(step, lr=r.explore, schedule=r.explore_schedule,
-                    total_steps=self.cfg.train.steps, final_ratio=r.explore_final_ratio)
+        explore, own = self._explore_rate("league", step), self._explore_rate("learner", step)
         for player in [self.learner, *self.players.values()]:  # their own seats
             player.explore = own
         for pool in self.pools.values():  # snapshots loaded in earlier steps
             pool.set_explore(explore)
             for path, player in pool.loaded().items():
                 player.policy.generator.manual_seed(self.snapshots.seed(path))
+
+    def _explore_rate(self, who: str, step: int) -> float:
+        """The epsilon of ``who`` (an entry of ``exploration``) at ``step``: its rate on its
+        schedule; 0 without an entry."""
+        e = self.cfg.exploration.get(who)
+        if e is None:
+            return 0.0
+        return lr_at(step, lr=e.rate, schedule=e.schedule, total_steps=self.cfg.train.steps,
+                     final_ratio=e.final_ratio)
 
     def __call__(self, step: int) -> list[Episode]:
         """Step ``step``'s episodes: `begin_step`, every group, then `record`."""
