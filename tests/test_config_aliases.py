@@ -50,6 +50,11 @@ def old_style(data):
         data.setdefault(section, {}).update({k: spec.get(EXPLORE_AS[k], OLD_EXPLORE[k])
                                              for k in keys})
     assert not explore, explore
+    correction = data["algorithm"].pop("importance_correction")
+    level, clip = correction["level"], correction["clip"]
+    data["algorithm"].update(sampler_correction=level, sampler_correction_clip=clip)
+    data.setdefault("distributed", {}).update(
+        correction="token" if level == "auto" else level, correction_clip=clip)
     for env in data.get("envs", []):
         starts = {s["name"]: s for s in env.pop("starts")}
         assert set(starts) <= {"random_opening", "loss_replay", "openings",
@@ -134,6 +139,36 @@ def test_old_exploration_keys_read_as_exploration_entries(tmp_path, caplog):
     with pytest.raises(ConfigError, match=r"^rollout.explore and exploration.learner.rate are "
                                           r"one setting"):
         from_dict(ENV, ["rollout.explore=0.5", "exploration.learner.rate=0.1"], check=False)
+
+
+def test_the_two_old_importance_corrections_read_as_one():
+    def read(algorithm=None, distributed=None, overrides=(), policy=None):
+        data = {**ENV, "algorithm": {"recompute_old_logp": True, **(algorithm or {})},
+                "distributed": distributed or {}}
+        if policy is not None:
+            data["policies"] = {"a": {"algorithm": policy}}
+        return from_dict(data, list(overrides), check=False)
+
+    saved = read({"sampler_correction": "auto", "sampler_correction_clip": 2.0},
+                 {"correction": "token", "correction_clip": 2.0})  # the defaults: say nothing
+    assert to_dict(saved)["algorithm"]["importance_correction"] == {"level": "auto",
+                                                                    "clip": 2.0}
+    one = read({"sampler_correction": "turn"}, {"correction": "token", "correction_clip": 1.5})
+    assert (one.algorithm.importance_correction.level,
+            one.algorithm.importance_correction.clip) == ("turn", 1.5)
+    assert read(distributed={"correction": "off"}).algorithm.importance_correction.level == "off"
+    with pytest.raises(ConfigError, match=r"^algorithm.sampler_correction \('turn'\) and "
+                                          r"distributed.correction \('off'\) are one setting "
+                                          r"now, algorithm.importance_correction.level"):
+        read({"sampler_correction": "turn"}, {"correction": "off"})
+    won = read({"sampler_correction": "turn"}, overrides=["distributed.correction=off"])
+    assert won.algorithm.importance_correction.level == "off"  # an override wins
+    policy = read(policy={"sampler_correction": "off", "sampler_correction_clip": 3.0})
+    assert policy.policies["a"].algorithm == {"importance_correction": {"level": "off",
+                                                                        "clip": 3.0}}
+    with pytest.raises(ConfigError, match=r"^algorithm.sampler_correction and "
+                                          r"algorithm.importance_correction.level are one"):
+        read({"sampler_correction": "turn", "importance_correction": {"level": "token"}})
 
 
 def test_old_start_overrides_replace_what_the_file_says_in_either_spelling():

@@ -475,7 +475,7 @@ def test_explored_rows_have_no_sampler_gap():
 
 @pytest.mark.parametrize("level, backend", [("token", "hf"), ("turn", "hf"), ("auto", "vllm")])
 def test_sampler_correction_reweights_the_advantages_by_the_truncated_weight(level, backend):
-    """algorithm.sampler_correction: the update equals one without it whose advantages
+    """algorithm.importance_correction for the sampler: the update equals one without it whose advantages
     were multiplied by hand by min(pi_learner / pi_sampler, c), per token or per row (a
     row is one turn here), pi_learner from a plain forward of the initial weights. The
     default ('auto') is the token level on the vLLM backend."""
@@ -495,11 +495,11 @@ def test_sampler_correction_reweights_the_advantages_by_the_truncated_weight(lev
     cfg = dict(algorithm__recompute_old_logp=True, train__epochs=1, optim__eps=10.0,
                optim__lr=10.0)
     corrected = Learner(copy.deepcopy(model0), make_cfg(
-        algorithm__sampler_correction=level, algorithm__sampler_correction_clip=1.2,
+        algorithm__importance_correction={"level": level, "clip": 1.2},
         model__backend=backend, **cfg))
     out = corrected.update(batch, adv)
-    by_hand = Learner(copy.deepcopy(model0), make_cfg(algorithm__sampler_correction="off",
-                                                      **cfg))
+    by_hand = Learner(copy.deepcopy(model0), make_cfg(
+        algorithm__importance_correction__level="off", **cfg))
     by_hand.update(batch, adv * w)
     for (name, p), q in zip(corrected.model.named_parameters(), by_hand.model.parameters()):
         torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5, msg=name)
@@ -515,18 +515,22 @@ def test_sampler_correction_auto_is_the_token_level_on_vllm_only(backend, recomp
     from sparring.train.learner import sampler_correction_level
 
     cfg = make_cfg(model__backend=backend, algorithm__recompute_old_logp=recompute)
-    assert cfg.algorithm.sampler_correction == "auto"
+    assert cfg.algorithm.importance_correction.level == "auto"
     assert sampler_correction_level(cfg) == level
     explicit = make_cfg(model__backend="vllm", algorithm__recompute_old_logp=True,
-                        algorithm__sampler_correction="turn")
+                        algorithm__importance_correction__level="turn")
     assert sampler_correction_level(explicit) == "turn"
 
 
 def test_sampler_correction_needs_the_recomputed_logprobs():
     from sparring.config import ConfigError
 
-    with pytest.raises(ConfigError, match="recompute_old_logp=true"):
-        make_cfg(algorithm__sampler_correction="token")
+    with pytest.raises(ConfigError, match="^algorithm.importance_correction.level: 'token' "
+                                          "compares .*recompute_old_logp=true"):
+        make_cfg(algorithm__importance_correction__level="token")
+    with pytest.raises(ConfigError, match=r"^algorithm.importance_correction.clip: 0.0 is out "
+                                          r"of range \(must be > 0\)"):
+        make_cfg(algorithm__importance_correction__clip=0)
 
 
 def shared_prompt_batch(seed=0, prompts=3, samples=4, start=0, repeat=0):

@@ -136,6 +136,42 @@ def _explore(prefix: str, who: str, keys: tuple[str, ...]) -> Folded:
                   {f"{prefix}.{k}": f"{new}.{options[k]}" for k in keys})
 
 
+def _merged(new: str, keys: dict[str, str], defaults: dict[str, Any]) -> Callable[..., Any]:
+    """A fold of several old keys into one option each of the mapping at ``new`` (``keys``:
+    old key -> option). Old keys at their old ``defaults`` say nothing; two that give one
+    option different values are an error (one given as an override wins)."""
+
+    def fold(values: dict[str, Any], target: Any, forced: set[str]) -> Any:
+        out = dict(target) if isinstance(target, dict) else {}
+        for name in dict.fromkeys(keys.values()):
+            given = {k: v for k, v in values.items() if keys[k] == name
+                     and (k in forced or v != defaults[k])}
+            if not given:
+                continue
+            if name in out and not set(given) <= forced:
+                raise _Clash(next(iter(given)), f"{new}.{name}")
+            chosen = {k: v for k, v in given.items() if k in forced} or given
+            if len({repr(v) for v in chosen.values()}) > 1:
+                shown = " and ".join(f"{k} ({v!r})" for k, v in chosen.items())
+                raise ConfigError(f"{shown} are one setting now, {new}.{name}; give it one "
+                                  "value there")
+            out[name] = next(iter(chosen.values()))
+        return out if out or target is not None else None
+
+    return fold
+
+
+def _importance(keys: dict[str, str]) -> Folded:
+    """The old importance-correction keys (old key -> option of
+    ``algorithm.importance_correction``)."""
+    defaults = {"algorithm.sampler_correction": "auto", "algorithm.sampler_correction_clip": 2.0,
+                "distributed.correction": "token", "distributed.correction_clip": 2.0}
+    new = "algorithm.importance_correction"
+    scope = "" if "distributed.correction" in keys else "policies"
+    return Folded(scope, {k: defaults[k] for k in keys}, new,
+                  _merged(new, keys, defaults), {k: f"{new}.{v}" for k, v in keys.items()})
+
+
 # the old keys of an env's start and the value each had by default
 _OLD_STARTS = {"opening_moves": 0, "openings": "", "openings_share": 1.0, "loss_replay": 0.0,
                "loss_replay_size": 256, "loss_replay_depth": 2, "symmetric_views": False}
@@ -160,6 +196,11 @@ FOLDED: list[Folded] = [
     _explore("rollout", "learner", ("explore", "explore_schedule", "explore_final_ratio")),
     _explore("league", "league", ("explore", "explore_schedule", "explore_final_ratio",
                                   "explore_turns", "explore_tactical")),
+    _importance({"algorithm.sampler_correction": "level",
+                 "algorithm.sampler_correction_clip": "clip", "distributed.correction": "level",
+                 "distributed.correction_clip": "clip"}),
+    _importance({"algorithm.sampler_correction": "level",
+                 "algorithm.sampler_correction_clip": "clip"}),
 ]
 
 # removed keys and the value each had by default, by scope

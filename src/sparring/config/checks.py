@@ -75,7 +75,7 @@ def validate(cfg: Config) -> Config:
     """Cross-field checks, registry names and their options; returns ``cfg``."""
     _exploration_check(cfg)
     _algorithm_check(cfg.algorithm, cfg.envs, "algorithm", _learner_rate(cfg),
-                     cfg.rollout.invalid_action)
+                     cfg.rollout.invalid_action, cfg.distributed.mode == "async")
     _critic_check(cfg.critic, cfg.algorithm.estimator, "critic")
     for i, env in enumerate(cfg.envs):
         _registry_check("env", env.name, f"envs.{i}.name")
@@ -132,11 +132,13 @@ def _exploration_check(cfg: Config) -> None:
 
 
 def _algorithm_check(a: AlgorithmConfig, envs: list[EnvSpec], key: str,
-                     explore: float = 0.0, invalid_action: str = "constrained") -> None:
+                     explore: float = 0.0, invalid_action: str = "constrained",
+                     stale: bool = False) -> None:
     """Registry names and keyword options of ``a`` (``algorithm``, or a policy's own at
     ``key``), the estimator's options of every env spec, recomputed old log-probs where
-    the learner explores (``explore``, its rate), constrained decoding for the uniform-KL
-    bonus."""
+    the learner explores (``explore``, its rate) and where the sampler's importance
+    correction is asked for (unless ``stale``: async rollout workers, whose correction
+    needs none), constrained decoding for the uniform-KL bonus."""
     if a.entropy_bonus == "uniform_kl":
         if invalid_action != "constrained":
             raise ConfigError(f"{key}.entropy_bonus: 'uniform_kl' pulls towards uniform play "
@@ -176,10 +178,12 @@ def _algorithm_check(a: AlgorithmConfig, envs: list[EnvSpec], key: str,
     if a.kl.magnet_every != 1 and a.kl.reference != "magnet":
         raise ConfigError(f"{key}.kl.magnet_every: {a.kl.magnet_every} moves a magnet, but "
                           f"{key}.kl.reference is {a.kl.reference!r}; set it to 'magnet'")
-    if a.sampler_correction not in ("off", "auto") and not a.recompute_old_logp:
-        raise ConfigError(f"{key}.sampler_correction: {a.sampler_correction!r} compares the "
+    level = a.importance_correction.level
+    if level not in ("off", "auto") and not a.recompute_old_logp and not stale:
+        raise ConfigError(f"{key}.importance_correction.level: {level!r} compares the "
                           "sampler's log-probs with the learner's recomputation; set "
-                          f"{key}.recompute_old_logp=true too")
+                          f"{key}.recompute_old_logp=true too (async rollout workers "
+                          "correct their stale samples without it)")
 
 
 def _critic_check(c: CriticConfig, estimator: str, key: str) -> None:
@@ -238,7 +242,8 @@ def _policies_check(cfg: Config) -> None:
         _model_check(pc.model, f"policies.{n}.model")
         if cfg.policies[n].algorithm:
             _algorithm_check(pc.algorithm, cfg.envs, f"policies.{n}.algorithm",
-                             _learner_rate(cfg), cfg.rollout.invalid_action)
+                             _learner_rate(cfg), cfg.rollout.invalid_action,
+                             cfg.distributed.mode == "async")
         if cfg.policies[n].algorithm or cfg.policies[n].critic:
             _critic_check(pc.critic, pc.algorithm.estimator, f"policies.{n}.critic")
         _betas_check(pc.optim.betas, f"policies.{n}.optim.betas")

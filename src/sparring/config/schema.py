@@ -222,6 +222,20 @@ class ArcherConfig:
 
 
 @dataclass
+class ImportanceCorrectionConfig:
+    level: Literal["auto", "off", "token", "turn"] = opt(
+        "auto", "reweight the advantages of samples drawn by another policy than the "
+        "learner's by min(pi_learner / pi_behaviour, clip), per sampled token or per turn "
+        "(the ratio of the turn's whole action). Two samplers differ from the learner: a "
+        "rollout engine whose log-probs differ under the same weights (vLLM, another "
+        "precision; needs algorithm.recompute_old_logp), and async rollout workers on "
+        "older weights (distributed.mode async, the learner recomputing pi). 'auto': "
+        "'token' for async workers, and for the sampler with model.backend vllm and "
+        "recompute_old_logp; else off")
+    clip: float = opt(2.0, "truncation c of the importance weights", gt=0)
+
+
+@dataclass
 class AlgorithmConfig:
     estimator: str = opt("grpo", "advantage estimator (see `sparring list estimators`)")
     estimator_options: dict[str, Any] = opt({}, "keyword options of the estimator")
@@ -257,14 +271,10 @@ class AlgorithmConfig:
     recompute_old_logp: bool = opt(
         False, "recompute old log-probs with the current model before the update (with "
         "train.epochs 1 and one minibatch, the loss's own forward gives them)")
-    sampler_correction: Literal["auto", "off", "token", "turn"] = opt(
-        "auto", "with recompute_old_logp: reweight the advantages by the truncated "
-        "importance weight min(pi_learner / pi_sampler, sampler_correction_clip) per sampled "
-        "token or per turn, for a sampler whose log-probs differ from the learner's under "
-        "the same weights (vLLM, another precision; sparring.importance); 'auto': 'token' "
-        "with model.backend=vllm and recompute_old_logp, else 'off'")
-    sampler_correction_clip: float = opt(2.0, "truncation c of sampler_correction's weights",
-                                         gt=0)
+    importance_correction: ImportanceCorrectionConfig = opt(
+        ImportanceCorrectionConfig(), "the truncated importance weight of samples another "
+        "policy drew: a sampler whose log-probs differ from the learner's, rollout workers "
+        "on older weights (sparring.importance)")
 
 
 @dataclass
@@ -436,15 +446,11 @@ class DistributedConfig:
     mode: Literal["sync", "async"] = opt(
         "sync", "'sync': each step's rollouts use the newest weights (the same metrics as "
         "rollout_workers=0); 'async': workers run up to max_staleness steps ahead on older "
-        "weights while the learner updates, with an importance correction")
+        "weights while the learner updates, with an importance correction "
+        "(algorithm.importance_correction)")
     max_staleness: int = opt(
-        1, "async: rollouts may come from weights up to this many updates old", ge=0)
-    correction: Literal["token", "turn", "off"] = opt(
-        "token", "async: multiply the advantages by truncated importance weights "
-        "min(pi_old / pi_behaviour, correction_clip), pi_old recomputed by the learner, "
-        "pi_behaviour recorded at sampling: per token, or per turn (the ratio of the turn's "
-        "whole action), or off")
-    correction_clip: float = opt(2.0, "async: truncation c of the importance weights", gt=0)
+        1, "async: rollouts may come from weights up to this many updates old (their "
+        "advantages reweighted as algorithm.importance_correction says)", ge=0)
     weight_sync: Literal["auto", "object_store", "collective"] = opt(
         "auto", "how new weights reach the workers: the Ray object store (one copy, "
         "fetched by each worker), a collective broadcast (NCCL on GPUs, gloo on CPUs), or "

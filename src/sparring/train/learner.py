@@ -22,7 +22,7 @@ weights: ``sampler/logp_diff_mean`` and ``sampler/logp_diff_max`` (of ``|log p_s
 log p_learner|`` over the action tokens) and ``sampler/kl`` (the k3 estimate of
 KL(pi_sampler || pi_learner) on them). It is about 0 for the HF sampler in float32 (other
 batch shapes only) and larger where the sampler is another engine or another precision;
-``algorithm.sampler_correction`` (token or turn) then reweights the advantages by the
+``algorithm.importance_correction`` (token or turn) then reweights the advantages by the
 truncated importance weight min(pi_learner / pi_sampler, c) (`sparring.importance`), and
 ``sampler/is_weight`` (its mean over the tokens) and ``sampler/is_weight_max`` are logged;
 its default, ``auto``, is ``token`` on the vLLM backend (`sampler_correction_level`).
@@ -48,6 +48,7 @@ from sparring.config import Config
 from sparring.critic.archer import Archer
 from sparring.critic.value_head import Critic
 from sparring.data import TurnBatch
+from sparring.importance import sampler_level
 from sparring.objectives import OBJECTIVES
 from sparring.objectives import _load_families as _load_objectives
 from sparring.policy.feature_cache import FeatureCache, attach_feature_cache
@@ -64,16 +65,12 @@ log = logging.getLogger(__name__)
 
 
 def sampler_correction_level(cfg: Config) -> str:
-    """``algorithm.sampler_correction`` with ``auto`` resolved: ``token`` where the sampler
-    is a vLLM engine and the old log-probs are the learner's recomputation (so the two can
-    be compared), else ``off``. Why on for vLLM: its log-probs of a move differ from the
-    learner's under the same weights by up to 1.4-1.8 nats once a bf16-mixed learner's
-    adapter trains (docs/benchmarks.md, "The sampler/learner gap with vLLM"); where both
-    agree the weights are 1 and the correction changes nothing."""
-    a = cfg.algorithm
-    if a.sampler_correction != "auto":
-        return a.sampler_correction
-    return "token" if cfg.model.backend == "vllm" and a.recompute_old_logp else "off"
+    """The level of ``algorithm.importance_correction`` for the sampler's log-probs against
+    the learner's recomputation (`sparring.importance.sampler_level`): off without
+    ``recompute_old_logp``, ``auto`` being ``token`` on the vLLM backend."""
+    return sampler_level(cfg.algorithm.importance_correction.level,
+                         vllm=cfg.model.backend == "vllm",
+                         recomputed=cfg.algorithm.recompute_old_logp)
 
 
 class Learner:
