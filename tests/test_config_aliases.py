@@ -171,6 +171,23 @@ def test_the_two_old_importance_corrections_read_as_one():
         read({"sampler_correction": "turn", "importance_correction": {"level": "token"}})
 
 
+def test_a_removed_key_at_its_default_is_dropped_with_a_warning_and_else_refused(caplog):
+    saved = {**ENV, "algorithm": {"kl": {"magnet_every": 1}}, "eval": {"exact_vs_minimax": True},
+             "league": {"temperature": 0.0}, "policies": {"a": {"kl": {"magnet_every": 1}}}}
+    cfg = from_dict(saved, check=False)
+    assert to_dict(cfg)["eval"] == to_dict(from_dict(ENV, check=False))["eval"]
+    assert "eval.exact_vs_minimax is no longer a setting (removed; it held its default" \
+        in caplog.text
+    assert "policies.a.kl.magnet_every is no longer a setting" in caplog.text
+    for data, overrides, key in [
+            ({**ENV, "algorithm": {"kl": {"magnet_every": 150}}}, [], "algorithm.kl.magnet_every"),
+            (ENV, ["eval.exact_vs_minimax=false"], "eval.exact_vs_minimax"),
+            (ENV, ["league.temperature=2"], "league.temperature")]:
+        with pytest.raises(ConfigError, match=rf"^{key} is no longer a setting \(removed; it "
+                                              r"was .* by default, this config sets .*\); drop it"):
+            from_dict(data, overrides, check=False)
+
+
 def test_old_start_overrides_replace_what_the_file_says_in_either_spelling():
     new = {"envs": [{"name": "tictactoe", "starts": [{"name": "random_opening", "moves": 4},
                                                      {"name": "loss_replay", "share": 0.5}]}]}

@@ -289,13 +289,6 @@ def test_the_learners_own_explore_follows_its_cosine_schedule(tmp_path):
               "rollout.layout=trajectory"])
 
 
-def test_pool_temperature_is_the_snapshots_sampling_temperature(tmp_path):
-    roll = build(_cfg(["league.temperature=2.5"]), tmp_path / "hot").rollout_fn
-    assert roll.pool.sampling.temperature == 2.5
-    assert roll.pool.sampling.max_new_tokens == roll.arena.sampling.max_new_tokens
-    assert build(_cfg(), tmp_path / "plain").rollout_fn.pool.sampling is None
-
-
 def test_a_lora_policys_pool_snapshot_plays_as_the_policy_did(tmp_path):
     """A LoRA run's snapshot holds the merged weights (base + adapter): the snapshot's
     logits are the policy's, not those of a base with re-initialised projections."""

@@ -204,7 +204,12 @@ FOLDED: list[Folded] = [
 ]
 
 # removed keys and the value each had by default, by scope
-REMOVED: dict[str, dict[str, Any]] = {"": {}, "envs": {}, "policies": {}}
+REMOVED: dict[str, dict[str, Any]] = {
+    "": {"algorithm.kl.magnet_every": 1, "eval.exact_vs_minimax": True,
+         "league.temperature": 0.0},
+    "envs": {},
+    "policies": {"algorithm.kl.magnet_every": 1, "kl.magnet_every": 1},
+}
 
 # the next release, as the warnings and the changelog say it
 UNTIL = "the next release"

@@ -175,9 +175,6 @@ def _algorithm_check(a: AlgorithmConfig, envs: list[EnvSpec], key: str,
             raise ConfigError(f"{key}.entropy_target sets the bonus each update, so "
                               f"{key}.entropy_schedule={a.entropy_schedule!r} would be "
                               "ignored; leave it 'constant'")
-    if a.kl.magnet_every != 1 and a.kl.reference != "magnet":
-        raise ConfigError(f"{key}.kl.magnet_every: {a.kl.magnet_every} moves a magnet, but "
-                          f"{key}.kl.reference is {a.kl.reference!r}; set it to 'magnet'")
     level = a.importance_correction.level
     if level not in ("off", "auto") and not a.recompute_old_logp and not stale:
         raise ConfigError(f"{key}.importance_correction.level: {level!r} compares the "

@@ -174,9 +174,6 @@ class LeagueConfig:
         "fewer saves memory with large models but reloads a snapshot from disk each time "
         "a draw misses)", ge=0)
     bots: list[str] = opt(["random"], "bots in the opponent pool besides snapshots")
-    temperature: float = opt(
-        0.0, "sampling temperature of the pool's snapshots (0: rollout.temperature); above "
-        "it, opponents that spread their play over the moves they rate well", ge=0)
     mode: Literal["uniform", "recency", "pfsp"] = opt(
         "recency", "how the pool samples: uniformly, favouring recent snapshots, or 'pfsp' "
         "(prioritised fictitious self-play): entry weight (1 - x) ** pfsp_power, x the "
@@ -200,11 +197,6 @@ class KLConfig:
         "'magnet': an exponential moving average of the policy's own weights (R-NaD / MMD)")
     magnet_rate: float = opt(0.01, "magnet EMA rate per update: m <- (1 - rate) m + rate w",
                              gt=0, le=1)
-    magnet_every: int = opt(1, "move the magnet every N optimizer steps (1: the EMA above "
-                            "after every step; with magnet_rate 1, R-NaD's outer loop: the "
-                            "magnet is replaced by the policy every N steps and held fixed "
-                            "between, and `--average` evaluates the policy of the last "
-                            "replacement)", ge=1)
 
 
 @dataclass
@@ -406,10 +398,6 @@ class EvalConfig:
         "the last N evaluations (<game>/exploitability_time_average: the reach-weighted "
         "average, i.e. a player that draws one of those snapshots per game; what converges "
         "in self-play when the last policy circles); 0: off", ge=0)
-    exact_vs_minimax: bool = opt(
-        True, "with minimax among the opponents: also the exact rates against it over its "
-        "random tie-breaks, and the positions where the policy plays a losing move (keys "
-        "<game>/minimax_exact/...; the greedy policy, else its distribution at temperature 1)")
     average: bool = opt(True, "with a magnet KL reference, also the exact figures of the "
                         "magnet (the average policy): <game>/exploitability_average and "
                         "<game>/minimax_exact_average/...")

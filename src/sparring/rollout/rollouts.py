@@ -39,7 +39,6 @@ from __future__ import annotations
 import copy
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -129,8 +128,6 @@ class Rollouts:
         self.seat_players = [[players[n] for n in s.seats] if players else None
                              for s in cfg.envs]
         self.snapshots = SnapshotStore(cfg, self.run_dir, self.policies or {"": self.policy})
-        snapshot_sampling = (replace(self.arena.sampling, temperature=lg.temperature)
-                             if lg.temperature else None)  # None: the arena's
         # a pool per policy ('' for the one policy of a run), the same bots in each
         self.pools = {n: OpponentPool(mode=lg.mode, max_checkpoints=lg.max,
                                       seed=cfg.train.seed, loader=self.snapshots.load,
@@ -138,7 +135,7 @@ class Rollouts:
                                       cache_size=lg.cache or lg.max,
                                       explore=theirs.rate, explore_turns=theirs.turns,
                                       explore_tactical=theirs.tactical,
-                                      sampling=snapshot_sampling, power=lg.pfsp_power,
+                                      power=lg.pfsp_power,
                                       score_rate=lg.score_rate)
                       for n in (self.policies or [""])}
         self.pool = next(iter(self.pools.values()))

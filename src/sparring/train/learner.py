@@ -11,8 +11,7 @@ shared, a value head on the policy's own hidden states, the model's precision co
 backward, optimizer and magnet stay in the weights' dtype. The reference
 (`sparring.train.reference`) is the frozen initial model (with LoRA: the base model with
 adapters disabled) or a "magnet": an EMA of the policy's weights, updated after every
-``kl.magnet_every``-th optimizer step (regularised self-play, R-NaD / magnetic mirror
-descent).
+optimizer step (regularised self-play, R-NaD / magnetic mirror descent).
 With ``adapter=NAME`` (several policies as LoRA adapters on one base, ``lora.shared_base``)
 the learner trains only that adapter's weights and activates it before every forward; a
 magnet then copies the whole model (base included) once per such learner.
@@ -98,8 +97,8 @@ class Learner:
         self.objective = OBJECTIVES.get(a.objective)
         needs_ref = (a.kl.coef > 0 or "ref_logp" in self.objective.needs
                      or "ref_logp" in self.needs)
-        self.reference = (Reference(model, a.kl.reference, a.kl.magnet_rate, self.trained,
-                                    a.kl.magnet_every) if needs_ref else None)
+        self.reference = (Reference(model, a.kl.reference, a.kl.magnet_rate, self.trained)
+                          if needs_ref else None)
         # ArCHer's utterance critic has its own optimizer (sparring.critic.archer)
         self.archer = (Archer(model, cfg) if "utterance_critic" in self.needs
                        and c.enabled != "off" else None)
