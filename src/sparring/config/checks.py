@@ -10,6 +10,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sparring.config.components import EXPLORERS
 from sparring.config.overlay import policy_config
 from sparring.config.overrides import ConfigError, did_you_mean
 
@@ -123,7 +124,6 @@ def _learner_rate(cfg: Config) -> float:
 
 def _exploration_check(cfg: Config) -> None:
     """``exploration`` names who explores among `EXPLORERS`."""
-    from sparring.config.schema import EXPLORERS
     for who in cfg.exploration:
         if who not in EXPLORERS:
             raise ConfigError(f"exploration.{who}: no player of that name explores"

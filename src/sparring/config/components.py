@@ -1,12 +1,22 @@
 """Registered components in a config: the registry of each kind a config field lists
-(``envs[].starts``: start components, ``model.head``: policy heads), their checks as
-`ConfigError`s naming the key, and their options as help text (`commented_yaml`,
-``sparring list``)."""
+(``envs[].starts``: start components, ``model.head``: policy heads), their errors as
+`ConfigError`s naming the key, and their options as help text (`commented_yaml`); and
+`EXPLORERS`, the players an ``exploration`` entry can name."""
 
 from __future__ import annotations
 
 from sparring.config.overrides import ConfigError
 from sparring.registry import Registry, describe_options
+
+# who can explore (``exploration``), with what their exploration does
+EXPLORERS = {
+    "learner": "the training policy's own seats: each random move is a training row scored "
+               "with the learner's log-probs (off-policy, not reweighted), so a move self-play "
+               "has stopped sampling can win back probability when it pays; needs "
+               "algorithm.recompute_old_logp and rollout.layout turn",
+    "league": "the league's snapshots (the pool's past policies): the learner meets "
+              "positions its past selves would not reach, then their follow-up play",
+}
 
 
 def registry(kind: str) -> Registry:
@@ -36,4 +46,4 @@ def describe(kind: str) -> list[str]:
     return out
 
 
-__all__ = ["component_error", "describe", "registry"]
+__all__ = ["EXPLORERS", "component_error", "describe", "registry"]

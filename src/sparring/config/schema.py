@@ -15,6 +15,7 @@ import yaml
 
 from sparring.config.aliases import translate, translate_overrides
 from sparring.config.checks import validate
+from sparring.config.components import EXPLORERS
 from sparring.config.files import find_recipe, read_yaml
 from sparring.config.overrides import ConfigError, apply_override, build
 
@@ -149,16 +150,6 @@ class ExplorationSpec:
         False, "draw the random move among the moves a two-ply lookahead keeps (a win in one "
         "if there is one, else none that lets the next mover win at once): new positions "
         "without gifts (needs a game with clone() and no hidden chance)")
-
-
-EXPLORERS = {
-    "learner": "the training policy's own seats: each random move is a training row scored "
-               "with the learner's log-probs (off-policy, not reweighted), so a move self-play "
-               "has stopped sampling can win back probability when it pays; needs "
-               "algorithm.recompute_old_logp and rollout.layout turn",
-    "league": "the league's snapshots (the pool's past policies): the learner meets "
-              "positions its past selves would not reach, then their follow-up play",
-}
 
 
 @dataclass
