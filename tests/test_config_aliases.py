@@ -55,6 +55,13 @@ def old_style(data):
     data["algorithm"].update(sampler_correction=level, sampler_correction_clip=clip)
     data.setdefault("distributed", {}).update(
         correction="token" if level == "auto" else level, correction_clip=clip)
+    head = data["model"].pop("head")
+    frozen = head["name"] == "frozen_features"
+    data.setdefault("optim", {})["body_lr_scale"] = 0.0 if frozen else head.get(
+        "body_lr_scale", 1.0)
+    data.setdefault("train", {}).update(
+        feature_cache=head.get("cache", 65536), feature_center=head.get("center", False),
+        feature_whiten=head.get("whiten", 0.0))
     for env in data.get("envs", []):
         starts = {s["name"]: s for s in env.pop("starts")}
         assert set(starts) <= {"random_opening", "loss_replay", "openings",
@@ -186,6 +193,42 @@ def test_a_removed_key_at_its_default_is_dropped_with_a_warning_and_else_refused
         with pytest.raises(ConfigError, match=rf"^{key} is no longer a setting \(removed; it "
                                               r"was .* by default, this config sets .*\); drop it"):
             from_dict(data, overrides, check=False)
+
+
+@pytest.mark.parametrize("old, head", [
+    ({"optim": {"body_lr_scale": 1.0}, "train": {"feature_cache": 65536}}, {"name": "lm_head"}),
+    ({"optim": {"body_lr_scale": 0.25}}, {"name": "lm_head", "body_lr_scale": 0.25}),
+    ({"optim": {"body_lr_scale": 0}}, {"name": "frozen_features"}),
+    ({"optim": {"body_lr_scale": 0}, "train": {"feature_cache": 0}},
+     {"name": "frozen_features", "cache": 0}),
+    ({"optim": {"body_lr_scale": 0},
+      "train": {"feature_cache": 65536, "feature_center": False, "feature_whiten": 0.1}},
+     {"name": "frozen_features", "whiten": 0.1}),
+    ({"train": {"feature_cache": 128}}, {"name": "lm_head"}),  # it did nothing
+])
+def test_old_head_keys_read_as_the_model_head(old, head):
+    assert from_dict({**ENV, **old}, check=False).model.head == head
+
+
+def test_old_head_keys_and_the_model_head(caplog):
+    assert from_dict(ENV, ["optim.body_lr_scale=0", "train.feature_center=true"],
+                     check=False).model.head == {"name": "frozen_features", "center": True}
+    assert "optim.body_lr_scale is the old spelling of model.head: {name: frozen_features}" \
+        in caplog.text
+    file = {**ENV, "model": {"head": {"name": "frozen_features", "whiten": 0.1}}}
+    assert from_dict(file, ["train.feature_cache=8"], check=False).model.head == {
+        "name": "frozen_features", "whiten": 0.1, "cache": 8}
+    assert from_dict(file, ["optim.body_lr_scale=1"], check=False).model.head == {
+        "name": "lm_head"}
+    with pytest.raises(ConfigError, match=r"^train.feature_center transforms the features of "
+                                          r"a frozen network's cache; it needs model.head"):
+        from_dict({**ENV, "train": {"feature_center": True}}, check=False)
+    with pytest.raises(ConfigError, match=r"^optim.body_lr_scale and model.head are one "
+                                          r"setting"):
+        from_dict({**file, "optim": {"body_lr_scale": 0}}, check=False)
+    spec = {"policies": {"a": {"optim": {"body_lr_scale": 0, "lr": 0.1}}}}
+    assert from_dict(spec, check=False).policies["a"].model == {
+        "head": {"name": "frozen_features"}}
 
 
 def test_old_start_overrides_replace_what_the_file_says_in_either_spelling():

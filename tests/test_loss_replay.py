@@ -1,6 +1,7 @@
-"""Loss replay (``envs[].loss_replay``): what a training start records, replaying a position
-(cards included), which decisions of a lost game are kept, the buffer's order and size, the
-config's errors, and a run whose groups start again from its own losses, exactly on resume."""
+"""Loss replay (the ``loss_replay`` start of ``envs[].starts``): what a training start
+records, replaying a position (cards included), which decisions of a lost game are kept,
+the buffer's order and size, the config's errors, and a run whose groups start again from
+its own losses, exactly on resume."""
 
 from pathlib import Path
 

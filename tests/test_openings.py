@@ -1,6 +1,6 @@
-"""Listed openings (``envs[].openings``): the file format, the config's errors, a run whose
-training groups start from them, and the shipped tic-tac-toe tactic list against
-bench/must_block.py's independent enumeration."""
+"""Listed openings (the ``openings`` start of ``envs[].starts``): the file format, the
+config's errors, a run whose training groups start from them, and the shipped tic-tac-toe
+tactic list against bench/must_block.py's independent enumeration."""
 
 from pathlib import Path
 

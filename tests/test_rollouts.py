@@ -254,7 +254,7 @@ def test_a_snapshot_written_before_manifests_loads_with_a_warning(tmp_path, capl
     assert f"{snap} has no manifest.json (written by an older sparring)" in caplog.text
 
 
-def test_pool_explore_follows_its_cosine_schedule(tmp_path):
+def test_the_leagues_exploration_follows_its_cosine_schedule(tmp_path):
     """epsilon(step) = 0.4 * (0.25 + 0.75 * (1 + cos(pi * step / 10)) / 2): 0.4 at step 0,
     0.4 * 0.625 = 0.25 at step 5, 0.4 * 0.25 = 0.1 at step 10; set on every policy's pool."""
     roll = build(_cfg(["exploration.league={rate: 0.4, schedule: cosine, final_ratio: 0.25}",
@@ -313,7 +313,7 @@ def test_a_lora_policys_pool_snapshot_plays_as_the_policy_did(tmp_path):
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
-def test_opening_moves_start_each_group_at_its_own_random_position(tmp_path):
+def test_a_random_opening_starts_each_group_at_its_own_random_position(tmp_path):
     cfg = _cfg(["envs.0.starts.0.moves=4", "rollout.episodes_per_step=96",
                 "envs.0.opponents=[self, random]"])
     parts = build(cfg, tmp_path)

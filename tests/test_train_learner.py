@@ -652,7 +652,7 @@ def test_share_rows_runs_each_distinct_row_once_with_the_same_logprobs_and_gradi
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
 
 
-def test_body_lr_scale_moves_the_body_at_its_fraction_and_zero_freezes_it():
+def test_a_heads_body_lr_scale_moves_the_body_at_its_fraction_and_frozen_features_freeze_it():
     """Adam's first step moves every weight with a gradient by exactly lr (m/sqrt(v) = sign g),
     so the output layer moves by 1e-3 and the body by scale * 1e-3; at 0 the body gets no
     gradient at all and the optimizer holds the head alone."""
@@ -660,7 +660,9 @@ def test_body_lr_scale_moves_the_body_at_its_fraction_and_zero_freezes_it():
     for scale in (0.25, 0.0):
         model = th.tiny_qwen(2)
         before = {k: v.clone() for k, v in model.named_parameters()}
-        learner = Learner(model, make_cfg(optim__body_lr_scale=scale, optim__eps=1e-12))
+        head = ({"name": "frozen_features"} if scale == 0 else
+                {"name": "lm_head", "body_lr_scale": scale})
+        learner = Learner(model, make_cfg(model__head=head, optim__eps=1e-12))
         learner.update(batch, adv)
         for name, p in model.named_parameters():
             step = (p.detach() - before[name]).abs()
@@ -674,15 +676,22 @@ def test_body_lr_scale_moves_the_body_at_its_fraction_and_zero_freezes_it():
         assert (learner.params == [model.lm_head.weight]) is (scale == 0)
 
 
-def test_body_lr_scale_head_is_the_tied_embedding_and_lora_is_refused():
+def test_the_output_layer_is_the_tied_embedding_and_a_head_apart_from_lora_is_refused():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from sparring.train.param_groups import output_layer_names
+    from sparring.policy.heads import output_layer_names
 
     tied = Qwen2ForCausalLM(Qwen2Config(vocab_size=40, hidden_size=32, intermediate_size=64,
                                         num_hidden_layers=1, num_attention_heads=4,
                                         num_key_value_heads=2, tie_word_embeddings=True))
     assert output_layer_names(tied) == {"model.embed_tokens.weight"}
     assert output_layer_names(th.tiny_qwen()) == {"lm_head.weight"}
-    with pytest.raises(ConfigError, match="optim.body_lr_scale.*leave it at 1 with LoRA"):
-        make_cfg(optim__body_lr_scale=0.5, lora__enabled=True)
+    with pytest.raises(ConfigError, match=r"^model.head: lm_head \(body_lr_scale 0.5\) trains "
+                                          r"the output layer apart .*use lm_head with "
+                                          r"body_lr_scale 1 with LoRA$"):
+        make_cfg(model__head={"name": "lm_head", "body_lr_scale": 0.5}, lora__enabled=True)
+    with pytest.raises(ConfigError, match=r"^model.head: frozen_features \(body_lr_scale 0.0\)"):
+        make_cfg(model__head={"name": "frozen_features"}, lora__enabled=True)
+    with pytest.raises(ConfigError, match=r"^model.head: head 'lm_head' option 'body_lr_scale': "
+                                          r"0 is out of range \(must be > 0\)"):
+        make_cfg(model__head={"name": "lm_head", "body_lr_scale": 0})

@@ -21,7 +21,8 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-LISTABLE = ("estimators", "shapers", "objectives", "aggregations", "envs", "bots", "starts")
+LISTABLE = ("estimators", "shapers", "objectives", "aggregations", "envs", "bots", "starts",
+            "heads")
 
 
 def _registry_entries(what: str) -> list:
@@ -43,6 +44,9 @@ def _registry_entries(what: str) -> list:
     if what == "starts":
         from sparring.envs.starts import STARTS
         return list(STARTS)
+    if what == "heads":
+        from sparring.policy.heads import HEADS
+        return list(HEADS)
     from sparring.envs import list_envs
     return list_envs()
 
@@ -354,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the version and exit")
     sub = p.add_subparsers(dest="command", required=True)
     lp = sub.add_parser("list", help="list estimators, shapers, objectives, aggregations, "
-                        "environments, bots, start components")
+                        "environments, bots, start components, heads")
     # no argparse `choices`: Python 3.11 checks an empty `nargs="*"` against them and fails
     lp.add_argument("what", nargs="*", metavar="WHAT",
                     help=f"what to list: {', '.join(LISTABLE)} (default: all)")

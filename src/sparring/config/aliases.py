@@ -172,6 +172,40 @@ def _importance(keys: dict[str, str]) -> Folded:
                   _merged(new, keys, defaults), {k: f"{new}.{v}" for k, v in keys.items()})
 
 
+_OLD_HEAD = {"optim.body_lr_scale": 1.0, "train.feature_cache": 65536,
+             "train.feature_center": False, "train.feature_whiten": 0.0}
+_HEAD_OPTIONS = {"train.feature_cache": "cache", "train.feature_center": "center",
+                 "train.feature_whiten": "whiten"}
+
+
+def _head(values: dict[str, Any], target: Any, forced: set[str]) -> Any:
+    """The old keys of the model's head as ``model.head``: ``optim.body_lr_scale`` 0 is
+    ``frozen_features``, between 0 and 1 ``lm_head`` with its ``body_lr_scale``; the
+    ``train.feature_*`` keys are options of ``frozen_features`` (elsewhere the cache's size
+    did nothing and a transform was refused)."""
+    given = {k: v for k, v in values.items() if k in forced or v != _OLD_HEAD[k]}
+    if target is not None and not set(given) <= forced:
+        raise _Clash(next(k for k in given if k not in forced), "model.head")
+    out = dict(target) if isinstance(target, dict) else None
+    if "optim.body_lr_scale" in given:
+        scale = given["optim.body_lr_scale"]
+        if scale != 0:
+            out = {"name": "lm_head", **({} if scale == 1 else {"body_lr_scale": scale})}
+        elif out is None or out.get("name") != "frozen_features":
+            out = {"name": "frozen_features"}
+    frozen = out is not None and out.get("name") == "frozen_features"
+    for k, option in _HEAD_OPTIONS.items():
+        if k not in given:
+            continue
+        if frozen:
+            out[option] = given[k]
+        elif k != "train.feature_cache":
+            raise ConfigError(f"{k} transforms the features of a frozen network's cache; it "
+                              "needs model.head: {name: frozen_features} (the old "
+                              "optim.body_lr_scale: 0), where it is an option")
+    return out
+
+
 # the old keys of an env's start and the value each had by default
 _OLD_STARTS = {"opening_moves": 0, "openings": "", "openings_share": 1.0, "loss_replay": 0.0,
                "loss_replay_size": 256, "loss_replay_depth": 2, "symmetric_views": False}
@@ -201,6 +235,15 @@ FOLDED: list[Folded] = [
                  "distributed.correction_clip": "clip"}),
     _importance({"algorithm.sampler_correction": "level",
                  "algorithm.sampler_correction_clip": "clip"}),
+    Folded("", _OLD_HEAD, "model.head", _head,
+           {"optim.body_lr_scale": "model.head: {name: frozen_features} (0) or "
+                                   "{name: lm_head, body_lr_scale: S}",
+            "train.feature_cache": "model.head: {name: frozen_features, cache: N}",
+            "train.feature_center": "model.head: {name: frozen_features, center: true}",
+            "train.feature_whiten": "model.head: {name: frozen_features, whiten: X}"}),
+    Folded("policies", {"optim.body_lr_scale": 1.0}, "model.head", _head,
+           {"optim.body_lr_scale": "model.head: {name: frozen_features} (0) or "
+                                   "{name: lm_head, body_lr_scale: S}"}),
 ]
 
 # removed keys and the value each had by default, by scope

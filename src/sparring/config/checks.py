@@ -10,7 +10,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sparring.config.components import EXPLORERS
+from sparring.config.components import EXPLORERS, component_error
 from sparring.config.overlay import policy_config
 from sparring.config.overrides import ConfigError, did_you_mean
 
@@ -85,14 +85,7 @@ def validate(cfg: Config) -> Config:
             if spec.tactical and (who == "learner" or "pool" in env.opponents):
                 _lookahead_check(i, game, who)
     _betas_check(cfg.optim.betas, "optim.betas")
-    _body_lr_check(cfg, "optim.body_lr_scale")
-    for key in ("feature_center", "feature_whiten"):
-        if getattr(cfg.train, key) and not (cfg.optim.body_lr_scale == 0
-                                            and cfg.train.feature_cache):
-            raise ConfigError(f"train.{key}: transforms the features of a frozen network's "
-                              "cache; it needs optim.body_lr_scale=0 and train.feature_cache "
-                              f"above 0 (got {cfg.optim.body_lr_scale} and "
-                              f"{cfg.train.feature_cache})")
+    _head_check(cfg, "model.head")
     if cfg.train.microbatch_size and cfg.train.minibatch_size \
             and cfg.train.microbatch_size > cfg.train.minibatch_size:
         raise ConfigError("train.microbatch_size: must not exceed train.minibatch_size")
@@ -194,12 +187,20 @@ def _critic_check(c: CriticConfig, estimator: str, key: str) -> None:
                           "trains; set it to auto or on")
 
 
-def _body_lr_check(cfg: Config, key: str) -> None:
-    """``optim.body_lr_scale`` below 1 needs a trained output layer, which LoRA has not."""
-    if cfg.optim.body_lr_scale != 1 and cfg.lora.enabled:
-        raise ConfigError(f"{key}: {cfg.optim.body_lr_scale} scales the lr of all but the "
-                          "output layer, and with lora.enabled only adapters train (no "
-                          "output layer); leave it at 1 with LoRA")
+def _head_check(cfg: Config, key: str) -> None:
+    """``model.head`` (of ``cfg``, or of a policy's config at ``key``) is a registered head
+    with its options; one that trains the output layer apart from the body needs a trained
+    output layer, which LoRA has not."""
+    from sparring.policy.heads import build_head
+    try:
+        head = build_head(cfg.model.head)
+    except (KeyError, ValueError) as e:
+        raise component_error(key, e) from None
+    if head.body_lr_scale != 1 and cfg.lora.enabled:
+        raise ConfigError(f"{key}: {head.name} (body_lr_scale {head.body_lr_scale}) trains "
+                          "the output layer apart from the body, and with lora.enabled only "
+                          "adapters train (no output layer); use lm_head with body_lr_scale "
+                          "1 with LoRA")
 
 
 def _betas_check(betas: list[float], key: str) -> None:
@@ -244,7 +245,7 @@ def _policies_check(cfg: Config) -> None:
         if cfg.policies[n].algorithm or cfg.policies[n].critic:
             _critic_check(pc.critic, pc.algorithm.estimator, f"policies.{n}.critic")
         _betas_check(pc.optim.betas, f"policies.{n}.optim.betas")
-        _body_lr_check(pc, f"policies.{n}.optim.body_lr_scale")
+        _head_check(pc, f"policies.{n}.model.head")
         if cfg.lora.shared_base and cfg.policies[n].model:
             raise ConfigError(f"policies.{n}.model: with lora.shared_base every policy is an "
                               "adapter on the one base model (`model`); drop it or set "

@@ -50,6 +50,10 @@ class ModelConfig:
         "more than bf16 saves), else float32. The run prints what it chose")
     device: str = opt("cpu", "'cpu', 'cuda', 'cuda:N', 'mps' or 'auto'")
     trust_remote_code: bool = opt(False, "allow model code from the hub (off unless you trust it)")
+    head: dict[str, Any] = opt(
+        {"name": "lm_head"}, "what of the model trains and what its output layer reads, a "
+        "component {name: ..., option: value} (`sparring list heads`; "
+        "sparring.policy.heads)", components="head")
     backend: Literal["hf", "vllm"] = opt(
         "hf", "what samples the learner's rollouts: 'hf' (transformers, the learner's own model) "
         "or 'vllm' (a vLLM engine in this process, given the learner's weights before each "
@@ -289,12 +293,6 @@ class OptimConfig:
     lr_final_ratio: float = opt(0.0, "final lr of the cosine schedule as a fraction of lr",
                                 ge=0, le=1)
     max_grad_norm: float | None = opt(1.0, "gradient clipping norm (null: no clipping)", gt=0)
-    body_lr_scale: float = opt(
-        1.0, "lr of every trained weight but the output layer (the LM head), as a fraction "
-        "of lr; 0 freezes them: a linear policy on the network's features as they start, "
-        "which RL cannot merge (sparring.train.param_groups). A head tied to the input "
-        "embeddings gets its own copy. Not with LoRA, which trains no output layer",
-        ge=0, le=1)
 
 
 @dataclass
@@ -312,22 +310,6 @@ class TrainConfig:
                              "prompts share, once per forward (same loss and gradient, fewer "
                              "FLOPs; used when at most half the rows' prompts are distinct or "
                              "they share 8+ leading tokens)")
-    feature_cache: int = opt(
-        65536, "with optim.body_lr_scale 0 (a frozen network under a trained head): how many "
-        "contexts' last hidden states to keep, each computed once on its own, so sampling, "
-        "the learner, the KL reference and evaluations apply the head to stored features "
-        "instead of running the network (sparring.policy.feature_cache); 0: off", ge=0)
-    feature_center: bool = opt(
-        False, "with the feature cache: the head's change since the start reads the features "
-        "minus their mean over the run's first batch (the starting policy is unchanged; the "
-        "head's gradient leaves out what all positions share, which dominates a real model's "
-        "features: sparring.policy.feature_cache, bench/linear_probe.py --center)")
-    feature_whiten: float = opt(
-        0.0, "with the feature cache: the head's change since the start reads the features "
-        "centered and whitened by their covariance over the run's first batch, shrunk "
-        "towards the identity by this fraction of the mean variance (ZCA; centering "
-        "included; the starting policy is unchanged; a linear policy fits ~10x faster: "
-        "bench/linear_probe.py --whiten); 0: off", ge=0)
     seed: int = opt(0, "seed of python, numpy and torch", ge=0, le=2**32 - 1)
     deterministic: bool = opt(
         False, "torch's deterministic kernels (torch.use_deterministic_algorithms, warning "

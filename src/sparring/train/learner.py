@@ -50,7 +50,7 @@ from sparring.data import TurnBatch
 from sparring.importance import sampler_level
 from sparring.objectives import OBJECTIVES
 from sparring.objectives import _load_families as _load_objectives
-from sparring.policy.feature_cache import FeatureCache, attach_feature_cache
+from sparring.policy.heads import build_head
 from sparring.policy.lora import is_adapter_weight, use_adapter
 from sparring.schedules import LRSchedule, lr_at
 from sparring.train.batch_forward import BatchForward, allowed_of, row_slices
@@ -84,7 +84,8 @@ class Learner:
         self.model, self.cfg, self.adapter = model, cfg, adapter
         use_adapter(model, adapter)
         self.needs = frozenset(needs)
-        if cfg.optim.body_lr_scale == 0:  # a linear policy on the network's first features
+        self.head = build_head(cfg.model.head)  # what trains (sparring.policy.heads)
+        if self.head.body_lr_scale == 0:  # a linear policy on the network's first features
             freeze_body(model)
         # the weights this learner trains (magnet and optimizer follow them)
         self.trained = {n for n, p in model.named_parameters() if p.requires_grad
@@ -107,16 +108,14 @@ class Learner:
             self.critic = Critic(model, c.kind, c.hidden).to(self.device)
         critic = [] if self.critic is None else [p for p in self.critic.parameters()
                                                  if p.requires_grad]
-        groups = param_groups(model, self.trained, o.body_lr_scale, full_lr=critic)
+        groups = param_groups(model, self.trained, self.head.body_lr_scale, full_lr=critic)
         self.params = [p for g in groups for p in g["params"]]
-        self.features: FeatureCache | None = None  # the frozen network's outputs
-        if cfg.optim.body_lr_scale == 0 and cfg.train.feature_cache:
-            self.features = FeatureCache(model, cfg.train.feature_cache,
-                                         center=cfg.train.feature_center,
-                                         whiten=cfg.train.feature_whiten)
-            attach_feature_cache(model, self.features)
-            if self.reference is not None and self.reference.copy is not None:
-                attach_feature_cache(self.reference.copy, self.features)  # the same body
+        # the head's own state: a frozen network's feature cache, which the reference's
+        # copy (the same body) reads too
+        copies = [] if self.reference is None or self.reference.copy is None else \
+            [self.reference.copy]
+        self.head_state = self.head.attach(model, *copies)
+        self.features = self.head_state.features  # the frozen network's outputs (or None)
         self.passes = BatchForward(model, cfg, self.temperature, adapter=adapter,
                                    critic=self.critic, reference=self.reference)
         self.optimizer = torch.optim.AdamW(groups, lr=o.lr, betas=tuple(o.betas), eps=o.eps,
@@ -244,8 +243,7 @@ class Learner:
             raise ValueError(f"keep has shape {tuple(keep.shape)}, expected ({n},)")
         cfg, a = self.cfg, self.cfg.algorithm
         use_adapter(self.model, self.adapter)
-        if self.features is not None:
-            self.features.fix_transform()  # from the first batch's features, once
+        self.head_state.before_update()
         mask = batch.action_mask & keep[:, None]
         norm = a.aggregation_norm if a.aggregation_norm is not None else float(T)
         mb = cfg.train.minibatch_size or max(n, 1)  # no rows: no optimizer step
@@ -334,9 +332,7 @@ class Learner:
             st["entropy_target"] = self.entropy_target.state_dict()
         if self.archer is not None:
             st["archer"] = self.archer.state_dict()
-        center = None if self.features is None else self.features.center_state()
-        if center is not None:
-            st["feature_center"] = center
+        st.update(self.head_state.state_dict())  # the feature transform, if any
         magnet = None if self.reference is None else self.reference.magnet_state()
         if magnet is not None:
             st["magnet"] = magnet
@@ -349,8 +345,7 @@ class Learner:
         self.gen.set_state(st["gen"])
         self.consecutive_skips = int(st["consecutive_skips"])
         self.total_skips = int(st["total_skips"])
-        if self.features is not None and "feature_center" in st:
-            self.features.load_center_state(st["feature_center"])
+        self.head_state.load_state_dict(st)
         if self.critic is not None:
             self.critic.load_state_dict(st["critic"])
         if self.entropy_target is not None and "entropy_target" in st:

@@ -61,7 +61,7 @@ def micro_loss(cfg: Config, batch: TurnBatch, rows: Tensor,
     m = mask[rows, :L]
     old_r = logp.detach() if old is None else old[rows, :L]
     sampled = batch.old_logp[rows, :L]  # the sampler's own (old_r: the learner's)
-    explored = batch.extras.get("explored")  # moves drawn at random (rollout.explore)
+    explored = batch.extras.get("explored")  # moves drawn at random (exploration.learner)
     m_s = m if explored is None else m & (explored[rows] != 1.0)[:, None].to(m.device)
     sampled = torch.where(m_s, sampled, old_r)  # no sampler log-probs: no gap
     adv_r = adv[rows, :L]
