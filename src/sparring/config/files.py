@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 def recipe_dirs() -> list[Path]:
     """Where recipe names are looked up: ./configs, then the checkout's configs/."""
     here = Path("configs")
-    repo = Path(__file__).resolve().parents[4] / "configs"
+    repo = Path(__file__).resolve().parents[3] / "configs"
     return [here] + ([repo] if repo.is_dir() and repo.resolve() != here.resolve() else [])
 
 
