@@ -347,12 +347,6 @@ def _warned_removed(key: str) -> None:
     warnings.warn(text, DeprecationWarning, stacklevel=2)
 
 
-def _policy_sections(spec: dict[str, Any], where: str, forced: set[str]) -> dict[str, Any]:
-    """A policy's own sections (`PolicySpec`: ``algorithm``, ``optim``, ...) read as one
-    mapping of the config's sections, translated, and split back."""
-    return _translate_scope(spec, "policies", where, forced)
-
-
 def translate(data: dict[str, Any], overrides: Sequence[tuple[str, Any]] = ()
               ) -> dict[str, Any]:
     """A config mapping with its old keys read as the new ones (a copy; ``data`` is left as
@@ -383,7 +377,7 @@ def translate(data: dict[str, Any], overrides: Sequence[tuple[str, Any]] = ()
     policies = out.get("policies")
     if isinstance(policies, dict):
         out["policies"] = {
-            name: _policy_sections(spec, f"policies.{name}.",
+            name: _translate_scope(spec, "policies", f"policies.{name}.",
                                    forced.get(f"policies.{name}.", set()))
             if isinstance(spec, dict) else spec for name, spec in policies.items()}
     return out
