@@ -3,7 +3,7 @@
     PYTHONPATH=src python bench/linear_probe.py [RECIPE] [--iters N] [--lr LR]
         [--center | --whiten EPS]
 
-The ceiling of a recipe that trains only the output layer (``optim.body_lr_scale: 0``):
+The ceiling of a recipe that trains only the output layer (``model.head: frozen_features``):
 the recipe's untrained model reads every decision point of the game (its exact prompt, as
 the exact evaluations build it) and gives its last hidden state ``h`` (the features the LM
 head reads). A head ``W`` over the legal moves' first tokens, started at the model's own
@@ -13,7 +13,7 @@ optimal moves:
     loss = - mean over positions of log sum_{a in A*(s)} softmax_{legal}(W h(s))_a
 
 With ``--center`` or ``--whiten`` the head's change reads the transformed features, as
-the recipe's with ``train.feature_center`` / ``train.feature_whiten``
+the recipe's with the head's ``center`` / ``whiten``
 (`sparring.policy.feature_cache`: ``W_0 h + (W - W_0) z``, the transform from all the
 decision points): the same optimum, reached in fewer iterations.
 
@@ -41,10 +41,10 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--center", action="store_true",
                     help="the head's change reads the features minus their mean over the "
-                    "positions (train.feature_center)")
+                    "positions (model.head's center)")
     ap.add_argument("--whiten", type=float, default=0.0, metavar="EPS",
                     help="... centered and whitened, the covariance shrunk by EPS "
-                    "(train.feature_whiten)")
+                    "(model.head's whiten)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_intermixed_args()
     from sparring.assembly.parts import load_model

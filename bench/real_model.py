@@ -26,8 +26,8 @@ Rows (all at the old Kuhn recipe's batch, 32 episodes a step, where the ratio is
 - ``tictactoe last 10 layers``: the recipe with adapters in SmolLM2's last 10 of 30 layers
   only (``lora.last_layers=10``), so the backward stops there;
 - ``tictactoe frozen network`` / ``... cached``: the recipe with no LoRA and the
-  network frozen under its LM head (``optim.body_lr_scale=0``), without and with the
-  frozen network's feature cache (``train.feature_cache``, `sparring.policy.feature_cache`):
+  network frozen under its LM head (``model.head={name: frozen_features}``), without and
+  with the frozen network's feature cache (its ``cache``, `sparring.policy.feature_cache`):
   the cache runs each context once, so its steps get cheaper as the run meets fewer new
   positions (take ``--steps`` well past the first few to see where it settles).
 
@@ -68,7 +68,7 @@ optim: {lr: 0.0005}
 train: {steps: 40, epochs: 1, microbatch_size: 16, name: smollm2_kuhn}
 """
 BATCH = "rollout.episodes_per_step=32"
-FROZEN = ["lora.enabled=false", "optim.body_lr_scale=0"]  # the head alone trains
+FROZEN = ["lora.enabled=false", "model.head={name: frozen_features}"]  # the head alone trains
 ROWS = {
     "kuhn before": (None, []),
     "kuhn before + bf16": (None, ["model.precision=auto"]),
@@ -82,7 +82,7 @@ ROWS = {
         "algorithm.estimator_options={scope: group_agent, std: false}"]),
     "tictactoe last 10 layers": ("smollm2_tictactoe", [BATCH, "lora.last_layers=10"]),
     "tictactoe frozen network": ("smollm2_tictactoe", [
-        BATCH, *FROZEN, "train.feature_cache=0"]),
+        BATCH, *FROZEN, "model.head.cache=0"]),
     "tictactoe frozen network cached": ("smollm2_tictactoe", [BATCH, *FROZEN]),
 }
 

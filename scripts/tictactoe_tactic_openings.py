@@ -7,9 +7,9 @@ block the opponent's one threat, reached by legal play without either side havin
 
 The moves are the canonical view's cell names at each position (what
 ``make("tictactoe", canonical=True)`` accepts), so the list is for the `canonical` option
-(the SmolLM2 recipe's). Used as ``envs[].openings`` (`sparring.envs.openings`): a curriculum
-in which the positions that teach a tactic come up as often as the share says, not as
-often as self-play happens to reach them.
+(the SmolLM2 recipe's). Used by the ``openings`` start of ``envs[].starts``
+(`sparring.envs.openings`): a curriculum in which the positions that teach a tactic come up
+as often as the share says, not as often as self-play happens to reach them.
 """
 
 from __future__ import annotations

@@ -47,10 +47,10 @@ from pathlib import Path
 
 from runner import Arm, Job, main
 
-# the recipe as this study runs it: no per-seat views, entropy 0.01 (the default recipe
+# the recipe as this study runs it: self-play alone, entropy 0.01 (the default recipe
 # differs in both)
-TTT = ["envs.0.opponents=[self]", "envs.0.symmetric_views=false",
-       "algorithm.entropy_coef=0.01", "train.epochs=2", "eval.every=20"]
+TTT = ["envs.0.opponents=[self]", "algorithm.entropy_coef=0.01", "train.epochs=2",
+       "eval.every=20"]
 TURN = "algorithm.estimator=turn_rtg"  # the default recipe's estimator is turn_gae
 KUHN: list[str] = []
 TTT_STEPS, KUHN_STEPS = 80, 400

@@ -531,7 +531,7 @@ def test_eval_lists_positions_the_policy_sees_alike_once(tmp_path, capsys):
 
     folder = tmp_path / "run"
     assert main(["train", *TINY, "train.steps=1", f"train.run_dir={folder}",
-                 "envs.0.options.canonical=true", "envs.0.symmetric_views=false",
+                 "envs.0.options.canonical=true",
                  "eval.opponents=[random]"]) == 0
     rc, out, _ = cli(capsys, "eval", str(folder), "--vs", "minimax", "--games", "2")
     policies, cfg, _ = load_policies(folder)

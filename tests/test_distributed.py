@@ -321,8 +321,8 @@ def test_two_policies_on_workers_are_the_single_process_run(local_ray, tmp_path,
     # is the step's (both policies' weights go out together, one version a step)
     data = to_dict(cfg(2))
     data["train"]["steps"] = 3
-    data["distributed"].update(mode="async", max_staleness=1, correction="turn",
-                               correction_clip=1.5)
+    data["distributed"].update(mode="async", max_staleness=1)
+    data["algorithm"]["importance_correction"] = {"level": "turn", "clip": 1.5}
     rows = _train(from_dict(data), tmp_path / "async")
     assert [r["distributed/staleness_max"] for r in rows] == [0.0, 1.0, 1.0]
     for name in ("speaker", "listener"):
@@ -349,8 +349,8 @@ def test_a_shared_base_league_on_a_worker_is_the_single_process_run(local_ray, t
 
 def test_async_workers_log_staleness_and_the_importance_correction(local_ray, tmp_path):
     rows = _train(_cfg(["distributed.rollout_workers=2", "distributed.mode=async",
-                        "distributed.max_staleness=1", "distributed.correction=turn",
-                        "distributed.correction_clip=1.5"]), tmp_path)
+                        "distributed.max_staleness=1",
+                        "algorithm.importance_correction={level: turn, clip: 1.5}"]), tmp_path)
     assert [r["distributed/staleness_max"] for r in rows] == [0.0, 1.0, 1.0]
     assert [r["distributed/staleness_mean"] for r in rows] == [0.0, 1.0, 1.0]
     # step 1's samples are the learner's own: weights 1 up to rounding

@@ -15,11 +15,11 @@ from sparring.policy.feature_cache import (
     feature_cache_of,
 )
 from sparring.policy.forward import token_logprobs_and_hidden
+from sparring.policy.heads import freeze_body, untie_output_layer
 from sparring.policy.hf import HFPolicy
 from sparring.policy.prefix import find_prefixes, first_action_positions
 from sparring.policy.sampling import SamplingParams
 from sparring.policy.tiny import build_tiny_model
-from sparring.train.param_groups import freeze_body, untie_output_layer
 
 SMALL = {"hidden_size": 32, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2,
          "intermediate_size": 64}
@@ -226,8 +226,8 @@ def test_a_copy_of_the_model_does_not_inherit_the_cache():
 SMALL_RUN = ["model.options={hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_heads: 2, "
              "intermediate_size: 64}", "rollout.episodes_per_step=16", "envs.0.group_size=4",
              "train.epochs=1", "train.minibatch_size=0", "eval.every=0", "eval.at_start=false",
-             "logging.progress=false", "optim.body_lr_scale=0", "checkpoint.every=1",
-             "train.steps=3", "league.every=1"]
+             "logging.progress=false", "model.head={name: frozen_features}",
+             "checkpoint.every=1", "train.steps=3", "league.every=1"]
 
 
 def rows(run):
@@ -249,10 +249,10 @@ def test_a_frozen_body_run_matches_one_without_the_cache_and_resumes_exactly(tra
 
     cached, plain, cut = tmp_path / "cached", tmp_path / "plain", tmp_path / "cut"
     center = transform != "none"
-    arm = {"none": [], "center": ["train.feature_center=true"],
-           "whiten": ["train.feature_whiten=0.1"]}[transform]
+    arm = {"none": [], "center": ["model.head.center=true"],
+           "whiten": ["model.head.whiten=0.1"]}[transform]
     assert main(["train", *SMALL_RUN, *arm, f"train.run_dir={cached}"]) == 0
-    assert main(["train", *SMALL_RUN, "train.feature_cache=0", f"train.run_dir={plain}"]) == 0
+    assert main(["train", *SMALL_RUN, "model.head.cache=0", f"train.run_dir={plain}"]) == 0
     for want, got in zip(rows(plain)[:1 if center else 3], rows(cached)):
         for k in ("policy_loss", "entropy") if center else (
                 "loss", "policy_loss", "value_loss", "entropy", "grad_norm"):
@@ -296,15 +296,18 @@ def frozen_tiny_from_run(run):
     return load_model(cfg)
 
 
-@pytest.mark.parametrize("arm", ["train.feature_center=true", "train.feature_whiten=0.1"])
-def test_a_feature_transform_needs_a_frozen_network_with_a_cache(arm):
+@pytest.mark.parametrize("option", ["center: true", "whiten: 0.1"])
+def test_a_feature_transform_is_an_option_of_the_frozen_head_with_a_cache(option):
     from sparring.config import ConfigError, load_config
 
-    key = arm.split("=")[0]
-    with pytest.raises(ConfigError, match=f"{key}.*optim.body_lr_scale=0"):
-        load_config(None, [arm])
-    with pytest.raises(ConfigError, match=f"{key}.*got 0.0 and 0"):
-        load_config(None, [arm, "optim.body_lr_scale=0", "train.feature_cache=0"])
-    assert load_config(None, [arm, "optim.body_lr_scale=0"])
-    with pytest.raises(ConfigError, match="train.feature_whiten"):
-        load_config(None, ["train.feature_whiten=-1", "optim.body_lr_scale=0"])
+    with pytest.raises(ConfigError, match=r"^model.head: head 'frozen_features': center and "
+                                          r"whiten transform the cached features; they need "
+                                          r"cache above 0$"):
+        load_config(None, [f"model.head={{name: frozen_features, cache: 0, {option}}}"])
+    assert load_config(None, [f"model.head={{name: frozen_features, {option}}}"])
+    with pytest.raises(ConfigError, match=r"^model.head: head 'lm_head' has no option "
+                                          r"'center'; allowed: body_lr_scale$"):
+        load_config(None, ["model.head.center=true"])
+    with pytest.raises(ConfigError, match=r"^model.head: head 'frozen_features' option "
+                                          r"'whiten': -1 is out of range \(must be >= 0\)$"):
+        load_config(None, ["model.head={name: frozen_features, whiten: -1}"])

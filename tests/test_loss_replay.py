@@ -1,6 +1,7 @@
-"""Loss replay (``envs[].loss_replay``): what a training start records, replaying a position
-(cards included), which decisions of a lost game are kept, the buffer's order and size, the
-config's errors, and a run whose groups start again from its own losses, exactly on resume."""
+"""Loss replay (the ``loss_replay`` start of ``envs[].starts``): what a training start
+records, replaying a position (cards included), which decisions of a lost game are kept,
+the buffer's order and size, the config's errors, and a run whose groups start again from
+its own losses, exactly on resume."""
 
 from pathlib import Path
 
@@ -123,17 +124,23 @@ def test_the_buffer_keeps_the_latest_distinct_positions():
 
 
 def test_bad_loss_replay_settings_are_config_errors_naming_the_key():
-    with pytest.raises(ConfigError, match=r"envs\.0\.loss_replay"):
-        load_config(CONFIGS / "default.yaml", [*TINY, "envs.0.loss_replay=1.5"])
-    with pytest.raises(ConfigError, match=r"envs\.0\.loss_replay_size"):
-        load_config(CONFIGS / "default.yaml", [*TINY, "envs.0.loss_replay_size=0"])
-    with pytest.raises(ConfigError, match=r"envs\.0\.loss_replay: arithmetic has one seat"):
-        load_config(CONFIGS / "arithmetic_grpo.yaml", [*TINY, "envs.0.loss_replay=0.5"])
+    with pytest.raises(ConfigError, match=r"^envs\.0\.starts\.1: start 'loss_replay' option "
+                                          r"'share': 1\.5 is out of range \(must be <= 1\)$"):
+        load_config(CONFIGS / "default.yaml", [*TINY, "envs.0.starts.1.share=1.5"])
+    with pytest.raises(ConfigError, match=r"^envs\.0\.starts\.1: .*'size': 0 is out of range"):
+        load_config(CONFIGS / "default.yaml", [*TINY, "envs.0.starts.1.size=0"])
+    with pytest.raises(ConfigError, match=r"^envs\.0\.starts\.1: .*no option 'sise' "
+                                          r"\(did you mean 'size'\?\)"):
+        load_config(CONFIGS / "default.yaml", [*TINY, "envs.0.starts.1.sise=4"])
+    with pytest.raises(ConfigError,
+                       match=r"^envs\.0\.starts\.0: loss_replay: arithmetic has one seat"):
+        load_config(CONFIGS / "arithmetic_grpo.yaml",
+                    [*TINY, "envs.0.starts=[{name: loss_replay}]"])
 
 
 def _cfg(extra=()):
     return load_config(CONFIGS / "default.yaml",
-                       [*TINY, "envs.0.loss_replay=1.0", "envs.0.opponents=[self]",
+                       [*TINY, "envs.0.starts.1.share=1.0", "envs.0.opponents=[self]",
                         "rollout.episodes_per_step=64", *extra])
 
 

@@ -1,6 +1,6 @@
-"""Listed openings (``envs[].openings``): the file format, the config's errors, a run whose
-training groups start from them, and the shipped tic-tac-toe tactic list against
-bench/must_block.py's independent enumeration."""
+"""Listed openings (the ``openings`` start of ``envs[].starts``): the file format, the
+config's errors, a run whose training groups start from them, and the shipped tic-tac-toe
+tactic list against bench/must_block.py's independent enumeration."""
 
 from pathlib import Path
 
@@ -38,24 +38,29 @@ def _cfg(tmp_path, text, extra=()):
     path = tmp_path / "openings.txt"
     path.write_text(text)
     return load_config(CONFIGS / "default.yaml",
-                       [*TINY, f"envs.0.openings={path}", "envs.0.options={}", *extra])
+                       [*TINY, f"envs.0.starts=[{{name: random_opening, moves: 4}}, "
+                        f"{{name: openings, file: '{path}'}}]", "envs.0.options={}", *extra])
 
 
 def test_bad_openings_are_config_errors_naming_the_key(tmp_path):
-    with pytest.raises(ConfigError, match=r"envs\.0\.openings: .*move 2 \('5'\) is not legal"):
+    with pytest.raises(ConfigError,
+                       match=r"^envs\.0\.starts\.1: openings: .*move 2 \('5'\) is not legal"):
         _cfg(tmp_path, "1\n5 5\n")
-    with pytest.raises(ConfigError, match=r"envs\.0\.openings: .*lists no opening"):
+    with pytest.raises(ConfigError, match=r"^envs\.0\.starts\.1: openings: .*lists no opening"):
         _cfg(tmp_path, "# none\n")
-    with pytest.raises(ConfigError, match=r"envs\.0\.openings: no openings file"):
-        load_config(CONFIGS / "default.yaml", [*TINY, "envs.0.openings=missing.txt"])
-    with pytest.raises(ConfigError, match=r"envs\.0\.openings_share"):
-        _cfg(tmp_path, "5\n", ["envs.0.openings_share=2"])
+    with pytest.raises(ConfigError, match=r"^envs\.0\.starts\.0: openings: no openings file"):
+        load_config(CONFIGS / "default.yaml",
+                    [*TINY, "envs.0.starts=[{name: openings, file: missing.txt}]"])
+    with pytest.raises(ConfigError, match=r"^envs\.0\.starts\.1: .*'share': 2 is out of range"):
+        _cfg(tmp_path, "5\n", ["envs.0.starts.1.share=2"])
+    with pytest.raises(ConfigError, match=r"^envs\.0\.starts\.0: .*option 'file' is required"):
+        load_config(CONFIGS / "default.yaml", [*TINY, "envs.0.starts=[{name: openings}]"])
 
 
 def test_training_groups_start_from_the_listed_openings(tmp_path):
     """Every group of a step starts after one of the listed openings (share 1), a group
     sharing its start; the opening's moves are nobody's turns."""
-    cfg = _cfg(tmp_path, "5 1\n1 2 3\n", ["envs.0.opening_moves=0",
+    cfg = _cfg(tmp_path, "5 1\n1 2 3\n", ["envs.0.starts.0.moves=0",
                                            "rollout.episodes_per_step=48",
                                            "envs.0.opponents=[self, random]"])
     parts = build(cfg, tmp_path / "run")

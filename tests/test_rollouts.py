@@ -24,7 +24,8 @@ def _cfg(overrides=()):
     rollouts depend on the steps played before (tests/test_loss_replay.py covers it)."""
     return load_config(CONFIGS / "default.yaml", [*TINY, "rollout.episodes_per_step=24",
                                                   "envs.0.group_size=4",
-                                                  "envs.0.loss_replay=0", *overrides])
+                                                  "envs.0.starts=[{name: random_opening, "
+                                                  "moves: 4}]", *overrides])
 
 
 def test_episode_counts_follow_weights_in_whole_groups():
@@ -253,11 +254,11 @@ def test_a_snapshot_written_before_manifests_loads_with_a_warning(tmp_path, capl
     assert f"{snap} has no manifest.json (written by an older sparring)" in caplog.text
 
 
-def test_pool_explore_follows_its_cosine_schedule(tmp_path):
+def test_the_leagues_exploration_follows_its_cosine_schedule(tmp_path):
     """epsilon(step) = 0.4 * (0.25 + 0.75 * (1 + cos(pi * step / 10)) / 2): 0.4 at step 0,
     0.4 * 0.625 = 0.25 at step 5, 0.4 * 0.25 = 0.1 at step 10; set on every policy's pool."""
-    roll = build(_cfg(["league.explore=0.4", "league.explore_schedule=cosine",
-                       "league.explore_final_ratio=0.25", "train.steps=10"]),
+    roll = build(_cfg(["exploration.league={rate: 0.4, schedule: cosine, final_ratio: 0.25}",
+                       "train.steps=10"]),
                  tmp_path).rollout_fn
     for step, epsilon in [(0, 0.4), (5, 0.25), (10, 0.1)]:
         roll.collect(step, [])
@@ -265,31 +266,27 @@ def test_pool_explore_follows_its_cosine_schedule(tmp_path):
 
 
 def test_the_learners_own_explore_follows_its_cosine_schedule(tmp_path):
-    """rollout.explore: the same cosine as the pool's, on the training player; its
+    """exploration.learner: the same cosine as the pool's, on the training player; its
     explored turns are rows marked explored. Without recomputed old log-probs, or in the
     trajectory layout, the config is refused."""
     from sparring.config import ConfigError
 
-    roll = build(_cfg(["rollout.explore=0.4", "rollout.explore_schedule=cosine",
-                       "rollout.explore_final_ratio=0.25", "train.steps=10",
+    roll = build(_cfg(["exploration.learner.rate=0.4", "exploration.learner.schedule=cosine",
+                       "exploration.learner.final_ratio=0.25", "train.steps=10",
                        "algorithm.recompute_old_logp=true"]), tmp_path).rollout_fn
     for step, epsilon in [(0, 0.4), (5, 0.25), (10, 0.1)]:
         eps = roll(step)
         assert roll.learner.explore == pytest.approx(epsilon)
+    assert (roll.learner.explore_turns, roll.learner.explore_tactical) == (0, False)
+    assert roll.pool.explore_turns == 0
     marked = [t for e in eps for t in e.turns if t.extras.get("explored") == 1.0]
     assert marked and all(t.action_ids and t.logprobs is None for t in marked)
-    with pytest.raises(ConfigError, match="algorithm.recompute_old_logp=true"):
-        _cfg(["rollout.explore=0.1"])
-    with pytest.raises(ConfigError, match="rollout.layout=turn"):
-        _cfg(["rollout.explore=0.1", "algorithm.recompute_old_logp=true",
+    with pytest.raises(ConfigError, match="^exploration.learner.rate: 0.1 plays moves .*"
+                                          "algorithm.recompute_old_logp=true"):
+        _cfg(["exploration.learner.rate=0.1"])
+    with pytest.raises(ConfigError, match="^exploration.learner.rate: .*rollout.layout=turn"):
+        _cfg(["exploration.learner.rate=0.1", "algorithm.recompute_old_logp=true",
               "rollout.layout=trajectory"])
-
-
-def test_pool_temperature_is_the_snapshots_sampling_temperature(tmp_path):
-    roll = build(_cfg(["league.temperature=2.5"]), tmp_path / "hot").rollout_fn
-    assert roll.pool.sampling.temperature == 2.5
-    assert roll.pool.sampling.max_new_tokens == roll.arena.sampling.max_new_tokens
-    assert build(_cfg(), tmp_path / "plain").rollout_fn.pool.sampling is None
 
 
 def test_a_lora_policys_pool_snapshot_plays_as_the_policy_did(tmp_path):
@@ -316,9 +313,9 @@ def test_a_lora_policys_pool_snapshot_plays_as_the_policy_did(tmp_path):
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
-def test_opening_moves_start_each_group_at_its_own_random_position(tmp_path):
-    cfg = _cfg(["envs.0.opening_moves=4", "rollout.episodes_per_step=96",
-                "envs.0.opponents=[self, random]", "envs.0.symmetric_views=false"])
+def test_a_random_opening_starts_each_group_at_its_own_random_position(tmp_path):
+    cfg = _cfg(["envs.0.starts.0.moves=4", "rollout.episodes_per_step=96",
+                "envs.0.opponents=[self, random]"])
     parts = build(cfg, tmp_path)
     eps = parts.rollout_fn(0)
     starts: dict[int, set[str]] = {}
@@ -332,18 +329,19 @@ def test_opening_moves_start_each_group_at_its_own_random_position(tmp_path):
     for ep in eps:  # the opening is nobody's turn: every recorded turn is a player's move
         assert sum(c != "." for c in ep.turns[-1].state_key) == \
             sum(c != "." for c in ep.turns[0].state_key) + len(ep.turns) - 1
-    plain = build(_cfg(["rollout.episodes_per_step=96", "envs.0.opening_moves=0"]),
+    plain = build(_cfg(["rollout.episodes_per_step=96", "envs.0.starts=[]"]),
                   tmp_path / "plain").rollout_fn(0)
     assert {ep.turns[0].state_key for ep in plain} == {"." * 9}
 
 
 def test_symmetric_views_show_each_seat_its_own_view(tmp_path):
-    """With envs.0.symmetric_views, a training turn's prompt is the board seen through the
+    """With a symmetric_views start, a training turn's prompt is the board seen through the
     mover's view (its state key says which), a group shares its views, and the policy's
     first turns spread over the views; without the option the plain game is played."""
     from sparring.envs.games.tictactoe import VIEWS
 
-    cfg = _cfg(["envs.0.symmetric_views=true", "envs.0.options.canonical=false",
+    cfg = _cfg(["envs.0.starts=[{name: random_opening, moves: 4}, {name: symmetric_views}]",
+                "envs.0.options.canonical=false",
                 "rollout.episodes_per_step=96", "envs.0.opponents=[self, random]"])
     parts = build(cfg, tmp_path)
     eps = parts.rollout_fn(0)
@@ -357,6 +355,6 @@ def test_symmetric_views_show_each_seat_its_own_view(tmp_path):
         views.setdefault(ep.group, set()).add(ep.turns[0].state_key)
     assert all(len(v) == 1 for v in views.values())  # a group shares its views
     assert len({next(iter(v)) for v in views.values()}) > 3
-    plain = build(_cfg(["rollout.episodes_per_step=96", "envs.0.symmetric_views=false"]),
+    plain = build(_cfg(["rollout.episodes_per_step=96"]),
                   tmp_path / "plain").rollout_fn(0)
     assert all("|" not in t.state_key for ep in plain for t in ep.turns)

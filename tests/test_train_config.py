@@ -60,18 +60,35 @@ def test_yaml_and_overrides_are_typed(tmp_path):
     (["train..steps=3"], r"empty key component"),
     (["train.steps.x=3"], r"train.steps.x: train.steps is a value, not a section"),
     (["envs.0.weight=1"], r"envs.0: no list item '0' \(the list has 0 items\)"),
-    (["envs=[{name: kuhn_poker, symmetric_views: true}]"],
-     r"envs.0.symmetric_views: SymmetricViews: kuhn_poker declares no symmetries.*; "
-     r"set envs.0.symmetric_views=false for this game"),
-    (["envs=[{name: tictactoe, options: {canonical: true}, symmetric_views: true}]"],
-     r"envs.0.symmetric_views: the game's option canonical already shows every position in "
-     r"one orientation"),
+    (["envs=[{name: kuhn_poker, starts: [{name: symmetric_views}]}]"],
+     r"envs.0.starts.0: symmetric_views: SymmetricViews: kuhn_poker declares no symmetries"),
+    (["envs=[{name: tictactoe, options: {canonical: true}, starts: [{name: symmetric_views}]}]"],
+     r"envs.0.starts.0: symmetric_views: the game's option canonical already shows every "
+     r"position in one orientation"),
+    (["envs=[{name: tictactoe, starts: [{name: random_opening, moves: -1}]}]"],
+     r"envs.0.starts.0: start 'random_opening' option 'moves': -1 is out of range"),
+    (["envs=[{name: tictactoe, starts: [{name: random_openings}]}]"],
+     r"envs.0.starts.0: unknown start 'random_openings'; known: loss_replay, openings, "
+     r"random_opening, symmetric_views"),
+    (["envs=[{name: tictactoe, starts: [{name: symmetric_views}, {name: symmetric_views}]}]"],
+     r"envs.0.starts.1: 'symmetric_views' is given twice"),
     (["envs=[{name: tictactoe, learner_seats: [0, 2]}]"],
      r"envs.0.learner_seats: \[2\] out of range; tictactoe has seats 0..1"),
-    (["league.explore=1.5"], r"league.explore: 1.5 is out of range \(must be <= 1\)"),
-    (["envs=[{name: kuhn_poker, opponents: [self, pool]}]", "league.explore_tactical=true"],
-     r"league.explore_tactical: kuhn_poker has hidden chance deals.*"
+    (["exploration.league.rate=1.5"],
+     r"exploration.league.rate: 1.5 is out of range \(must be <= 1\)"),
+    (["exploration.leage.rate=0.5"],
+     r"exploration.leage: no player of that name explores; did you mean 'league'\? "
+     r"\(allowed: learner, league\)"),
+    (["exploration.league.turns=-1"], r"exploration.league.turns: -1 is out of range"),
+    (["exploration.learner.schedule=linear"],
+     r"exploration.learner.schedule: 'linear' is not allowed.*\(allowed: constant, cosine\)"),
+    (["envs=[{name: kuhn_poker, opponents: [self, pool]}]",
+      "exploration.league.tactical=true"],
+     r"exploration.league.tactical: kuhn_poker has hidden chance deals.*"
      r"\(envs.0 plays the pool\)"),
+    (["envs=[{name: kuhn_poker, opponents: [self]}]", "exploration.learner.tactical=true"],
+     r"exploration.learner.tactical: kuhn_poker has hidden chance deals.*"
+     r"\(envs.0 is a training game\)"),
     (["league.mode=pfsp", "league.pfsp_power=0"],
      r"league.pfsp_power: 0.0 is out of range \(must be > 0\)"),
     (["lora.last_layers=2"], r"lora.last_layers: places LoRA adapters, and lora.enabled is "

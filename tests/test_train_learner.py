@@ -233,16 +233,18 @@ def test_magnet_reference_is_an_ema_of_the_weights(device):
         torch.testing.assert_close(mag[k], 0.75 * init[k] + 0.25 * p.detach())
 
 
-def test_magnet_every_holds_the_magnet_then_moves_it_and_resumes_the_count():
-    """kl.magnet_every=3, rate 1 (R-NaD's outer loop): the magnet is the initial weights
-    after optimizer steps 1 and 2, the policy's weights after step 3, held again after 4;
-    a learner resumed from the state after step 2 moves it at its first step (3rd)."""
+def test_a_magnet_moved_every_third_step_holds_then_moves_and_resumes_the_count():
+    """A magnet moved every 3rd step (`Reference(every=3)`), rate 1 (R-NaD's outer loop):
+    the magnet is the initial weights after optimizer steps 1 and 2, the policy's weights
+    after step 3, held again after 4; a learner resumed from the state after step 2 moves
+    it at its first step (3rd)."""
     batch, adv = ragged_batch()
     cfg = make_cfg(algorithm__kl__coef=0.05, algorithm__kl__reference="magnet",
-                   algorithm__kl__magnet_rate=1.0, algorithm__kl__magnet_every=3)
+                   algorithm__kl__magnet_rate=1.0)
     model = th.tiny_qwen(6)
     init = {k: v.clone() for k, v in model.named_parameters()}
     learner = Learner(model, cfg)
+    learner.reference.every = 3
 
     def magnet():
         return {k: v.clone() for k, v in learner.ref_model.named_parameters()}
@@ -263,12 +265,11 @@ def test_magnet_every_holds_the_magnet_then_moves_it_and_resumes_the_count():
     resumed_model = th.tiny_qwen(6)
     load_trainable_state(resumed_model, at2)
     resumed = Learner(resumed_model, cfg)
+    resumed.reference.every = 3
     resumed.load_state_dict(state)
     resumed.update(batch, adv)
     assert all(torch.equal(v, w) for (_, v), w in
                zip(resumed.ref_model.named_parameters(), weights(resumed_model).values()))
-    with pytest.raises(ConfigError, match="kl.magnet_every: 3 moves a magnet"):
-        make_cfg(algorithm__kl__coef=0.05, algorithm__kl__magnet_every=3)
 
 
 def test_value_head_reads_the_last_hidden_state_and_learns_returns(device):
@@ -448,7 +449,7 @@ def test_the_sampler_learner_gap_is_measured_on_the_action_tokens(epochs):
 
 
 def test_explored_rows_have_no_sampler_gap():
-    """Rows marked ``extras["explored"]`` (moves drawn by rollout.explore, no sampler
+    """Rows marked ``extras["explored"]`` (moves drawn by exploration.learner, no sampler
     log-probs: 0.0 in the batch) count as no gap: the step's gap is the one of the sampled
     rows' tokens, its mean over all action tokens; unmarked, the explored rows' zeros would
     be counted as gaps of |log p| (several nats)."""
@@ -475,7 +476,7 @@ def test_explored_rows_have_no_sampler_gap():
 
 @pytest.mark.parametrize("level, backend", [("token", "hf"), ("turn", "hf"), ("auto", "vllm")])
 def test_sampler_correction_reweights_the_advantages_by_the_truncated_weight(level, backend):
-    """algorithm.sampler_correction: the update equals one without it whose advantages
+    """algorithm.importance_correction for the sampler: the update equals one without it whose advantages
     were multiplied by hand by min(pi_learner / pi_sampler, c), per token or per row (a
     row is one turn here), pi_learner from a plain forward of the initial weights. The
     default ('auto') is the token level on the vLLM backend."""
@@ -495,11 +496,11 @@ def test_sampler_correction_reweights_the_advantages_by_the_truncated_weight(lev
     cfg = dict(algorithm__recompute_old_logp=True, train__epochs=1, optim__eps=10.0,
                optim__lr=10.0)
     corrected = Learner(copy.deepcopy(model0), make_cfg(
-        algorithm__sampler_correction=level, algorithm__sampler_correction_clip=1.2,
+        algorithm__importance_correction={"level": level, "clip": 1.2},
         model__backend=backend, **cfg))
     out = corrected.update(batch, adv)
-    by_hand = Learner(copy.deepcopy(model0), make_cfg(algorithm__sampler_correction="off",
-                                                      **cfg))
+    by_hand = Learner(copy.deepcopy(model0), make_cfg(
+        algorithm__importance_correction__level="off", **cfg))
     by_hand.update(batch, adv * w)
     for (name, p), q in zip(corrected.model.named_parameters(), by_hand.model.parameters()):
         torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5, msg=name)
@@ -515,18 +516,22 @@ def test_sampler_correction_auto_is_the_token_level_on_vllm_only(backend, recomp
     from sparring.train.learner import sampler_correction_level
 
     cfg = make_cfg(model__backend=backend, algorithm__recompute_old_logp=recompute)
-    assert cfg.algorithm.sampler_correction == "auto"
+    assert cfg.algorithm.importance_correction.level == "auto"
     assert sampler_correction_level(cfg) == level
     explicit = make_cfg(model__backend="vllm", algorithm__recompute_old_logp=True,
-                        algorithm__sampler_correction="turn")
+                        algorithm__importance_correction__level="turn")
     assert sampler_correction_level(explicit) == "turn"
 
 
 def test_sampler_correction_needs_the_recomputed_logprobs():
     from sparring.config import ConfigError
 
-    with pytest.raises(ConfigError, match="recompute_old_logp=true"):
-        make_cfg(algorithm__sampler_correction="token")
+    with pytest.raises(ConfigError, match="^algorithm.importance_correction.level: 'token' "
+                                          "compares .*recompute_old_logp=true"):
+        make_cfg(algorithm__importance_correction__level="token")
+    with pytest.raises(ConfigError, match=r"^algorithm.importance_correction.clip: 0.0 is out "
+                                          r"of range \(must be > 0\)"):
+        make_cfg(algorithm__importance_correction__clip=0)
 
 
 def shared_prompt_batch(seed=0, prompts=3, samples=4, start=0, repeat=0):
@@ -647,7 +652,7 @@ def test_share_rows_runs_each_distinct_row_once_with_the_same_logprobs_and_gradi
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
 
 
-def test_body_lr_scale_moves_the_body_at_its_fraction_and_zero_freezes_it():
+def test_a_heads_body_lr_scale_moves_the_body_at_its_fraction_and_frozen_features_freeze_it():
     """Adam's first step moves every weight with a gradient by exactly lr (m/sqrt(v) = sign g),
     so the output layer moves by 1e-3 and the body by scale * 1e-3; at 0 the body gets no
     gradient at all and the optimizer holds the head alone."""
@@ -655,7 +660,9 @@ def test_body_lr_scale_moves_the_body_at_its_fraction_and_zero_freezes_it():
     for scale in (0.25, 0.0):
         model = th.tiny_qwen(2)
         before = {k: v.clone() for k, v in model.named_parameters()}
-        learner = Learner(model, make_cfg(optim__body_lr_scale=scale, optim__eps=1e-12))
+        head = ({"name": "frozen_features"} if scale == 0 else
+                {"name": "lm_head", "body_lr_scale": scale})
+        learner = Learner(model, make_cfg(model__head=head, optim__eps=1e-12))
         learner.update(batch, adv)
         for name, p in model.named_parameters():
             step = (p.detach() - before[name]).abs()
@@ -669,15 +676,22 @@ def test_body_lr_scale_moves_the_body_at_its_fraction_and_zero_freezes_it():
         assert (learner.params == [model.lm_head.weight]) is (scale == 0)
 
 
-def test_body_lr_scale_head_is_the_tied_embedding_and_lora_is_refused():
+def test_the_output_layer_is_the_tied_embedding_and_a_head_apart_from_lora_is_refused():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from sparring.train.param_groups import output_layer_names
+    from sparring.policy.heads import output_layer_names
 
     tied = Qwen2ForCausalLM(Qwen2Config(vocab_size=40, hidden_size=32, intermediate_size=64,
                                         num_hidden_layers=1, num_attention_heads=4,
                                         num_key_value_heads=2, tie_word_embeddings=True))
     assert output_layer_names(tied) == {"model.embed_tokens.weight"}
     assert output_layer_names(th.tiny_qwen()) == {"lm_head.weight"}
-    with pytest.raises(ConfigError, match="optim.body_lr_scale.*leave it at 1 with LoRA"):
-        make_cfg(optim__body_lr_scale=0.5, lora__enabled=True)
+    with pytest.raises(ConfigError, match=r"^model.head: lm_head \(body_lr_scale 0.5\) trains "
+                                          r"the output layer apart .*use lm_head with "
+                                          r"body_lr_scale 1 with LoRA$"):
+        make_cfg(model__head={"name": "lm_head", "body_lr_scale": 0.5}, lora__enabled=True)
+    with pytest.raises(ConfigError, match=r"^model.head: frozen_features \(body_lr_scale 0.0\)"):
+        make_cfg(model__head={"name": "frozen_features"}, lora__enabled=True)
+    with pytest.raises(ConfigError, match=r"^model.head: head 'lm_head' option 'body_lr_scale': "
+                                          r"0 is out of range \(must be > 0\)"):
+        make_cfg(model__head={"name": "lm_head", "body_lr_scale": 0})

@@ -166,9 +166,6 @@ def test_the_periodic_evaluation_reports_the_exact_rates_against_minimax(tmp_pat
     direct = policy_vs_minimax(parts.rollout_fn.arena, parts.policy, "tictactoe",
                                dict(cfg.envs[0].options)).rates()
     assert {k: out[f"tictactoe/minimax_exact/{k}"] for k in direct} == direct
-    off = build(load_config(CONFIGS / "default.yaml", [*tiny, "eval.exact_vs_minimax=false"]),
-                tmp_path / "off").eval_fn(0, None)
-    assert not any("minimax_exact" in k for k in off)
     no_minimax = build(load_config(CONFIGS / "default.yaml", [*tiny, "eval.opponents=[random]"]),
                        tmp_path / "r").eval_fn(0, None)
     assert not any("minimax_exact" in k for k in no_minimax)

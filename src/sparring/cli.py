@@ -21,7 +21,8 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-LISTABLE = ("estimators", "shapers", "objectives", "aggregations", "envs", "bots")
+LISTABLE = ("estimators", "shapers", "objectives", "aggregations", "envs", "bots", "starts",
+            "heads")
 
 
 def _registry_entries(what: str) -> list:
@@ -40,6 +41,12 @@ def _registry_entries(what: str) -> list:
     if what == "bots":
         from sparring.envs.bots import BOTS
         return list(BOTS)
+    if what == "starts":
+        from sparring.envs.starts import STARTS
+        return list(STARTS)
+    if what == "heads":
+        from sparring.policy.heads import HEADS
+        return list(HEADS)
     from sparring.envs import list_envs
     return list_envs()
 
@@ -47,6 +54,7 @@ def _registry_entries(what: str) -> list:
 def cmd_list(args: argparse.Namespace) -> int:
     console = Console(width=200 if not sys.stdout.isatty() else None)
     from sparring.plugins import PluginError
+    from sparring.registry import describe_options
 
     unknown = [w for w in args.what if w not in LISTABLE]
     try:
@@ -64,12 +72,16 @@ def cmd_list(args: argparse.Namespace) -> int:
             console.print(f"[yellow]{what}: not available ({e})[/yellow]")
             continue
         aliases = any(e.aliases for e in entries)
+        options = [describe_options(e.fn) for e in entries]  # of registered components
         table = Table(title=f"{what} ({len(entries)})", show_lines=False)
-        for col in ("name", *(("aliases",) if aliases else ()), "family", "needs", "source"):
+        for col in ("name", *(("aliases",) if aliases else ()),
+                    *(("options",) if any(options) else ("family", "needs")), "source"):
             table.add_column(col, overflow="fold")
-        for e in entries:
+        for e, opts in zip(entries, options):
             alias = (", ".join(e.aliases) or "-",) if aliases else ()
-            table.add_row(e.name, *alias, e.family, ", ".join(e.needs) or "-", e.source)
+            middle = ((", ".join(f"{k}={v!r}" for k, v, _ in opts) or "-",) if any(options)
+                      else (e.family, ", ".join(e.needs) or "-"))
+            table.add_row(e.name, *alias, *middle, e.source)
         console.print(table)
     return 0
 
@@ -346,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the version and exit")
     sub = p.add_subparsers(dest="command", required=True)
     lp = sub.add_parser("list", help="list estimators, shapers, objectives, aggregations, "
-                        "environments, bots")
+                        "environments, bots, start components, heads")
     # no argparse `choices`: Python 3.11 checks an empty `nargs="*"` against them and fails
     lp.add_argument("what", nargs="*", metavar="WHAT",
                     help=f"what to list: {', '.join(LISTABLE)} (default: all)")

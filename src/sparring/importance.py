@@ -1,11 +1,12 @@
 """Truncated importance weights for samples drawn by another policy than the learner's.
 
-Two callers. Rollout workers in async mode: a stale batch was sampled by a behaviour policy
-``mu`` (the weights a worker had, up to ``max_staleness`` updates old), whose per-token
-log-probs the sampler recorded (``old_logp``); `sparring.distributed.RayRollouts.correct`
-reweights it. The learner's ``algorithm.sampler_correction``: ``mu`` is the sampler itself
-(vLLM, or another precision), whose log-probs differ from the learner's under the same
-weights. In both the learner's policy before this step's update, ``pi_old``, recomputes
+One setting, ``algorithm.importance_correction`` (``level``, ``clip``), for two callers
+(`sampler_level`, `stale_level` resolve its ``auto``). Rollout workers in async mode: a
+stale batch was sampled by a behaviour policy ``mu`` (the weights a worker had, up to
+``max_staleness`` updates old), whose per-token log-probs the sampler recorded
+(``old_logp``); `sparring.distributed.RayRollouts.correct` reweights it. The learner
+(`sparring.train.loss`): ``mu`` is the sampler itself (vLLM, or another precision), whose
+log-probs differ from the learner's under the same weights. In both the learner's policy before this step's update, ``pi_old``, recomputes
 the log-probs, the clipped ratio is taken against ``pi_old`` (the proximal policy of
 decoupled PPO: Hilton et al., "Batch size-invariance for policy optimization", 2022), and
 the advantages are reweighted by the truncated importance weight
@@ -29,6 +30,26 @@ import torch
 from torch import Tensor
 
 LEVELS = ("token", "turn")
+
+
+def sampler_level(level: str, *, vllm: bool, recomputed: bool) -> str:
+    """The level at which the learner corrects for its sampler (``"off"``, or one of
+    `LEVELS`): ``level`` where the old log-probs are the learner's recomputation (so the
+    sampler's can be compared with them), ``auto`` being ``token`` on a vLLM sampler, where
+    the two differ by up to 1.4-1.8 nats once a bf16-mixed learner's adapter trains
+    (docs/benchmarks.md, "The sampler/learner gap with vLLM"), and off elsewhere (where
+    both agree the weights are 1 and change nothing)."""
+    if level == "off" or not recomputed:
+        return "off"
+    if level == "auto":
+        return "token" if vllm else "off"
+    return level
+
+
+def stale_level(level: str) -> str:
+    """The level at which async rollout workers' stale samples are corrected: ``level``,
+    ``auto`` being ``token``."""
+    return "token" if level == "auto" else level
 
 
 def turn_ids(mask: Tensor) -> Tensor:

@@ -53,7 +53,7 @@ class Entry:
         allowed -= set(internal)
         for key in options:
             if key not in allowed:
-                close = difflib.get_close_matches(key, sorted(allowed), n=1)
+                close = difflib.get_close_matches(str(key), sorted(allowed), n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise ValueError(f"{kind} {self.name!r} has no option {key!r}{hint}; "
                                  f"allowed: {', '.join(sorted(allowed)) or '(none)'}")
@@ -165,3 +165,63 @@ class Registry:
     def names(self) -> list[str]:
         """The canonical names, sorted (aliases are in each entry's ``aliases``)."""
         return sorted(self._entries)
+
+
+# ------------------------------------------------------------------ components with options
+# A component is a registered frozen dataclass (``kw_only``) whose fields are its options:
+# ``{name: random_opening, moves: 4}`` in a config builds ``STARTS.get("random_opening").fn
+# (moves=4)``. `option` gives a field its help and numeric bounds; `build_component` checks
+# the names, types and bounds and builds it; `describe_options` lists the options for help.
+
+_BOUND_OPS = {"ge": (">=", lambda v, b: v >= b), "gt": (">", lambda v, b: v > b),
+              "le": ("<=", lambda v, b: v <= b), "lt": ("<", lambda v, b: v < b)}
+
+
+def option(default: Any, help: str, **bounds: float) -> Any:
+    """A component option: a dataclass field with its ``help`` and bounds (``ge``, ``gt``,
+    ``le``, ``lt``), checked by `build_component`."""
+    return field(default=default, metadata={"help": help, **bounds})
+
+
+def bound_error(value: Any, meta: Any) -> str | None:
+    """"must be >= 0" for a number outside the bounds in ``meta``; None when inside (or not a
+    number)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    for op, (sym, ok) in _BOUND_OPS.items():
+        if op in meta and not ok(value, meta[op]):
+            return f"must be {sym} {meta[op]}"
+    return None
+
+
+def build_component(registry: Registry, spec: Any) -> Any:
+    """The component a config entry ``{name: ..., option: value, ...}`` names, built from its
+    options; ValueError (UnknownNameError for a name) saying what is wrong."""
+    import dataclasses
+
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        raise ValueError(f"expected {{name: ..., option: value, ...}}, got {spec!r}")
+    entry = registry.get(spec["name"])
+    options = {k: v for k, v in spec.items() if k != "name"}
+    entry.check_options(options, registry.kind)
+    if isinstance(entry.fn, type) and dataclasses.is_dataclass(entry.fn):
+        for f in dataclasses.fields(entry.fn):
+            if f.name in options:
+                why = bound_error(options[f.name], f.metadata)
+                if why:
+                    raise ValueError(f"{registry.kind} {entry.name!r} option {f.name!r}: "
+                                     f"{options[f.name]!r} is out of range ({why})")
+    try:
+        return entry.fn(**options)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{registry.kind} {entry.name!r}: {e}") from None
+
+
+def describe_options(fn: Callable[..., Any]) -> list[tuple[str, Any, str]]:
+    """``(option, default, help)`` of each option of a component class (`option` fields)."""
+    import dataclasses
+
+    if not (isinstance(fn, type) and dataclasses.is_dataclass(fn)):
+        return []
+    return [(f.name, f.default, f.metadata.get("help", "")) for f in dataclasses.fields(fn)
+            if f.init]

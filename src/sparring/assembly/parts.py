@@ -30,7 +30,7 @@ from sparring.policy.hf import HFPolicy, resolve_device
 from sparring.rollout.rollouts import Rollouts
 from sparring.config import Config, policy_config
 from sparring.train.determinism import use_deterministic_kernels
-from sparring.train.param_groups import untie_output_layer
+from sparring.policy.heads import build_head, untie_output_layer
 
 
 @dataclass
@@ -52,10 +52,10 @@ class RunParts:
 def load_model(cfg: Config) -> tuple[Any, Any]:
     """``model.name``: 'tiny' (built from ``model.options``), 'smollm2', or an HF folder/id;
     the weights in ``model.dtype``, the compute precision of ``model.precision`` recorded on
-    the model (`sparring.policy.precision`); a tied LM head untied when
-    ``optim.body_lr_scale`` is below 1 (`untie_output_layer`)."""
+    the model (`sparring.policy.precision`); a tied LM head untied when ``model.head``
+    trains it apart from the body (`untie_output_layer`)."""
     model, tok = _load_weights(cfg)
-    if cfg.optim.body_lr_scale != 1:  # the head learns apart from the input embeddings
+    if build_head(cfg.model.head).body_lr_scale != 1:  # apart from the input embeddings
         untie_output_layer(model)
     mode = model_precision(cfg, model)
     precision.apply(model, mode.mode)

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from sparring.policy.feature_cache import FeatureCache, attach_feature_cache
+from sparring.policy.heads import FrozenFeatures, build_head
 from sparring.policy.hf import HFPolicy, device_unavailable
 from sparring.train.checkpoint import (
     latest_intact_checkpoint,
@@ -101,9 +102,9 @@ def load_policy(path: str | Path, device: str | None = None, *, trust_remote_cod
         load_trainable_state(model, load_weights(ckpt, f"model{suffix}", verify=False))
     if average:
         load_magnet(model, ckpt, policy)
-    if (pcfg.train.feature_center or pcfg.train.feature_whiten) \
-            and pcfg.optim.body_lr_scale == 0 and pcfg.train.feature_cache:
-        load_feature_center(model, ckpt, pcfg.train.feature_cache, policy)
+    head = build_head(pcfg.model.head)
+    if isinstance(head, FrozenFeatures) and head.transforms:
+        load_feature_center(model, ckpt, head.cache, policy)
     loaded = HFPolicy(model, tok, device=device, seed=cfg.train.seed,
                       name=f"{run.name}{'/' + policy if policy else ''}@{ckpt.name}"
                       f"{'/average' if average else ''}")
@@ -122,7 +123,7 @@ def load_magnet(model: torch.nn.Module, ckpt: Path, policy: str | None = None) -
 def load_feature_center(model: torch.nn.Module, ckpt: Path, max_entries: int,
                         policy: str | None = None) -> None:
     """Give ``model`` the feature cache its run trained with, with the run's transform
-    (``train.feature_center``, ``train.feature_whiten``, `sparring.policy.feature_cache`):
+    (``center``, ``whiten`` of the ``frozen_features`` head, `sparring.policy.feature_cache`):
     its head's change reads transformed features, so without it the loaded policy would
     not be the trained one."""
     features = FeatureCache(model, max_entries, center=True)
@@ -140,8 +141,8 @@ class _CenterInto:
     def load_state_dict(self, state: dict) -> None:
         if "feature_center" not in state:
             raise CheckpointError(f"{self.ckpt} holds no feature transform (a run with "
-                                  "train.feature_center or feature_whiten checkpointed "
-                                  "before its first step?)")
+                                  "model.head's center or whiten checkpointed before its "
+                                  "first step?)")
         self.features.load_center_state(state["feature_center"])
 
 

@@ -37,6 +37,7 @@ from sparring.config.schema import (
     DistributedConfig,
     EnvSpec,
     EvalConfig,
+    ExplorationSpec,
     KLConfig,
     LeagueConfig,
     LoggingConfig,
@@ -55,7 +56,7 @@ from sparring.config.schema import (
 
 __all__ = ["MAX_CONFIG_VALUES", "AlgorithmConfig", "ArcherConfig", "CheckpointConfig", "Config",
            "ConfigError", "CriticConfig", "DistributedConfig", "EnvSpec", "EvalConfig",
-           "KLConfig", "LeagueConfig", "LoggingConfig", "LoraConfig", "ModelConfig",
+           "ExplorationSpec", "KLConfig", "LeagueConfig", "LoggingConfig", "LoraConfig", "ModelConfig",
            "OptimConfig", "PolicySpec", "RolloutConfig", "TrainConfig", "apply_override", "check_resume_overrides",
            "commented_yaml", "config_warnings", "find_recipe", "from_dict", "load_config",
            "opt", "policy_config", "read_yaml", "recipe_dirs", "save_config", "to_dict",

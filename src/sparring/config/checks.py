@@ -10,6 +10,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sparring.config.components import EXPLORERS, component_error
 from sparring.config.overlay import policy_config
 from sparring.config.overrides import ConfigError, did_you_mean
 
@@ -73,29 +74,24 @@ def _options_check(kind: str, name: str, options: dict[str, Any], key: str) -> N
 
 def validate(cfg: Config) -> Config:
     """Cross-field checks, registry names and their options; returns ``cfg``."""
-    _algorithm_check(cfg.algorithm, cfg.envs, "algorithm", cfg.rollout.explore,
-                     cfg.rollout.invalid_action)
+    _exploration_check(cfg)
+    _algorithm_check(cfg.algorithm, cfg.envs, "algorithm", _learner_rate(cfg),
+                     cfg.rollout.invalid_action, cfg.distributed.mode == "async")
     _critic_check(cfg.critic, cfg.algorithm.estimator, "critic")
     for i, env in enumerate(cfg.envs):
         _registry_check("env", env.name, f"envs.{i}.name")
         game = _env_options_check(i, env)
-        if cfg.league.explore_tactical and "pool" in env.opponents:
-            _lookahead_check(i, game)
+        for who, spec in cfg.exploration.items():
+            if spec.tactical and (who == "learner" or "pool" in env.opponents):
+                _lookahead_check(i, game, who)
     _betas_check(cfg.optim.betas, "optim.betas")
-    _body_lr_check(cfg, "optim.body_lr_scale")
-    for key in ("feature_center", "feature_whiten"):
-        if getattr(cfg.train, key) and not (cfg.optim.body_lr_scale == 0
-                                            and cfg.train.feature_cache):
-            raise ConfigError(f"train.{key}: transforms the features of a frozen network's "
-                              "cache; it needs optim.body_lr_scale=0 and train.feature_cache "
-                              f"above 0 (got {cfg.optim.body_lr_scale} and "
-                              f"{cfg.train.feature_cache})")
+    _head_check(cfg, "model.head")
     if cfg.train.microbatch_size and cfg.train.minibatch_size \
             and cfg.train.microbatch_size > cfg.train.minibatch_size:
         raise ConfigError("train.microbatch_size: must not exceed train.minibatch_size")
-    if cfg.rollout.explore and cfg.rollout.layout == "trajectory":
-        raise ConfigError("rollout.explore: explored moves are marked per turn, and the "
-                          "trajectory layout joins a seat's turns into one row; use "
+    if _learner_rate(cfg) and cfg.rollout.layout == "trajectory":
+        raise ConfigError("exploration.learner.rate: explored moves are marked per turn, and "
+                          "the trajectory layout joins a seat's turns into one row; use "
                           "rollout.layout=turn")
     if cfg.rollout.answer_format.count("{}") != 1:
         raise ConfigError(f"rollout.answer_format: {cfg.rollout.answer_format!r} needs exactly "
@@ -113,11 +109,29 @@ def validate(cfg: Config) -> Config:
     return cfg
 
 
+def _learner_rate(cfg: Config) -> float:
+    """The learner's exploration rate (``exploration.learner.rate``; 0 without an entry)."""
+    spec = cfg.exploration.get("learner")
+    return spec.rate if spec is not None else 0.0
+
+
+def _exploration_check(cfg: Config) -> None:
+    """``exploration`` names who explores among `EXPLORERS`."""
+    for who in cfg.exploration:
+        if who not in EXPLORERS:
+            raise ConfigError(f"exploration.{who}: no player of that name explores"
+                              f"{did_you_mean(who, list(EXPLORERS))} (allowed: "
+                              f"{', '.join(EXPLORERS)})")
+
+
 def _algorithm_check(a: AlgorithmConfig, envs: list[EnvSpec], key: str,
-                     explore: float = 0.0, invalid_action: str = "constrained") -> None:
+                     explore: float = 0.0, invalid_action: str = "constrained",
+                     stale: bool = False) -> None:
     """Registry names and keyword options of ``a`` (``algorithm``, or a policy's own at
     ``key``), the estimator's options of every env spec, recomputed old log-probs where
-    ``rollout.explore`` > 0, constrained decoding for the uniform-KL bonus."""
+    the learner explores (``explore``, its rate) and where the sampler's importance
+    correction is asked for (unless ``stale``: async rollout workers, whose correction
+    needs none), constrained decoding for the uniform-KL bonus."""
     if a.entropy_bonus == "uniform_kl":
         if invalid_action != "constrained":
             raise ConfigError(f"{key}.entropy_bonus: 'uniform_kl' pulls towards uniform play "
@@ -127,8 +141,8 @@ def _algorithm_check(a: AlgorithmConfig, envs: list[EnvSpec], key: str,
             raise ConfigError(f"{key}.entropy_target holds the token entropy, which "
                               f"{key}.entropy_bonus='uniform_kl' does not weigh; drop one")
     if explore > 0 and not a.recompute_old_logp:
-        raise ConfigError(f"rollout.explore: {explore} plays moves the sampler did not sample, "
-                          "so they have no sampler log-probs; set "
+        raise ConfigError(f"exploration.learner.rate: {explore} plays moves the sampler did "
+                          "not sample, so they have no sampler log-probs; set "
                           f"{key}.recompute_old_logp=true (the learner scores them)")
     _registry_check("estimator", a.estimator, f"{key}.estimator")
     _registry_check("objective", a.objective, f"{key}.objective")
@@ -154,13 +168,12 @@ def _algorithm_check(a: AlgorithmConfig, envs: list[EnvSpec], key: str,
             raise ConfigError(f"{key}.entropy_target sets the bonus each update, so "
                               f"{key}.entropy_schedule={a.entropy_schedule!r} would be "
                               "ignored; leave it 'constant'")
-    if a.kl.magnet_every != 1 and a.kl.reference != "magnet":
-        raise ConfigError(f"{key}.kl.magnet_every: {a.kl.magnet_every} moves a magnet, but "
-                          f"{key}.kl.reference is {a.kl.reference!r}; set it to 'magnet'")
-    if a.sampler_correction not in ("off", "auto") and not a.recompute_old_logp:
-        raise ConfigError(f"{key}.sampler_correction: {a.sampler_correction!r} compares the "
+    level = a.importance_correction.level
+    if level not in ("off", "auto") and not a.recompute_old_logp and not stale:
+        raise ConfigError(f"{key}.importance_correction.level: {level!r} compares the "
                           "sampler's log-probs with the learner's recomputation; set "
-                          f"{key}.recompute_old_logp=true too")
+                          f"{key}.recompute_old_logp=true too (async rollout workers "
+                          "correct their stale samples without it)")
 
 
 def _critic_check(c: CriticConfig, estimator: str, key: str) -> None:
@@ -174,12 +187,20 @@ def _critic_check(c: CriticConfig, estimator: str, key: str) -> None:
                           "trains; set it to auto or on")
 
 
-def _body_lr_check(cfg: Config, key: str) -> None:
-    """``optim.body_lr_scale`` below 1 needs a trained output layer, which LoRA has not."""
-    if cfg.optim.body_lr_scale != 1 and cfg.lora.enabled:
-        raise ConfigError(f"{key}: {cfg.optim.body_lr_scale} scales the lr of all but the "
-                          "output layer, and with lora.enabled only adapters train (no "
-                          "output layer); leave it at 1 with LoRA")
+def _head_check(cfg: Config, key: str) -> None:
+    """``model.head`` (of ``cfg``, or of a policy's config at ``key``) is a registered head
+    with its options; one that trains the output layer apart from the body needs a trained
+    output layer, which LoRA has not."""
+    from sparring.policy.heads import build_head
+    try:
+        head = build_head(cfg.model.head)
+    except (KeyError, ValueError) as e:
+        raise component_error(key, e) from None
+    if head.body_lr_scale != 1 and cfg.lora.enabled:
+        raise ConfigError(f"{key}: {head.name} (body_lr_scale {head.body_lr_scale}) trains "
+                          "the output layer apart from the body, and with lora.enabled only "
+                          "adapters train (no output layer); use lm_head with body_lr_scale "
+                          "1 with LoRA")
 
 
 def _betas_check(betas: list[float], key: str) -> None:
@@ -219,11 +240,12 @@ def _policies_check(cfg: Config) -> None:
         _model_check(pc.model, f"policies.{n}.model")
         if cfg.policies[n].algorithm:
             _algorithm_check(pc.algorithm, cfg.envs, f"policies.{n}.algorithm",
-                             cfg.rollout.explore, cfg.rollout.invalid_action)
+                             _learner_rate(cfg), cfg.rollout.invalid_action,
+                             cfg.distributed.mode == "async")
         if cfg.policies[n].algorithm or cfg.policies[n].critic:
             _critic_check(pc.critic, pc.algorithm.estimator, f"policies.{n}.critic")
         _betas_check(pc.optim.betas, f"policies.{n}.optim.betas")
-        _body_lr_check(pc, f"policies.{n}.optim.body_lr_scale")
+        _head_check(pc, f"policies.{n}.model.head")
         if cfg.lora.shared_base and cfg.policies[n].model:
             raise ConfigError(f"policies.{n}.model: with lora.shared_base every policy is an "
                               "adapter on the one base model (`model`); drop it or set "
@@ -369,46 +391,23 @@ def _env_options_check(i: int, env: EnvSpec) -> Any:
     if bad:
         raise ConfigError(f"envs.{i}.learner_seats: {bad} out of range; {entry.name} has "
                           f"seats 0..{made.num_seats - 1}")
-    from sparring.envs.wrappers import RandomOpening, SymmetricViews, check_openings
-    game = made
-    if env.symmetric_views and env.options.get("canonical"):
-        raise ConfigError(f"envs.{i}.symmetric_views: the game's option canonical already "
-                          "shows every position in one orientation, and random views would "
-                          f"undo it; set envs.{i}.symmetric_views=false or drop canonical")
-    if env.symmetric_views:
-        try:
-            made = SymmetricViews(made)
-        except ValueError as e:
-            raise ConfigError(f"envs.{i}.symmetric_views: {e}; set envs.{i}.symmetric_views="
-                              "false for this game") from None
-    if env.loss_replay and made.num_seats < 2:
-        raise ConfigError(f"envs.{i}.loss_replay: {entry.name} has one seat, so no game is "
-                          "lost to another seat; loss replay needs two or more")
-    if env.opening_moves or env.loss_replay:  # both start through RandomOpening
-        try:
-            RandomOpening(made, env.opening_moves)
-        except ValueError as e:
-            key = "opening_moves" if env.opening_moves else "loss_replay"
-            raise ConfigError(f"envs.{i}.{key}: {e}") from None
-    if env.openings:
-        from sparring.envs.openings import read_openings
-
-        try:
-            check_openings(made, read_openings(env.openings))
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"envs.{i}.openings: {e}") from None
-    return game
+    from sparring.envs.starts import check_starts, parse_starts
+    try:
+        check_starts(parse_starts(env.starts), made, dict(env.options))
+    except ValueError as e:
+        raise ConfigError(f"envs.{i}.starts.{e}") from None
+    return made
 
 
-def _lookahead_check(i: int, game: Any) -> None:
-    """``league.explore_tactical``: the pool's game ``envs.i`` can be searched by
-    copies with nothing hidden (`sparring.envs.lookahead.check_lookahead`)."""
+def _lookahead_check(i: int, game: Any, who: str) -> None:
+    """``exploration.<who>.tactical``: the game ``envs.i`` that ``who`` plays can be searched
+    by copies with nothing hidden (`sparring.envs.lookahead.check_lookahead`)."""
     from sparring.envs.lookahead import check_lookahead
     try:
         check_lookahead(game)
     except ValueError as e:
-        raise ConfigError(f"league.explore_tactical: {e} (envs.{i} plays the pool)") \
-            from None
+        where = "plays the pool" if who == "league" else "is a training game"
+        raise ConfigError(f"exploration.{who}.tactical: {e} (envs.{i} {where})") from None
 
 
 def _opponents_check(cfg: Config) -> None:

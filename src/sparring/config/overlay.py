@@ -14,11 +14,13 @@ if TYPE_CHECKING:
 
 
 def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """``base`` with the keys of ``over`` on top; mappings in both are merged the same way."""
+    """``base`` with the keys of ``over`` on top; mappings in both are merged the same way,
+    but for a component of another name (``model.head: {name: ...}``), which replaces."""
     out = dict(base)
     for k, v in over.items():
-        out[k] = (_merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict)
-                  else v)
+        merge = isinstance(v, dict) and isinstance(out.get(k), dict) and v.get(
+            "name", out[k].get("name")) == out[k].get("name")
+        out[k] = _merged(out[k], v) if merge else v
     return out
 
 

@@ -6,6 +6,7 @@ the defaults with their help (configs/reference.yaml)."""
 
 from __future__ import annotations
 
+import typing
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -14,16 +15,19 @@ import yaml
 
 from sparring.config.aliases import translate, translate_overrides
 from sparring.config.checks import validate
+from sparring.config.components import EXPLORERS
 from sparring.config.files import find_recipe, read_yaml
 from sparring.config.overrides import ConfigError, apply_override, build
 
 
-def opt(default: Any, help: str, **check: float) -> Any:
+def opt(default: Any, help: str, components: str = "", **check: float) -> Any:
     """A config field: default (a list/dict default is copied per instance), help, bounds.
 
-    ``check`` may hold ``ge``, ``gt``, ``le``, ``lt`` numeric bounds enforced on load.
+    ``check`` may hold ``ge``, ``gt``, ``le``, ``lt`` numeric bounds enforced on load;
+    ``components``: the kind of registered components the field lists (`commented_yaml`
+    writes their options under it).
     """
-    meta = {"help": help, **check}
+    meta = {"help": help, **check, **({"components": components} if components else {})}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     if is_dataclass(default):
@@ -46,6 +50,10 @@ class ModelConfig:
         "more than bf16 saves), else float32. The run prints what it chose")
     device: str = opt("cpu", "'cpu', 'cuda', 'cuda:N', 'mps' or 'auto'")
     trust_remote_code: bool = opt(False, "allow model code from the hub (off unless you trust it)")
+    head: dict[str, Any] = opt(
+        {"name": "lm_head"}, "what of the model trains and what its output layer reads, a "
+        "component {name: ..., option: value} (`sparring list heads`; "
+        "sparring.policy.heads)", components="head")
     backend: Literal["hf", "vllm"] = opt(
         "hf", "what samples the learner's rollouts: 'hf' (transformers, the learner's own model) "
         "or 'vllm' (a vLLM engine in this process, given the learner's weights before each "
@@ -66,33 +74,11 @@ class EnvSpec:
                                "(`sparring list bots`)")
     group_size: int = opt(1, "episodes per group (same start state / prompt)", ge=1)
     estimator_options: dict[str, Any] = opt({}, "estimator options for this env's rows")
-    opening_moves: int = opt(
-        0, "exploring starts: each group of training episodes begins after n random legal "
-        "moves, n uniform in 0..opening_moves (never a move that ends the game; games that "
-        "pay at the end; evaluation plays the plain game)", ge=0)
-    openings: str = opt(
-        "", "a file of listed openings (one per line, moves separated by spaces; relative "
-        "to the working directory or the checkout, e.g. configs/openings/...): a group of "
-        "training episodes starts after one of them, drawn uniformly, with probability "
-        "openings_share (else as opening_moves says); evaluation plays the plain game")
-    openings_share: float = opt(1.0, "probability a training group starts from a listed "
-                                "opening (envs[].openings)", ge=0, le=1)
-    loss_replay: float = opt(
-        0.0, "loss replay: probability a training group starts again from a position where "
-        "a trained seat went on to lose in an earlier step (its last loss_replay_depth "
-        "decisions of each lost game, the loss_replay_size latest distinct positions kept; "
-        "sparring.rollout.loss_replay), before listed and random openings are drawn; 0: "
-        "off. Games of two or more seats that pay at the end, as for opening_moves", ge=0,
-        le=1)
-    loss_replay_size: int = opt(256, "loss replay: distinct positions kept, the latest "
-                                "first", ge=1)
-    loss_replay_depth: int = opt(2, "loss replay: a losing seat's last decisions kept from "
-                                 "each lost game", ge=1)
-    symmetric_views: bool = opt(
-        False, "each seat sees the board through its own random symmetry of the game "
-        "(drawn per episode from its reset seed; the game must declare its symmetries, as "
-        "tictactoe and connect_four do), so self-play meets its lines in every orientation; "
-        "training only, evaluation plays the plain game")
+    starts: list[dict[str, Any]] = opt(
+        [], "how a group of training episodes starts, a list of start components "
+        "[{name: ..., option: value}, ...], each name at most once (`sparring list starts`; "
+        "sparring.envs.starts); evaluation plays the plain game. []: the game's own start",
+        components="start")
     learner_seats: list[int] = opt(
         [], "the learner's seat in games against bots or the pool, in turn: episode i of a "
         "group's run puts it in learner_seats[i % len]; repeat a seat to train it more "
@@ -146,18 +132,28 @@ class RolloutConfig:
     invalid_penalty: float = opt(-1.0, "reward added to a turn with an invalid action")
     max_retries: int = opt(2, "retries per move with invalid_action=retry", ge=0)
     max_turns: int = opt(200, "turn budget per episode (truncated beyond)", ge=1)
-    explore: float = opt(
-        0.0, "epsilon of the training policy's own seats: at each of its turns it plays a "
-        "uniformly random legal move with this probability, and that move is a training row "
-        "scored with the learner's log-probs (off-policy, not reweighted: a move self-play "
-        "has stopped sampling can win back probability when it pays); needs "
-        "algorithm.recompute_old_logp", ge=0, le=1)
-    explore_schedule: Literal["constant", "cosine"] = opt(
-        "constant", "explore over train.steps: constant, or a cosine from explore down to "
-        "explore_final_ratio * explore (the bias towards explored moves fades out)")
-    explore_final_ratio: float = opt(
-        0.0, "final epsilon of the cosine explore_schedule as a fraction of explore",
-        ge=0, le=1)
+
+
+@dataclass
+class ExplorationSpec:
+    """How one kind of player explores (an entry of ``exploration``)."""
+
+    rate: float = opt(
+        0.0, "epsilon: at each of its turns the player plays a uniformly random legal move "
+        "with this probability", ge=0, le=1)
+    schedule: Literal["constant", "cosine"] = opt(
+        "constant", "rate over train.steps: constant, or a cosine from rate down to "
+        "final_ratio * rate")
+    final_ratio: float = opt(0.0, "final rate of the cosine schedule as a fraction of rate",
+                             ge=0, le=1)
+    turns: int = opt(
+        0, "explore only at the player's first N turns of an episode (0: at every turn); "
+        "its later moves are its policy's, so a line opened at random is followed up well",
+        ge=0)
+    tactical: bool = opt(
+        False, "draw the random move among the moves a two-ply lookahead keeps (a win in one "
+        "if there is one, else none that lets the next mover win at once): new positions "
+        "without gifts (needs a game with clone() and no hidden chance)")
 
 
 @dataclass
@@ -173,29 +169,6 @@ class LeagueConfig:
         "fewer saves memory with large models but reloads a snapshot from disk each time "
         "a draw misses)", ge=0)
     bots: list[str] = opt(["random"], "bots in the opponent pool besides snapshots")
-    explore: float = opt(
-        0.0, "epsilon of the pool's snapshots: at each of their moves they play a uniformly "
-        "random legal move with this probability (opponent exploration: the learner meets "
-        "positions its past selves would not reach, then their follow-up play)", ge=0, le=1)
-    explore_schedule: Literal["constant", "cosine"] = opt(
-        "constant", "explore over train.steps: constant, or a cosine from explore "
-        "down to explore_final_ratio * explore (wide coverage early; late, "
-        "opponents that punish the moves which only pay against a random mover)")
-    explore_final_ratio: float = opt(
-        0.0, "final epsilon of the cosine explore_schedule as a fraction of explore",
-        ge=0, le=1)
-    explore_turns: int = opt(
-        0, "a snapshot explores only at its first N turns of an episode (0: at every turn); "
-        "its later moves are its policy's, so a line opened at random is followed up well",
-        ge=0)
-    explore_tactical: bool = opt(
-        False, "a snapshot's random move is drawn among the moves a two-ply lookahead keeps "
-        "(a win in one if there is one, else none that lets the next mover win at once): new "
-        "positions without gifts, so a move that only pays against an opponent who misses a "
-        "block stops paying (needs a game with clone() and no hidden chance)")
-    temperature: float = opt(
-        0.0, "sampling temperature of the pool's snapshots (0: rollout.temperature); above "
-        "it, opponents that spread their play over the moves they rate well", ge=0)
     mode: Literal["uniform", "recency", "pfsp"] = opt(
         "recency", "how the pool samples: uniformly, favouring recent snapshots, or 'pfsp' "
         "(prioritised fictitious self-play): entry weight (1 - x) ** pfsp_power, x the "
@@ -219,11 +192,6 @@ class KLConfig:
         "'magnet': an exponential moving average of the policy's own weights (R-NaD / MMD)")
     magnet_rate: float = opt(0.01, "magnet EMA rate per update: m <- (1 - rate) m + rate w",
                              gt=0, le=1)
-    magnet_every: int = opt(1, "move the magnet every N optimizer steps (1: the EMA above "
-                            "after every step; with magnet_rate 1, R-NaD's outer loop: the "
-                            "magnet is replaced by the policy every N steps and held fixed "
-                            "between, and `--average` evaluates the policy of the last "
-                            "replacement)", ge=1)
 
 
 @dataclass
@@ -238,6 +206,20 @@ class ArcherConfig:
     batch_turns: int = opt(0, "turns sampled from the buffer per critic update (0: as many as "
                            "the newest step has)", ge=0)
     lr: float | None = opt(None, "critic learning rate (null: optim.lr)", gt=0)
+
+
+@dataclass
+class ImportanceCorrectionConfig:
+    level: Literal["auto", "off", "token", "turn"] = opt(
+        "auto", "reweight the advantages of samples drawn by another policy than the "
+        "learner's by min(pi_learner / pi_behaviour, clip), per sampled token or per turn "
+        "(the ratio of the turn's whole action). Two samplers differ from the learner: a "
+        "rollout engine whose log-probs differ under the same weights (vLLM, another "
+        "precision; needs algorithm.recompute_old_logp), and async rollout workers on "
+        "older weights (distributed.mode async, the learner recomputing pi). 'auto': "
+        "'token' for async workers, and for the sampler with model.backend vllm and "
+        "recompute_old_logp; else off")
+    clip: float = opt(2.0, "truncation c of the importance weights", gt=0)
 
 
 @dataclass
@@ -276,14 +258,10 @@ class AlgorithmConfig:
     recompute_old_logp: bool = opt(
         False, "recompute old log-probs with the current model before the update (with "
         "train.epochs 1 and one minibatch, the loss's own forward gives them)")
-    sampler_correction: Literal["auto", "off", "token", "turn"] = opt(
-        "auto", "with recompute_old_logp: reweight the advantages by the truncated "
-        "importance weight min(pi_learner / pi_sampler, sampler_correction_clip) per sampled "
-        "token or per turn, for a sampler whose log-probs differ from the learner's under "
-        "the same weights (vLLM, another precision; sparring.importance); 'auto': 'token' "
-        "with model.backend=vllm and recompute_old_logp, else 'off'")
-    sampler_correction_clip: float = opt(2.0, "truncation c of sampler_correction's weights",
-                                         gt=0)
+    importance_correction: ImportanceCorrectionConfig = opt(
+        ImportanceCorrectionConfig(), "the truncated importance weight of samples another "
+        "policy drew: a sampler whose log-probs differ from the learner's, rollout workers "
+        "on older weights (sparring.importance)")
 
 
 @dataclass
@@ -315,12 +293,6 @@ class OptimConfig:
     lr_final_ratio: float = opt(0.0, "final lr of the cosine schedule as a fraction of lr",
                                 ge=0, le=1)
     max_grad_norm: float | None = opt(1.0, "gradient clipping norm (null: no clipping)", gt=0)
-    body_lr_scale: float = opt(
-        1.0, "lr of every trained weight but the output layer (the LM head), as a fraction "
-        "of lr; 0 freezes them: a linear policy on the network's features as they start, "
-        "which RL cannot merge (sparring.train.param_groups). A head tied to the input "
-        "embeddings gets its own copy. Not with LoRA, which trains no output layer",
-        ge=0, le=1)
 
 
 @dataclass
@@ -338,22 +310,6 @@ class TrainConfig:
                              "prompts share, once per forward (same loss and gradient, fewer "
                              "FLOPs; used when at most half the rows' prompts are distinct or "
                              "they share 8+ leading tokens)")
-    feature_cache: int = opt(
-        65536, "with optim.body_lr_scale 0 (a frozen network under a trained head): how many "
-        "contexts' last hidden states to keep, each computed once on its own, so sampling, "
-        "the learner, the KL reference and evaluations apply the head to stored features "
-        "instead of running the network (sparring.policy.feature_cache); 0: off", ge=0)
-    feature_center: bool = opt(
-        False, "with the feature cache: the head's change since the start reads the features "
-        "minus their mean over the run's first batch (the starting policy is unchanged; the "
-        "head's gradient leaves out what all positions share, which dominates a real model's "
-        "features: sparring.policy.feature_cache, bench/linear_probe.py --center)")
-    feature_whiten: float = opt(
-        0.0, "with the feature cache: the head's change since the start reads the features "
-        "centered and whitened by their covariance over the run's first batch, shrunk "
-        "towards the identity by this fraction of the mean variance (ZCA; centering "
-        "included; the starting policy is unchanged; a linear policy fits ~10x faster: "
-        "bench/linear_probe.py --whiten); 0: off", ge=0)
     seed: int = opt(0, "seed of python, numpy and torch", ge=0, le=2**32 - 1)
     deterministic: bool = opt(
         False, "torch's deterministic kernels (torch.use_deterministic_algorithms, warning "
@@ -415,10 +371,6 @@ class EvalConfig:
         "the last N evaluations (<game>/exploitability_time_average: the reach-weighted "
         "average, i.e. a player that draws one of those snapshots per game; what converges "
         "in self-play when the last policy circles); 0: off", ge=0)
-    exact_vs_minimax: bool = opt(
-        True, "with minimax among the opponents: also the exact rates against it over its "
-        "random tie-breaks, and the positions where the policy plays a losing move (keys "
-        "<game>/minimax_exact/...; the greedy policy, else its distribution at temperature 1)")
     average: bool = opt(True, "with a magnet KL reference, also the exact figures of the "
                         "magnet (the average policy): <game>/exploitability_average and "
                         "<game>/minimax_exact_average/...")
@@ -455,15 +407,11 @@ class DistributedConfig:
     mode: Literal["sync", "async"] = opt(
         "sync", "'sync': each step's rollouts use the newest weights (the same metrics as "
         "rollout_workers=0); 'async': workers run up to max_staleness steps ahead on older "
-        "weights while the learner updates, with an importance correction")
+        "weights while the learner updates, with an importance correction "
+        "(algorithm.importance_correction)")
     max_staleness: int = opt(
-        1, "async: rollouts may come from weights up to this many updates old", ge=0)
-    correction: Literal["token", "turn", "off"] = opt(
-        "token", "async: multiply the advantages by truncated importance weights "
-        "min(pi_old / pi_behaviour, correction_clip), pi_old recomputed by the learner, "
-        "pi_behaviour recorded at sampling: per token, or per turn (the ratio of the turn's "
-        "whole action), or off")
-    correction_clip: float = opt(2.0, "async: truncation c of the importance weights", gt=0)
+        1, "async: rollouts may come from weights up to this many updates old (their "
+        "advantages reweighted as algorithm.importance_correction says)", ge=0)
     weight_sync: Literal["auto", "object_store", "collective"] = opt(
         "auto", "how new weights reach the workers: the Ray object store (one copy, "
         "fetched by each worker), a collective broadcast (NCCL on GPUs, gloo on CPUs), or "
@@ -489,7 +437,11 @@ class Config:
     rollout: RolloutConfig = opt(RolloutConfig(), "rollout collection")
     league: LeagueConfig = opt(
         LeagueConfig(), "the opponent pool ('pool' in envs[].opponents): bots and past "
-        "snapshots of the policy, how they are kept, drawn and explore")
+        "snapshots of the policy, how they are kept and drawn")
+    exploration: dict[str, ExplorationSpec] = opt(
+        {}, "random moves in training games, by who makes them: "
+        + "; ".join(f"'{k}', {v}" for k, v in EXPLORERS.items())
+        + ". {}: nobody explores (evaluation never does)")
     algorithm: AlgorithmConfig = opt(AlgorithmConfig(), "estimator, objective, regularisers")
     critic: CriticConfig = opt(CriticConfig(), "the value function (critic) the learner trains")
     optim: OptimConfig = opt(OptimConfig(), "optimizer and learning-rate schedule")
@@ -520,12 +472,13 @@ def to_dict(cfg: Config) -> dict[str, Any]:
 
 def from_dict(data: dict[str, Any] | None, overrides: list[str] | tuple[str, ...] = (),
               check: bool = True) -> Config:
-    """Defaults <- ``data`` <- ``overrides``, old keys renamed (`aliases`); validated unless
-    ``check=False``."""
+    """Defaults <- ``data`` <- ``overrides``, old keys read as the new ones (`aliases`);
+    validated unless ``check=False``."""
     if data is not None and not isinstance(data, dict):
         raise ConfigError(f"a config file must hold a mapping, got {type(data).__name__}")
-    cfg = build(Config, translate(data or {}))
-    for item in translate_overrides(overrides):
+    items, old = translate_overrides(overrides)
+    cfg = build(Config, translate(data or {}, old))
+    for item in items:
         apply_override(cfg, item)
     from sparring.plugins import PluginError, import_plugins
     try:
@@ -545,14 +498,23 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
 def commented_yaml(cls: type = Config, indent: int = 0) -> str:
     """The defaults of ``cls`` as YAML with each field's help as a comment."""
     out, pad = [], " " * indent
-    obj = cls()
+    obj, hints = cls(), typing.get_type_hints(cls)
     for f in fields(cls):
         value = getattr(obj, f.name)
         out.append(f"{pad}# {f.metadata.get('help', '')}")
+        if f.metadata.get("components"):  # the registered components and their options
+            from sparring.config.components import describe
+            out += [f"{pad}#   {line}" for line in describe(f.metadata["components"])]
         if is_dataclass(value):
             out.append(f"{pad}{f.name}:")
             out.append(commented_yaml(type(value), indent + 2))
         else:
             dumped = yaml.safe_dump({f.name: value}, default_flow_style=True, width=1000).strip()
             out.append(pad + dumped[1:-1] if dumped.startswith("{") else pad + dumped)
+            item = typing.get_args(hints[f.name])[-1:]  # a list's or a named mapping's items
+            if item and is_dataclass(item[0]):
+                what = "each item" if typing.get_origin(hints[f.name]) is list else "each entry"
+                out.append(f"{pad}#   {what}:")
+                out += [f"{pad}#   {line}" for line in
+                        commented_yaml(item[0], 2).splitlines()]
     return "\n".join(out)

@@ -60,7 +60,7 @@ from sparring.distributed.weights import (
 )
 from sparring.distributed.worker import RolloutWorker
 from sparring.extras import import_extra, install_hint
-from sparring.importance import importance_weights
+from sparring.importance import importance_weights, stale_level
 from sparring.rollout.rollouts import Rollouts
 
 log = logging.getLogger(__name__)
@@ -250,15 +250,17 @@ class RayRollouts:
     def correct(self, step: int, batch: TurnBatch, adv: Tensor,
                 learner: Any) -> tuple[TurnBatch, Tensor, dict[str, float]]:
         """Called by the training loop after the advantage stage, once per policy (its rows,
-        its learner): in async mode with ``distributed.correction``, the truncated
-        importance weights of the rows against that learner's policy before its update."""
-        d = self.cfg.distributed
-        if self.mode == "sync" or d.correction == "off" or not batch.n_rows:
+        its learner): in async mode, unless ``algorithm.importance_correction`` (that
+        policy's) is off, the truncated importance weights of the rows against that
+        learner's policy before its update."""
+        c = getattr(learner, "cfg", self.cfg).algorithm.importance_correction
+        level = stale_level(c.level)
+        if self.mode == "sync" or level == "off" or not batch.n_rows:
             return batch, adv, {}
         # the learner's policy before this update (the proximal policy of decoupled PPO)
         logp_old = learner.policy_logprobs(batch)
         weights, stats = importance_weights(logp_old, batch.old_logp, batch.action_mask,
-                                            level=d.correction, clip=d.correction_clip)
+                                            level=level, clip=c.clip)
         metrics = {f"distributed/is_{k}": v for k, v in stats.items()}
         return batch.with_fields(old_logp=logp_old), adv * weights.to(adv.device), metrics
 

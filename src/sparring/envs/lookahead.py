@@ -8,7 +8,7 @@ the mover cannot see: a poker copy would read the cards), so `check_lookahead` r
 with chance deals. Cost: at most ``k + k * (k - 1)`` copies and steps for ``k`` legal moves.
 
 Used by the ``tactical`` bot (`sparring.envs.bots.tactical.TacticalBot`) and by exploring
-opponents (``league.explore_tactical``), whose random moves then open new positions
+opponents (``exploration.league.tactical``), whose random moves then open new positions
 without handing the learner a win it did not earn.
 """
 

@@ -1,5 +1,6 @@
 """Listed openings: the start positions a training run's episodes may begin from, as move
-sequences in a text file (``envs[].openings``; played by `sparring.envs.wrappers.RandomOpening`).
+sequences in a text file (the ``openings`` start of ``envs[].starts``; played by
+`sparring.envs.wrappers.RandomOpening`).
 
 The file holds one opening per line, its moves in the env's action names separated by
 spaces (``5 1 9`` is X to the centre, O to 1, X to 9 in tic-tac-toe); ``#`` starts a

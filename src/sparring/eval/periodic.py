@@ -7,9 +7,9 @@ name) and every bot of ``eval.opponents``, ``eval.games`` games with the learner
 rotating (greedy by default; `sparring.eval.games.evaluate_vs_bot`): win / draw / loss and
 the non-loss rate with Wilson 95% intervals, keys ``<game>/<bot>/<metric>``.
 
-With ``eval.exact_vs_minimax`` and ``minimax`` among the opponents, also the exact rates
-against it (`sparring.eval.vs_minimax`: over the bot's random tie-breaks, no sampling
-error) and ``blunder_states``, the reachable positions where the policy plays a losing
+With ``minimax`` among the opponents, also the exact rates against it
+(`sparring.eval.vs_minimax`: over the bot's random tie-breaks, no sampling error) and
+``blunder_states``, the reachable positions where the policy plays a losing
 move, keys ``<game>/minimax_exact/<metric>``; with a magnet (below) and ``eval.average``
 the same for the magnet, ``<game>/minimax_exact_average/<metric>``: whether the average of
 recent policies plays better than the last one.
@@ -131,7 +131,7 @@ def make_eval_fn(cfg: Config, arena: Arena, policy: HFPolicy | Mapping[str, HFPo
                                if make(s.name, **s.options).num_seats >= 2))
     policies: dict[str, HFPolicy] = dict(policy) if isinstance(policy, Mapping) else {"": policy}
     several = list(policies) != [""]  # {'': policy} is the one policy of a run
-    exact = e.exact_vs_minimax and "minimax" in e.opponents
+    exact = "minimax" in e.opponents
     trees = [g for g in games if has_game_tree(g)] if e.exploitability else []
     history = StrategyHistory(e.time_average) if trees and e.time_average else None
 

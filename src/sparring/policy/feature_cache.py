@@ -1,6 +1,7 @@
-"""A frozen network's features, computed once per context (``train.feature_cache``).
+"""A frozen network's features, computed once per context (the ``cache`` of the
+``frozen_features`` head, ``model.head``: `sparring.policy.heads`).
 
-With ``optim.body_lr_scale: 0`` (and no LoRA) everything below the LM head stays as it
+With that head (and no LoRA) everything below the LM head stays as it
 started for the whole run, so the last hidden state ``h(c)`` of a context ``c`` (the
 vector the LM head reads after the tokens ``c``) is a function of ``c`` alone. This cache
 holds ``h(c)``: the sampler's prefill (`sparring.policy.hf.HFPolicy`) and the learner's

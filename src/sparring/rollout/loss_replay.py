@@ -1,5 +1,5 @@
 """Loss replay: training groups that start again where the learner went on to lose
-(``envs[].loss_replay``).
+(the ``loss_replay`` start of ``envs[].starts``, `sparring.envs.starts`).
 
 Self-play meets a position as often as its own play leads there, so a mistake in a
 position it seldom reaches is seldom punished and seldom learned from: the default

@@ -18,7 +18,7 @@ or a bot.
   on purpose: the learner scores it with its own log-probs (``recompute_old_logp``), so
   its gradient is A * grad log pi(move) whatever pi(move) is, which lets a move the policy
   has all but stopped sampling win back probability when it pays (self-play collapsed
-  onto one move, `rollout.explore`); the rows are not reweighted by pi / behaviour
+  onto one move, ``exploration.learner``); the rows are not reweighted by pi / behaviour
   probability, so the update is biased towards the explored moves while epsilon > 0.
 * `BotPlayer(fn, name)`: ``fn(env, seat) -> action string`` (the games' bots); its turns
   are recorded as text with empty token ids.

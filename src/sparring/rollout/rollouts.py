@@ -27,10 +27,11 @@ per episode turn, `Arena.run_episodes`'s ``sample_seeds``), bot moves and pool d
 uninterrupted one, and `Rollouts.collect` of any split of the tasks, concatenated in task
 order, gives the same episodes as the whole step (what `sparring.distributed` relies on).
 An env named by an alias plays exactly as under its canonical name. With
-``envs[].opening_moves`` a spec's episodes start after a random opening drawn from their
-reset seed (`sparring.envs.wrappers.RandomOpening`), so a group shares its opening; with
-``envs[].symmetric_views`` each seat sees the board through its own symmetry, drawn from
-the reset seed too (`sparring.envs.wrappers.SymmetricViews`); see `training_env`.
+``envs[].starts`` (`sparring.envs.starts`) a spec's episodes start as its components say,
+drawn from their reset seed, so a group shares its start: after a random or listed
+opening, from a position of the loss replay (`sparring.envs.wrappers.RandomOpening`), each
+seat through its own symmetric view (`sparring.envs.wrappers.SymmetricViews`); see
+`training_env`.
 """
 
 from __future__ import annotations
@@ -38,23 +39,23 @@ from __future__ import annotations
 import copy
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sparring.config import ExplorationSpec
 from sparring.config.plan import GroupTask, group_tasks
 from sparring.data import Episode
 from sparring.envs import env_entry, make
 from sparring.envs.bots import BOTS, check_opponents, make_bot
 from sparring.envs.invalid import InvalidActionPolicy
-from sparring.envs.openings import read_openings
-from sparring.envs.wrappers import RandomOpening, SymmetricViews
+from sparring.envs.starts import LossReplayStart, Start, parse_starts, start_env
 from sparring.policy.hf import HFPolicy
 from sparring.policy.sampling import SamplingParams
 from sparring.rollout.arena import Arena
 from sparring.rollout.league import league_metrics, record_scores
-from sparring.rollout.loss_replay import LossReplay, Start, record_losses
+from sparring.rollout.loss_replay import LossReplay, record_losses
+from sparring.rollout.loss_replay import Start as Replayed
 from sparring.rollout.opponents import OpponentPool
 from sparring.rollout.players import BotPlayer, ModelPlayer
 from sparring.rollout.prompts import PromptConfig
@@ -70,19 +71,11 @@ if TYPE_CHECKING:
 SPECIAL_OPPONENTS = ("self", "pool")  # opponent kinds besides the bots of BOTS
 
 
-def training_env(name: str, spec: EnvSpec, replayed: Sequence[Start] = (),
+def training_env(name: str, starts: Sequence[Start], replayed: Sequence[Replayed] = (),
                  **options: Any) -> Env:
-    """Env ``name`` as a training episode of ``spec`` plays it: through per-seat symmetric
-    views (``symmetric_views``), after a random or listed opening (``opening_moves``,
-    ``openings``) or from a ``replayed`` start (``loss_replay``)."""
-    env = make(name, **options)
-    if spec.symmetric_views:
-        env = SymmetricViews(env)
-    if spec.opening_moves or spec.openings or spec.loss_replay:
-        listed = read_openings(spec.openings) if spec.openings else ()
-        env = RandomOpening(env, spec.opening_moves, listed, spec.openings_share,
-                            replayed, spec.loss_replay)
-    return env
+    """Env ``name`` as a training episode plays it with the start components ``starts``
+    (`sparring.envs.starts.start_env`); ``replayed``: the loss replay's positions."""
+    return start_env(make(name, **options), starts, replayed)
 
 
 def rollout_sampling(r: RolloutConfig, *, greedy: bool = False) -> SamplingParams:
@@ -121,25 +114,28 @@ class Rollouts:
         self.policy = next(iter(given.values()))
         self.cfg, self.run_dir = cfg, Path(run_dir)
         r, lg = cfg.rollout, cfg.league
+        mine, theirs = (cfg.exploration.get(who, ExplorationSpec())
+                        for who in ("learner", "league"))
         self.arena = make_arena(r)
-        self.learner = ModelPlayer(self.policy, name="learner", train=True)
-        players = {n: ModelPlayer(p, name=n, train=True) for n, p in self.policies.items()}
-        self.players = players  # epsilon of each (rollout.explore) set per step in _reseed
+        self.learner = ModelPlayer(self.policy, name="learner", train=True,
+                                   explore_turns=mine.turns, explore_tactical=mine.tactical)
+        players = {n: ModelPlayer(p, name=n, train=True, explore_turns=mine.turns,
+                                  explore_tactical=mine.tactical)
+                   for n, p in self.policies.items()}
+        # their epsilon (exploration.learner) is set per step in _reseed
+        self.players = players
         # per env spec, the player of each seat (several policies), else None
         self.seat_players = [[players[n] for n in s.seats] if players else None
                              for s in cfg.envs]
         self.snapshots = SnapshotStore(cfg, self.run_dir, self.policies or {"": self.policy})
-        snapshot_sampling = (replace(self.arena.sampling, temperature=lg.temperature)
-                             if lg.temperature else None)  # None: the arena's
         # a pool per policy ('' for the one policy of a run), the same bots in each
         self.pools = {n: OpponentPool(mode=lg.mode, max_checkpoints=lg.max,
                                       seed=cfg.train.seed, loader=self.snapshots.load,
                                       unloader=self.snapshots.unload,
                                       cache_size=lg.cache or lg.max,
-                                      explore=lg.explore,
-                                      explore_turns=lg.explore_turns,
-                                      explore_tactical=lg.explore_tactical,
-                                      sampling=snapshot_sampling, power=lg.pfsp_power,
+                                      explore=theirs.rate, explore_turns=theirs.turns,
+                                      explore_tactical=theirs.tactical,
+                                      power=lg.pfsp_power,
                                       score_rate=lg.score_rate)
                       for n in (self.policies or [""])}
         self.pool = next(iter(self.pools.values()))
@@ -154,31 +150,37 @@ class Rollouts:
                      for name in s.opponents if name in BOTS}
         self.env_names = [env_entry(s.name).name for s in cfg.envs]  # canonical, per spec
         self.num_seats = [make(s.name, **s.options).num_seats for s in cfg.envs]  # per spec
-        # per spec index with envs[].loss_replay, its replayed starts
-        self.replays = {i: LossReplay(s.loss_replay_size, s.loss_replay_depth)
-                        for i, s in enumerate(cfg.envs) if s.loss_replay}
+        self.starts = [parse_starts(s.starts) for s in cfg.envs]  # per spec, its components
+        # per spec index with a loss_replay start, its replayed positions
+        self.replays = {i: LossReplay(p.size, p.depth) for i, parts in enumerate(self.starts)
+                        for p in parts if isinstance(p, LossReplayStart)}
         self.replayed_share: dict[int, float] = {}  # per spec, in the last recorded step
 
     def _reseed(self, step: int) -> None:
         """The policies' own generators, for backends without per-prompt seeds (their
         samples then depend on the batch; `HFPolicy` takes seeds and does not use these),
-        the training players' epsilon (``rollout.explore_schedule``) and the pools' at
-        ``step`` (``league.explore_schedule``)."""
+        the training players' epsilon (``exploration.learner``) and the pools' snapshots'
+        (``exploration.league``) at ``step``."""
         self.snapshots.step = step  # what seeds the snapshots loaded during this step
         self.policy.generator.manual_seed(self.cfg.train.seed * 1_000_003 + step * 7919)
         for name, p in self.policies.items():
             p.generator.manual_seed(stable_seed(self.cfg.train.seed, step, name))
-        r, lg = self.cfg.rollout, self.cfg.league
-        explore = lr_at(step, lr=lg.explore, schedule=lg.explore_schedule,
-                        total_steps=self.cfg.train.steps, final_ratio=lg.explore_final_ratio)
-        own = lr_at(step, lr=r.explore, schedule=r.explore_schedule,
-                    total_steps=self.cfg.train.steps, final_ratio=r.explore_final_ratio)
+        explore, own = self._explore_rate("league", step), self._explore_rate("learner", step)
         for player in [self.learner, *self.players.values()]:  # their own seats
             player.explore = own
         for pool in self.pools.values():  # snapshots loaded in earlier steps
             pool.set_explore(explore)
             for path, player in pool.loaded().items():
                 player.policy.generator.manual_seed(self.snapshots.seed(path))
+
+    def _explore_rate(self, who: str, step: int) -> float:
+        """The epsilon of ``who`` (an entry of ``exploration``) at ``step``: its rate on its
+        schedule; 0 without an entry."""
+        e = self.cfg.exploration.get(who)
+        if e is None:
+            return 0.0
+        return lr_at(step, lr=e.rate, schedule=e.schedule, total_steps=self.cfg.train.steps,
+                     final_ratio=e.final_ratio)
 
     def __call__(self, step: int) -> list[Episode]:
         """Step ``step``'s episodes: `begin_step`, every group, then `record`."""
@@ -259,10 +261,12 @@ class Rollouts:
                 return choosers[t](run[t].index * gs + m)
 
             kw["players_fn"] = players
-        if spec.opening_moves or spec.openings or spec.symmetric_views or spec.loss_replay:
-            replayed = self.replays[run[0].spec].starts() if spec.loss_replay else ()
-            return self.arena.run_episodes(partial(training_env, name, spec, replayed),
-                                   dict(spec.options), **kw)
+        starts = self.starts[run[0].spec]
+        if starts:
+            replay = self.replays.get(run[0].spec)
+            replayed = replay.starts() if replay is not None else ()
+            return self.arena.run_episodes(partial(training_env, name, starts, replayed),
+                                           dict(spec.options), **kw)
         return self.arena.run_episodes(name, dict(spec.options), **kw)
 
     def _chooser(self, kind: str, seed: int, learner: Any, spec: EnvSpec,

@@ -24,8 +24,8 @@ Several policies: each has a pool of its own; a snapshot of policy P is
 policy takes one, and the rules above hold per policy.
 
 What a snapshot holds: the plain model the policy plays with (``model.safetensors``, LoRA
-merged into its layers, and the tokenizer); with frozen weights (``optim.body_lr_scale``
-0) the trained ones alone (``trained.safetensors``, loaded into a copy of the live
+merged into its layers, and the tokenizer); with frozen weights (``model.head``
+frozen_features) the trained ones alone (``trained.safetensors``, loaded into a copy of the live
 model); with ``lora.shared_base`` the policy's adapter alone, in PEFT's format
 (``adapter_config.json``, ``adapter_model.safetensors``: its LoRA weights), so a pool costs adapter-sized disk and memory. Such a snapshot loads as one more
 adapter of the run's one model, frozen, named ``pool-step-NNNNNN-P``, and plays as an
@@ -185,8 +185,8 @@ class SnapshotStore:
     @staticmethod
     def _save(policy: HFPolicy, folder: Path) -> None:
         """The weights ``policy`` plays with: its adapter alone on a shared base; the trained
-        weights alone (`TRAINED_FILE`) of a model with frozen ones (``optim.body_lr_scale``
-        0: the frozen network is the run's own, so a snapshot is its head, 113 MB for
+        weights alone (`TRAINED_FILE`) of a model with frozen ones (``model.head``
+        frozen_features: the frozen network is the run's own, so a snapshot is its head, 113 MB for
         SmolLM2-135M instead of 650 MB); else the plain model (LoRA adapters merged into
         their layers) and its tokenizer."""
         if policy.adapter is not None:

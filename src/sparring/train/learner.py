@@ -11,8 +11,7 @@ shared, a value head on the policy's own hidden states, the model's precision co
 backward, optimizer and magnet stay in the weights' dtype. The reference
 (`sparring.train.reference`) is the frozen initial model (with LoRA: the base model with
 adapters disabled) or a "magnet": an EMA of the policy's weights, updated after every
-``kl.magnet_every``-th optimizer step (regularised self-play, R-NaD / magnetic mirror
-descent).
+optimizer step (regularised self-play, R-NaD / magnetic mirror descent).
 With ``adapter=NAME`` (several policies as LoRA adapters on one base, ``lora.shared_base``)
 the learner trains only that adapter's weights and activates it before every forward; a
 magnet then copies the whole model (base included) once per such learner.
@@ -22,7 +21,7 @@ weights: ``sampler/logp_diff_mean`` and ``sampler/logp_diff_max`` (of ``|log p_s
 log p_learner|`` over the action tokens) and ``sampler/kl`` (the k3 estimate of
 KL(pi_sampler || pi_learner) on them). It is about 0 for the HF sampler in float32 (other
 batch shapes only) and larger where the sampler is another engine or another precision;
-``algorithm.sampler_correction`` (token or turn) then reweights the advantages by the
+``algorithm.importance_correction`` (token or turn) then reweights the advantages by the
 truncated importance weight min(pi_learner / pi_sampler, c) (`sparring.importance`), and
 ``sampler/is_weight`` (its mean over the tokens) and ``sampler/is_weight_max`` are logged;
 its default, ``auto``, is ``token`` on the vLLM backend (`sampler_correction_level`).
@@ -48,9 +47,10 @@ from sparring.config import Config
 from sparring.critic.archer import Archer
 from sparring.critic.value_head import Critic
 from sparring.data import TurnBatch
+from sparring.importance import sampler_level
 from sparring.objectives import OBJECTIVES
 from sparring.objectives import _load_families as _load_objectives
-from sparring.policy.feature_cache import FeatureCache, attach_feature_cache
+from sparring.policy.heads import build_head
 from sparring.policy.lora import is_adapter_weight, use_adapter
 from sparring.schedules import LRSchedule, lr_at
 from sparring.train.batch_forward import BatchForward, allowed_of, row_slices
@@ -64,16 +64,12 @@ log = logging.getLogger(__name__)
 
 
 def sampler_correction_level(cfg: Config) -> str:
-    """``algorithm.sampler_correction`` with ``auto`` resolved: ``token`` where the sampler
-    is a vLLM engine and the old log-probs are the learner's recomputation (so the two can
-    be compared), else ``off``. Why on for vLLM: its log-probs of a move differ from the
-    learner's under the same weights by up to 1.4-1.8 nats once a bf16-mixed learner's
-    adapter trains (docs/benchmarks.md, "The sampler/learner gap with vLLM"); where both
-    agree the weights are 1 and the correction changes nothing."""
-    a = cfg.algorithm
-    if a.sampler_correction != "auto":
-        return a.sampler_correction
-    return "token" if cfg.model.backend == "vllm" and a.recompute_old_logp else "off"
+    """The level of ``algorithm.importance_correction`` for the sampler's log-probs against
+    the learner's recomputation (`sparring.importance.sampler_level`): off without
+    ``recompute_old_logp``, ``auto`` being ``token`` on the vLLM backend."""
+    return sampler_level(cfg.algorithm.importance_correction.level,
+                         vllm=cfg.model.backend == "vllm",
+                         recomputed=cfg.algorithm.recompute_old_logp)
 
 
 class Learner:
@@ -88,7 +84,8 @@ class Learner:
         self.model, self.cfg, self.adapter = model, cfg, adapter
         use_adapter(model, adapter)
         self.needs = frozenset(needs)
-        if cfg.optim.body_lr_scale == 0:  # a linear policy on the network's first features
+        self.head = build_head(cfg.model.head)  # what trains (sparring.policy.heads)
+        if self.head.body_lr_scale == 0:  # a linear policy on the network's first features
             freeze_body(model)
         # the weights this learner trains (magnet and optimizer follow them)
         self.trained = {n for n, p in model.named_parameters() if p.requires_grad
@@ -101,8 +98,8 @@ class Learner:
         self.objective = OBJECTIVES.get(a.objective)
         needs_ref = (a.kl.coef > 0 or "ref_logp" in self.objective.needs
                      or "ref_logp" in self.needs)
-        self.reference = (Reference(model, a.kl.reference, a.kl.magnet_rate, self.trained,
-                                    a.kl.magnet_every) if needs_ref else None)
+        self.reference = (Reference(model, a.kl.reference, a.kl.magnet_rate, self.trained)
+                          if needs_ref else None)
         # ArCHer's utterance critic has its own optimizer (sparring.critic.archer)
         self.archer = (Archer(model, cfg) if "utterance_critic" in self.needs
                        and c.enabled != "off" else None)
@@ -111,16 +108,14 @@ class Learner:
             self.critic = Critic(model, c.kind, c.hidden).to(self.device)
         critic = [] if self.critic is None else [p for p in self.critic.parameters()
                                                  if p.requires_grad]
-        groups = param_groups(model, self.trained, o.body_lr_scale, full_lr=critic)
+        groups = param_groups(model, self.trained, self.head.body_lr_scale, full_lr=critic)
         self.params = [p for g in groups for p in g["params"]]
-        self.features: FeatureCache | None = None  # the frozen network's outputs
-        if cfg.optim.body_lr_scale == 0 and cfg.train.feature_cache:
-            self.features = FeatureCache(model, cfg.train.feature_cache,
-                                         center=cfg.train.feature_center,
-                                         whiten=cfg.train.feature_whiten)
-            attach_feature_cache(model, self.features)
-            if self.reference is not None and self.reference.copy is not None:
-                attach_feature_cache(self.reference.copy, self.features)  # the same body
+        # the head's own state: a frozen network's feature cache, which the reference's
+        # copy (the same body) reads too
+        copies = [] if self.reference is None or self.reference.copy is None else \
+            [self.reference.copy]
+        self.head_state = self.head.attach(model, *copies)
+        self.features = self.head_state.features  # the frozen network's outputs (or None)
         self.passes = BatchForward(model, cfg, self.temperature, adapter=adapter,
                                    critic=self.critic, reference=self.reference)
         self.optimizer = torch.optim.AdamW(groups, lr=o.lr, betas=tuple(o.betas), eps=o.eps,
@@ -248,8 +243,7 @@ class Learner:
             raise ValueError(f"keep has shape {tuple(keep.shape)}, expected ({n},)")
         cfg, a = self.cfg, self.cfg.algorithm
         use_adapter(self.model, self.adapter)
-        if self.features is not None:
-            self.features.fix_transform()  # from the first batch's features, once
+        self.head_state.before_update()
         mask = batch.action_mask & keep[:, None]
         norm = a.aggregation_norm if a.aggregation_norm is not None else float(T)
         mb = cfg.train.minibatch_size or max(n, 1)  # no rows: no optimizer step
@@ -338,9 +332,7 @@ class Learner:
             st["entropy_target"] = self.entropy_target.state_dict()
         if self.archer is not None:
             st["archer"] = self.archer.state_dict()
-        center = None if self.features is None else self.features.center_state()
-        if center is not None:
-            st["feature_center"] = center
+        st.update(self.head_state.state_dict())  # the feature transform, if any
         magnet = None if self.reference is None else self.reference.magnet_state()
         if magnet is not None:
             st["magnet"] = magnet
@@ -353,8 +345,7 @@ class Learner:
         self.gen.set_state(st["gen"])
         self.consecutive_skips = int(st["consecutive_skips"])
         self.total_skips = int(st["total_skips"])
-        if self.features is not None and "feature_center" in st:
-            self.features.load_center_state(st["feature_center"])
+        self.head_state.load_state_dict(st)
         if self.critic is not None:
             self.critic.load_state_dict(st["critic"])
         if self.entropy_target is not None and "entropy_target" in st:

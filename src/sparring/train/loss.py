@@ -6,7 +6,7 @@
 ``agg`` is `sparring.aggregation.aggregate` with the token / sequence counts of the whole
 mini-batch (``counts``), so the gradient accumulated over micro-batches does not depend on
 the micro-batch size. ``A`` is the advantage, reweighted by the truncated importance weight
-min(pi_learner / pi_sampler, c) where ``algorithm.sampler_correction`` is on
+min(pi_learner / pi_sampler, c) where ``algorithm.importance_correction`` is on
 (`sparring.importance`); ``target`` is the game return (``critic.target: returns``) or
 ``A + V_old`` (``advantages_plus_values``).
 
@@ -61,14 +61,14 @@ def micro_loss(cfg: Config, batch: TurnBatch, rows: Tensor,
     m = mask[rows, :L]
     old_r = logp.detach() if old is None else old[rows, :L]
     sampled = batch.old_logp[rows, :L]  # the sampler's own (old_r: the learner's)
-    explored = batch.extras.get("explored")  # moves drawn at random (rollout.explore)
+    explored = batch.extras.get("explored")  # moves drawn at random (exploration.learner)
     m_s = m if explored is None else m & (explored[rows] != 1.0)[:, None].to(m.device)
     sampled = torch.where(m_s, sampled, old_r)  # no sampler log-probs: no gap
     adv_r = adv[rows, :L]
     w = None
     if sampler_correction != "off":  # the sampler's log-probs differ from ours
         w, _ = importance_weights(old_r, sampled, m, level=sampler_correction,
-                                  clip=a.sampler_correction_clip)
+                                  clip=a.importance_correction.clip)
         adv_r = adv_r * w
     ref_r = None if ref is None else ref[rows, :L]
     row_opts = {k: getattr(batch, f)[rows] for k, f in ROW_OPTIONS.items()
