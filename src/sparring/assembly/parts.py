@@ -24,13 +24,13 @@ from typing import Any
 
 import torch
 
+from sparring.config import Config, policy_config
 from sparring.eval.periodic import EvalFn, make_eval_fn
 from sparring.policy import precision
+from sparring.policy.heads import build_head, untie_output_layer
 from sparring.policy.hf import HFPolicy, resolve_device
 from sparring.rollout.rollouts import Rollouts
-from sparring.config import Config, policy_config
 from sparring.train.determinism import use_deterministic_kernels
-from sparring.policy.heads import build_head, untie_output_layer
 
 
 @dataclass

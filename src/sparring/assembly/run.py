@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from sparring.config import Config
 from sparring.assembly.parts import RunParts, build_parts, load_model, model_precision
+from sparring.config import Config
 
 
 def build(cfg: Config, run_dir: str | Path | None = None) -> RunParts:

@@ -17,27 +17,25 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 
+from sparring.assembly.run import load_model
+from sparring.config import Config, policy_config
+from sparring.config.run_folder import read_run_config
 from sparring.policy.feature_cache import FeatureCache, attach_feature_cache
 from sparring.policy.heads import FrozenFeatures, build_head
 from sparring.policy.hf import HFPolicy, device_unavailable
+from sparring.policy.lora import apply_lora, load_parameters, load_trainable_state
+from sparring.storage.folders import CheckpointError
 from sparring.train.checkpoint import (
     latest_intact_checkpoint,
     load_checkpoint,
     load_weights,
     verify_checkpoint,
 )
-from sparring.storage.folders import CheckpointError
-from sparring.config import Config, policy_config
-from sparring.config.run_folder import read_run_config
-from sparring.policy.lora import apply_lora, load_parameters, load_trainable_state
 from sparring.train.policies import state_key
-from sparring.assembly.run import load_model
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ probing (Kumar et al., "Fine-Tuning can Distort Pretrained Features and Underper
 Out-of-Distribution", ICLR 2022, train the head first for this reason).
 
 The model surgery both need lives here too: `output_layer_names`, `untie_output_layer`
-(from `sparring.build.parts.load_model`, where the head learns apart from the body) and
+(from `sparring.assembly.parts.load_model`, where the head learns apart from the body) and
 `freeze_body`. A head's `attach` gives the learner what it keeps while it trains
 (`HeadState`: the feature cache, whose transform the first update fixes and checkpoints).
 """

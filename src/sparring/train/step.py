@@ -78,7 +78,7 @@ def rollout_metrics(episodes: Sequence[Episode], batch: TurnBatch, adv: Tensor,
         out[f"return/seat{s}"] = sum(rs) / len(rs)
     rows = [t for ep in episodes for t in ep.turns if t.action_ids]
     turns = [t for t in rows if "explored" not in t.extras]  # the policy's own samples
-    if len(turns) < len(rows):  # rollout.explore: the share of moves drawn at random
+    if len(turns) < len(rows):  # exploration.learner: the share of moves drawn at random
         out["explored_rate"] = 1.0 - len(turns) / len(rows)
     out["invalid_rate"] = sum(t.invalid is not None for t in turns) / max(len(turns), 1)
     out["response_length"] = sum(len(t.action_ids) for t in turns) / max(len(turns), 1)
