@@ -71,6 +71,45 @@ def test_a_bad_config_is_one_line_and_leaves_no_run_folder(args, key, tmp_path, 
     assert list(tmp_path.iterdir()) == []  # no runs/ folder, nothing written
 
 
+HIDDEN = ("it searches copies of the full state, which hold what its seat may not see (the "
+          "game has hidden information, e.g. the other player's card)")
+NO_TREE = ("it solves the game's exact tree, and the game exposes none (only games registered "
+           "with game_tree=True, e.g. Kuhn and Leduc)")
+KUHN = ["envs.0.name=kuhn_poker", "envs.0.options={}", "envs.0.starts=[]"]
+
+
+@pytest.mark.parametrize("args, message", [
+    ([*KUHN, "envs.0.opponents=[self, minimax]"],
+     f"envs.0.opponents.1: bot 'minimax' cannot play kuhn_poker: {HIDDEN}"),
+    ([*KUHN, "envs.0.opponents=[mcts]"],
+     f"envs.0.opponents.0: bot 'mcts' cannot play kuhn_poker: {HIDDEN}"),
+    ([*KUHN, "envs.0.opponents=[tactical]"],
+     f"envs.0.opponents.0: bot 'tactical' cannot play kuhn_poker: {HIDDEN}"),
+    (["envs.0.name=leduc", "envs.0.options={}", "envs.0.starts=[]", "eval.opponents=[mcts]"],
+     f"eval.opponents.0: bot 'mcts' cannot play leduc: {HIDDEN} (envs.0)"),
+    (["envs.0.opponents=[self, pool]", "league.bots=[random, cfr]"],
+     f"league.bots.1: bot 'cfr' cannot play tictactoe: {NO_TREE} (envs.0)"),
+    (["envs.0.name=nim", "envs.0.options={}", "envs.0.starts=[]", "eval.opponents=[cfr]"],
+     f"eval.opponents.0: bot 'cfr' cannot play nim: {NO_TREE} (envs.0)"),
+])
+def test_a_bot_that_cannot_play_the_game_honestly_is_refused_before_a_run_folder(
+        args, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    rc, _, err = cli(capsys, "train", *TINY, *args)
+    assert rc == 2
+    assert one_line(err, "config error: ") == f"config error: {message}"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bots_that_can_play_the_game_are_accepted():
+    from sparring.envs import make
+    from sparring.envs.bots import bot_refusal
+    for game, fine in (("kuhn_poker", ["random", "cfr"]), ("leduc", ["random", "cfr"]),
+                       ("tictactoe", ["random", "tactical", "minimax", "mcts"]),
+                       ("nim", ["random", "tactical", "minimax", "mcts"])):
+        assert [bot_refusal(b, make(game)) for b in fine] == [None] * len(fine)
+
+
 def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     Path("bad.yaml").write_text("envs:\n  - {name: tictactoe\n")
@@ -111,6 +150,9 @@ def test_eval_games_must_be_a_positive_count(games, run, capsys):
 @pytest.mark.parametrize("args, message", [
     (["--env", "nosuch"], "error: --env: unknown environment 'nosuch'"),
     (["--vs", "nosuch"], "error: --vs.0: unknown opponent 'nosuch' (allowed: "),
+    (["--vs", "random,cfr"], f"error: --vs.1: bot 'cfr' cannot play tictactoe: {NO_TREE}"),
+    (["--env", "kuhn_poker", "--vs", "minimax"],
+     f"error: --vs.0: bot 'minimax' cannot play kuhn_poker: {HIDDEN}"),
 ])
 def test_eval_bad_arguments_are_one_line(args, message, run, capsys):
     rc, _, err = cli(capsys, "eval", str(run), *args)

@@ -411,21 +411,30 @@ def _lookahead_check(i: int, game: Any, who: str) -> None:
 
 
 def _opponents_check(cfg: Config) -> None:
-    """Bot names of ``envs.*.opponents``, ``league.bots``, ``eval.opponents``; a
+    """Bot names of ``envs.*.opponents``, ``league.bots``, ``eval.opponents``, and that
+    each bot can play honestly the games it meets (`sparring.envs.bots.bot_refusal`); a
     'pool' opponent needs a pool that is not empty at step 0."""
+    from sparring.envs import make
     from sparring.envs.bots import check_opponents
     special = ("self", "pool")
 
-    def names(key: str, given: list[str], allowed: tuple[str, ...] = ()) -> None:
+    def names(key: str, given: list[str], allowed: tuple[str, ...] = (),
+              game: Any = None, i: int | None = None) -> None:
         try:
-            check_opponents(key, given, allowed)
+            check_opponents(key, given, allowed, game)
         except ValueError as e:
-            raise ConfigError(str(e)) from None
+            raise ConfigError(str(e) + ("" if i is None else f" (envs.{i})")) from None
 
     names("league.bots", cfg.league.bots)
     names("eval.opponents", cfg.eval.opponents)
     for i, env in enumerate(cfg.envs):
         names(f"envs.{i}.opponents", env.opponents, special)
+        game = make(env.name, **env.options)
+        names(f"envs.{i}.opponents", env.opponents, special, game)
+        if "pool" in env.opponents:
+            names("league.bots", cfg.league.bots, (), game, i)
+        if game.num_seats >= 2:  # the evaluation plays bots in games only
+            names("eval.opponents", cfg.eval.opponents, (), game, i)
         if "pool" in env.opponents and not cfg.league.bots:
             raise ConfigError(
                 f"envs.{i}.opponents: 'pool' samples from league.bots and snapshots "

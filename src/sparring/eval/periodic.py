@@ -97,10 +97,12 @@ def seat_profile(policies: Mapping[str, HFPolicy], seats: Sequence[str]) -> Any:
 def against_bots(arena: Arena, policy: HFPolicy, game: str, options: dict[str, Any],
                  bots: Sequence[str], *, games: int, sampling: Any, bot_seed: int,
                  game_seed: int, seats: Sequence[int] | None = None, exact_minimax: bool = False,
-                 greedy: bool = True) -> dict[str, Any]:
+                 greedy: bool = True, key: str = "eval.opponents") -> dict[str, Any]:
     """``policy`` in ``seats`` (default: every seat, rotating) against each bot of ``bots``:
     ``{bot: evaluate_vs_bot's rates}``; with ``exact_minimax`` and minimax among them, also
-    ``"minimax_exact"``: `policy_vs_minimax`'s result (exact rates and blunders)."""
+    ``"minimax_exact"``: `policy_vs_minimax`'s result (exact rates and blunders). A bot
+    that cannot play ``game`` honestly is a ValueError naming ``key`` (`check_opponents`)."""
+    check_opponents(key, bots, game=make(game, **options))
     out: dict[str, Any] = {
         bot: evaluate_vs_bot(arena, policy, sampling, game, options, make_bot(bot, bot_seed),
                              games, seed=game_seed, seats=seats) for bot in bots}

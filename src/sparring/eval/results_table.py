@@ -19,7 +19,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from sparring.envs import env_entry, has_game_tree
+from sparring.envs import env_entry, has_game_tree, make
+from sparring.envs.bots import check_opponents
 from sparring.eval.games import (
     policy_conversion_vs_minimax,
     policy_exploitability,
@@ -46,6 +47,8 @@ def print_evaluation(console: Console, policies: dict[str, Any], cfg: Any, ckpt:
     several = bool(cfg.policies)
     chosen = [policy] if policy else list(policies)  # ['']: a run with one policy
     envs = list(envs) or list(dict.fromkeys(env_entry(s.name).name for s in cfg.envs))
+    for env in envs:  # every bot can play every game, before any is played
+        check_opponents("--vs", vs, game=make(env, **env_options(cfg, env)))
     arena = make_arena(cfg.rollout)
     sampling = rollout_sampling(cfg.rollout, greedy=not sample)
     table = Table(title=f"{ckpt} ({games} games each, Wilson 95% intervals)")
@@ -60,7 +63,7 @@ def print_evaluation(console: Console, policies: dict[str, Any], cfg: Any, ckpt:
         for name, mine in seat_players(chosen, seats):
             res = against_bots(arena, policies[name], env, opts, vs, games=games,
                                sampling=sampling, bot_seed=seed, game_seed=seed,
-                               seats=mine, exact_minimax=True, greedy=not sample)
+                               seats=mine, exact_minimax=True, greedy=not sample, key="--vs")
             for bot in vs:
                 r = res[bot]
                 table.add_row(env, *((name,) if several else ()), bot,

@@ -144,8 +144,12 @@ class Rollouts:
         for name, bot in self.pool_bots.items():
             for pool in self.pools.values():
                 pool.add_bot(BotPlayer(bot, name=name))
-        for spec in cfg.envs:
-            check_opponents(f"envs[{spec.name}].opponents", spec.opponents, SPECIAL_OPPONENTS)
+        for spec in cfg.envs:  # every bot can play the games it meets honestly
+            game = make(spec.name, **spec.options)
+            check_opponents(f"envs[{spec.name}].opponents", spec.opponents, SPECIAL_OPPONENTS,
+                            game)
+            if "pool" in spec.opponents:
+                check_opponents("league.bots", lg.bots, game=game)
         self.bots = {name: make_bot(name, cfg.train.seed) for s in cfg.envs
                      for name in s.opponents if name in BOTS}
         self.env_names = [env_entry(s.name).name for s in cfg.envs]  # canonical, per spec

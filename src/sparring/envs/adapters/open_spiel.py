@@ -37,6 +37,9 @@ class OpenSpielEnv:
         self._info = gt.provides_information_state_string
         self._obs = gt.provides_observation_string
         self._short = game
+        # what search bots by copies of the state may play (`sparring.envs.bots.NEEDS`)
+        self.perfect_information = \
+            gt.information == pyspiel.GameType.Information.PERFECT_INFORMATION
         self.reset(0)
 
     def reset(self, seed: int = 0) -> None:

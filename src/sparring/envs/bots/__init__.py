@@ -16,9 +16,9 @@ calling the bot does the same). Search bots need ``env.clone()`` (all built-in g
 from sparring.envs.bots.cfr import CFRBot, cfr_policy
 from sparring.envs.bots.mcts import MCTSBot
 from sparring.envs.bots.minimax import MinimaxBot, minimax_value
-from sparring.envs.bots.registry import BOTS, check_opponents, make_bot
+from sparring.envs.bots.registry import BOTS, NEEDS, bot_refusal, check_opponents, make_bot
 from sparring.envs.bots.simple import Bot, RandomBot
 from sparring.envs.bots.tactical import TacticalBot
 
-__all__ = ["BOTS", "check_opponents", "Bot", "CFRBot", "MCTSBot", "MinimaxBot", "RandomBot", "cfr_policy",
+__all__ = ["BOTS", "NEEDS", "bot_refusal", "check_opponents", "Bot", "CFRBot", "MCTSBot", "MinimaxBot", "RandomBot", "cfr_policy",
            "TacticalBot", "make_bot", "minimax_value"]
