@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import argparse
 import errno
-import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -170,7 +170,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     console.print(f"run folder: {run}")
     best = Path(run) / CKPT_DIR / BEST_FILE
     if best.is_file():
-        b = json.loads(best.read_text())
+        from sparring.storage.bounded import read_json_bounded
+
+        b = read_json_bounded(best, what="best checkpoint record")
         console.print(f"best checkpoint: {Path(run) / CKPT_DIR / b['path']} "
                       f"({b['metric']} {b['value']:.4g} at step {b['step']})")
     return 0
@@ -211,7 +213,7 @@ def _resume_config(args: argparse.Namespace, overrides: list[str]):
     run = Path(args.resume)
     if not run.is_dir():
         raise CommandError(f"--resume: no run folder {run}")
-    if not (run / "config.yaml").is_file():
+    if not os.path.lexists(run / "config.yaml"):  # (what is there is read with bounds)
         raise CommandError(f"--resume: {run} has no config.yaml (not a run folder)")
     if not step_dirs(run):
         raise CommandError(f"--resume: {run} has no checkpoint to resume from (a run stopped "

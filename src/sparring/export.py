@@ -88,7 +88,9 @@ def export(source: str | Path, out_dir: str | Path, *, dtype: str | None = None,
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         loaded.tokenizer.save_pretrained(tmp)
-        step = json.loads((ckpt / "state.json").read_text(encoding="utf-8")).get("step")
+        from sparring.storage.bounded import read_json_bounded
+
+        step = read_json_bounded(ckpt / "state.json", what="checkpoint state").get("step")
         info = {"source": str(Path(source).resolve()), "checkpoint": str(ckpt.resolve()),
                 "step": step, "base_model": cfg.model.name, "lora_merged": cfg.lora.enabled,
                 "dtype": dtype or cfg.model.dtype, **({"policy": policy} if policy else {}),

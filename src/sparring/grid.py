@@ -42,6 +42,7 @@ from typing import Any
 
 from sparring.lifeline import child_env
 from sparring.report.plots import _smooth, series
+from sparring.storage.bounded import read_json_bounded
 from sparring.storage.metrics_file import read_metrics
 from sparring.train.runlock import lock_holder, write_run_marker
 
@@ -63,7 +64,7 @@ def final_step(run_dir: str | Path) -> int | None:
 
 def record(run_dir: str | Path) -> dict[str, Any] | None:
     path = Path(run_dir) / RECORD
-    return json.loads(path.read_text()) if path.exists() else None
+    return read_json_bounded(path, what="study record") if path.exists() else None
 
 
 def is_complete(run_dir: str | Path, steps: int, args: Sequence[str] | None = None) -> bool:

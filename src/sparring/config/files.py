@@ -44,11 +44,15 @@ MAX_CONFIG_VALUES = 100_000  # far above any real config; a YAML alias bomb is f
 def read_yaml(path: str | Path) -> Any:
     """The YAML document in ``path``. A `ConfigError` naming the file for what cannot be a
     config: bytes that are not UTF-8, a syntax error (with its line), nesting too deep for
-    the parser, or more than `MAX_CONFIG_VALUES` values once aliases are expanded."""
+    the parser, or more than `MAX_CONFIG_VALUES` values once aliases are expanded; and,
+    before it is read, what is not a regular file of at most `MAX_CONFIG_BYTES`."""
+    from sparring.storage.bounded import MAX_CONFIG_BYTES, FileLimitError, read_text_bounded
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_text_bounded(path, MAX_CONFIG_BYTES, "config file")
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+    except FileLimitError as e:
+        raise ConfigError(str(e)) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:

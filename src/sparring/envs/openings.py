@@ -14,6 +14,8 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
+from sparring.storage.bounded import MAX_OPENINGS_BYTES, read_text_bounded
+
 _CHECKOUT = Path(__file__).resolve().parents[3]
 
 
@@ -45,7 +47,7 @@ def parse_openings(text: str) -> tuple[tuple[str, ...], ...]:
 
 @lru_cache(maxsize=8)
 def _read(resolved: Path, mtime_ns: int) -> tuple[tuple[str, ...], ...]:
-    return parse_openings(resolved.read_text(encoding="utf-8"))
+    return parse_openings(read_text_bounded(resolved, MAX_OPENINGS_BYTES, "openings file"))
 
 
 def read_openings(path: str | Path) -> tuple[tuple[str, ...], ...]:

@@ -16,6 +16,12 @@ from typing import Any
 
 import yaml
 
+from sparring.storage.bounded import (
+    MAX_CONFIG_BYTES,
+    FileLimitError,
+    check_depth,
+    read_text_bounded,
+)
 from sparring.storage.metrics_file import read_metrics
 
 log = logging.getLogger(__name__)
@@ -133,7 +139,16 @@ def _read_config(path: Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
     try:
-        cfg = yaml.safe_load(path.read_text(encoding="utf-8", errors="replace"))
+        text = read_text_bounded(path, MAX_CONFIG_BYTES, "config file", errors="replace")
+        cfg = yaml.safe_load(text)
+        check_depth(cfg)
+    except FileLimitError as e:
+        log.warning("%s; the report leaves out its headline", e if str(path) in str(e)
+                    else f"{path}: {e}")
+        return None
+    except RecursionError:
+        log.warning("%s: nested too deeply; the report leaves out its headline", path)
+        return None
     except yaml.YAMLError as e:
         log.warning("%s is not valid YAML (%s); the report leaves out its headline", path,
                     str(e).splitlines()[0])

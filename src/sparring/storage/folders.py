@@ -29,6 +29,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from sparring.storage.atomic import atomic_write, atomic_write_text, fsync_file
+from sparring.storage.bounded import FileLimitError, read_json_bounded
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +134,9 @@ def _has_format(folder: Path, marker: str) -> bool:
         return False
     path = member_file(folder, marker)
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = read_json_bounded(path, what=marker)
+    except FileLimitError as e:
+        raise CheckpointError(str(e)) from None
     except ValueError as e:
         raise CheckpointError(f"{path}: not valid JSON ({e})") from None
     return isinstance(doc, dict) and "format" in doc
@@ -152,7 +155,7 @@ def read_manifest(folder: Path, marker: str = "state.json") -> dict[str, Any] | 
         return None
     member_file(folder, MANIFEST)
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = read_json_bounded(path, what="manifest")
         files = doc.get("files") if isinstance(doc, dict) else None
         if not isinstance(files, dict):
             raise TypeError("not {'files': {name: entry}}")
@@ -163,6 +166,8 @@ def read_manifest(folder: Path, marker: str = "state.json") -> dict[str, Any] | 
                     and entry["bytes"] >= 0 and isinstance(entry.get("sha256"), str)
                     and _SHA256_RE.match(entry["sha256"])):
                 raise TypeError(f"entry {name!r} is not {{'bytes': int, 'sha256': hex digest}}")
+    except FileLimitError as e:
+        raise CheckpointError(str(e)) from None
     except (ValueError, TypeError) as e:
         raise CheckpointError(f"{path}: not a valid manifest ({e})") from None
     return files

@@ -15,6 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from sparring.storage.atomic import atomic_write_text
+from sparring.storage.bounded import (
+    MAX_METRICS_BYTES,
+    MAX_METRICS_LINE,
+    loads_json_bounded,
+    open_bounded,
+    text_lines_bounded,
+)
 
 log = logging.getLogger(__name__)
 
@@ -22,18 +29,21 @@ METRICS_FILE = "metrics.jsonl"
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The rows of a ``metrics.jsonl`` file (or of ``RUN_DIR/metrics.jsonl``)."""
+    """The rows of a ``metrics.jsonl`` file (or of ``RUN_DIR/metrics.jsonl``): a regular
+    file of at most `MAX_METRICS_BYTES`, lines of at most `MAX_METRICS_LINE` bytes, rows
+    nested at most `MAX_JSON_DEPTH` levels (`sparring.storage.bounded`)."""
     path = Path(path)
     if path.is_dir():
         path = path / METRICS_FILE
     if not path.exists():
         return []
-    with open(path, encoding="utf-8", errors="replace") as f:
-        lines = [(n, line) for n, line in enumerate(f, 1) if line.strip()]
+    with open_bounded(path, MAX_METRICS_BYTES, "metrics file") as f:
+        lines = [(n, line) for n, line in text_lines_bounded(f, path, MAX_METRICS_LINE,
+                                                             "metrics file") if line.strip()]
     rows = []
     for k, (n, line) in enumerate(lines):
         try:
-            row = json.loads(line)
+            row = loads_json_bounded(line)
             if not isinstance(row, dict):
                 raise ValueError("not a JSON object")
         except ValueError as e:

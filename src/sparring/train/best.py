@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from sparring.storage.atomic import atomic_write_text
+from sparring.storage.bounded import read_json_bounded
 from sparring.storage.folders import CKPT_DIR
 
 BEST_FILE = "best.json"
@@ -39,7 +40,7 @@ class BestCheckpoint:
         after the one resumed from: those steps run again)."""
         if not self.path.is_file():
             return
-        doc = json.loads(self.path.read_text())
+        doc = read_json_bounded(self.path, what="best checkpoint record")
         if (doc.get("metric"), doc.get("mode")) == (self.metric, self.mode) \
                 and doc["step"] <= start:
             self.step, self.value = int(doc["step"]), float(doc["value"])

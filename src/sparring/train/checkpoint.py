@@ -39,6 +39,7 @@ from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
 from sparring.storage.atomic import atomic_write_text, fsync_dir
+from sparring.storage.bounded import FileLimitError, read_json_bounded
 from sparring.storage.folders import (
     CKPT_DIR,
     FORMAT,
@@ -236,7 +237,9 @@ def save_checkpoint(run_dir: str | Path, step: int, *, weights: Mapping[str, Map
 def _read_doc(ckpt: Path) -> dict[str, Any]:
     path = member_file(ckpt, "state.json")
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = read_json_bounded(path, what="checkpoint state")
+    except FileLimitError as e:
+        raise CheckpointError(str(e)) from None
     except (ValueError, OSError) as e:
         raise CheckpointError(f"{path}: not valid JSON ({e})") from None
     if not (isinstance(doc, dict) and isinstance(doc.get("step"), int)

@@ -32,7 +32,6 @@ one policy of a run).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -46,6 +45,7 @@ from sparring.eval.periodic import EvalFn
 from sparring.rollout.source import (
     RolloutSource,
 )
+from sparring.storage.bounded import read_json_bounded
 from sparring.storage.folders import (
     CheckpointError,
     read_tensors,
@@ -338,7 +338,7 @@ def check_steps_left(run_dir: str | Path, steps: int) -> None:
         return  # no intact checkpoint: the resume says so
     if ckpt is None:
         return
-    doc = json.loads((ckpt / "state.json").read_text(encoding="utf-8"))
+    doc = read_json_bounded(ckpt / "state.json", what="checkpoint state")
     done, ckpt_name = int(doc["step"]), ckpt.name
     pending = PENDING_ROW in doc["meta"]  # its step's evaluation and row are still to come
     if steps == done and not pending:
