@@ -118,6 +118,26 @@ def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path, monkeypatch, caps
     assert "bad.yaml: not valid YAML at line 3" in one_line(err, "config error: ")
 
 
+def test_a_yaml_key_given_twice_is_an_error_naming_the_key_and_lines(tmp_path, monkeypatch,
+                                                                   capsys):
+    monkeypatch.chdir(tmp_path)
+    Path("dup.yaml").write_text("train:\n  steps: 3\nenvs:\n  - {name: tictactoe, "
+                                "group_size: 4, group_size: 8}\n")
+    rc, _, err = cli(capsys, "train", "dup.yaml")
+    assert rc == 2 and one_line(err) == (
+        "config error: dup.yaml: not valid YAML at line 4, column 38: key 'group_size' is "
+        "given twice (both on line 4)")
+    Path("dup.yaml").write_text("train:\n  steps: 3\nmodel: {name: tiny}\ntrain:\n  steps: 5\n")
+    rc, _, err = cli(capsys, "train", "dup.yaml")
+    assert rc == 2 and one_line(err) == (
+        "config error: dup.yaml: not valid YAML at line 4, column 1: key 'train' is given "
+        "twice (lines 1 and 4)")
+    assert list(tmp_path.iterdir()) == [tmp_path / "dup.yaml"]
+    from sparring.config import read_yaml  # a merge's keys may still be overridden
+    Path("merge.yaml").write_text("a: &x {p: 1, q: 2}\nb:\n  <<: *x\n  p: 3\n")
+    assert read_yaml("merge.yaml") == {"a": {"p": 1, "q": 2}, "b": {"p": 3, "q": 2}}
+
+
 def test_debug_shows_the_traceback_instead(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match="envs.0.options"):
