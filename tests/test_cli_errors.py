@@ -168,6 +168,22 @@ def test_eval_games_must_be_a_positive_count(games, run, capsys):
 
 
 @pytest.mark.parametrize("args, message", [
+    (["--games", "1e20"], "argument --games: expected a whole number, got '1e20'"),
+    (["--games", "100000000000000000000"],
+     "argument --games: at most 100,000 games per opponent, got 100,000,000,000,000,000,000"),
+    (["--games", "100001"], "argument --games: at most 100,000 games per opponent, got 100,001"),
+    (["--device", "foo"],
+     "argument --device: 'foo' is not a device (allowed: cpu, cuda, cuda:N, mps, auto)"),
+])
+def test_eval_games_and_device_are_checked_before_anything_runs(args, message, run, capsys):
+    for command in (["eval"], ["play"]) if args[0] == "--device" else (["eval"],):
+        with pytest.raises(SystemExit) as e:
+            main([*command, str(run), *args])
+        assert e.value.code == 2
+        assert capsys.readouterr().err.splitlines()[-1].endswith(f"error: {message}")
+
+
+@pytest.mark.parametrize("args, message", [
     (["--env", "nosuch"], "error: --env: unknown environment 'nosuch'"),
     (["--vs", "nosuch"], "error: --vs.0: unknown opponent 'nosuch' (allowed: "),
     (["--vs", "random,cfr"], f"error: --vs.1: bot 'cfr' cannot play tictactoe: {NO_TREE}"),

@@ -419,7 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "minimax, mcts, cfr")
     ep.add_argument("--env", action="append",
                     help="environment, its name or an alias (default: the run's games)")
-    ep.add_argument("--games", type=_positive_int, default=400,
+    ep.add_argument("--games", type=_games, default=400,
                     help="games per opponent (seats rotate)")
     ep.add_argument("--trust-remote-code", action="store_true",
                     help="let the run folder's own code run: its model code, plugins and "
@@ -446,7 +446,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a run with several policies: this one plays every model seat "
                     "(default: each seat its own policy)")
     for sp in (ep, pp):
-        sp.add_argument("--device", help="where the model runs: cpu, cuda, cuda:N, mps or "
+        sp.add_argument("--device", type=_device, help="where the model runs: cpu, cuda, cuda:N, mps or "
                         "auto (default: the run's model.device)")
     for sp in (xp, ep, pp):
         sp.add_argument("--plugin", action="append", metavar="MODULE",
@@ -478,6 +478,30 @@ def _positive_int(text: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
     return n
+
+
+MAX_EVAL_GAMES = 100_000  # per opponent and game; the default is 400
+
+
+def _games(text: str) -> int:
+    """``--games``: a whole number in [1, `MAX_EVAL_GAMES`]."""
+    n = _positive_int(text)
+    if n > MAX_EVAL_GAMES:
+        raise argparse.ArgumentTypeError(f"at most {MAX_EVAL_GAMES:,} games per opponent, "
+                                         f"got {n:,}")
+    return n
+
+
+def _device(text: str) -> str:
+    """``--device``: a name torch parses as a device, or ``auto``."""
+    if text != "auto":
+        import torch
+        try:
+            torch.device(text)
+        except (RuntimeError, ValueError):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a device (allowed: cpu, cuda, "
+                                             "cuda:N, mps, auto)") from None
+    return text
 
 
 def _one_line(e: BaseException) -> str:
