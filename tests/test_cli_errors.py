@@ -59,6 +59,10 @@ def run(tmp_path_factory):
      "eval.opponents: minimax cannot play envs.0 (connect_four): exact minimax gave up"),
     (["model.name=/nonexistent"], "model.name: '/nonexistent' does not exist; give a "
      "Hugging Face model folder"),  # a missing local path, not the hub's repo-id message
+    (["train.name=../../escape"], "train.name: '../../escape' is not a plain name (it fills "
+     "{name} in train.run_dir: no '/' or '\\', no leading '.', not empty); put folders in "
+     "train.run_dir"),
+    (["train.name=.."], "train.name: '..' is not a plain name"),
     (["algorithm.estimator_options={whiten: 1}"],
      "estimator 'turn_gae' option 'whiten' takes a bool, got 1"),
 ])

@@ -102,6 +102,7 @@ def validate(cfg: Config) -> Config:
                           "before the move), since every answer starts with it")
     _model_check(cfg.model)
     _run_dir_check(cfg.train.run_dir)
+    _run_name_check(cfg.train.name)
     _opponents_check(cfg)
     _minimax_check(cfg)
     _distributed_check(cfg.distributed)
@@ -351,6 +352,16 @@ def _run_dir_check(run_dir: str) -> None:
             from None
     if not filled.strip() or "\0" in filled:
         raise ConfigError(f"train.run_dir: {run_dir!r} is not a folder name")
+
+
+def _run_name_check(name: str) -> None:
+    """``train.name`` fills ``{name}`` in ``train.run_dir``: a plain name, so the run folder
+    stays where ``run_dir`` puts it (no ``/``, ``..`` or a hidden name)."""
+    if not name or "/" in name or "\\" in name or "\0" in name or name.startswith(".") \
+            or name != name.strip():
+        raise ConfigError(f"train.name: {name!r} is not a plain name (it fills {{name}} in "
+                          "train.run_dir: no '/' or '\\', no leading '.', not empty); put "
+                          "folders in train.run_dir")
 
 
 def _env_options_check(i: int, env: EnvSpec) -> Any:
