@@ -291,3 +291,12 @@ def test_resume_overrides_that_change_the_model_are_refused():
                       (["model.trust_remote_code=true"], "model.trust_remote_code")):
         with pytest.raises(ConfigError, match=rf"^{key}: cannot change on --resume"):
             check_resume_overrides(saved, from_dict(ENV, args))
+
+
+def test_a_built_in_model_name_wins_over_a_folder_of_that_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("tiny").mkdir()  # a folder that is no model
+    assert load_config(None, OK_ARGS).model.name == "tiny"  # the built-in model
+    with pytest.raises(ConfigError, match=r"^model.name: './tiny' has no config.json; give a "
+                       "Hugging Face model folder"):
+        load_config(None, OK_ARGS + ["model.name=./tiny"])

@@ -303,9 +303,14 @@ def _distributed_check(d: DistributedConfig) -> None:
                           "staleness is distributed.mode=sync)")
 
 
+BUILT_IN_MODELS = ("tiny", "smollm2")  # these names win over folders of the same name
+
+
 def _model_check(m: ModelConfig, key: str = "model") -> None:
-    """``model.device`` parses as a torch device; the tiny model's options are its fields
-    (errors name ``key``, the section's path)."""
+    """``model.device`` parses as a torch device; a path names a model folder (a built-in
+    name is the built-in model, whatever folders the working directory holds: ``./tiny``
+    names such a folder); the tiny model's options are its fields (errors name ``key``, the
+    section's path)."""
     if m.device != "auto":
         import torch
         try:
@@ -313,7 +318,8 @@ def _model_check(m: ModelConfig, key: str = "model") -> None:
         except (RuntimeError, ValueError):
             raise ConfigError(f"{key}.device: {m.device!r} is not a device (allowed: cpu, "
                               "cuda, cuda:N, mps, auto)") from None
-    if m.name.startswith(("/", "./", "../", "~")) or Path(m.name).expanduser().exists():
+    if m.name not in BUILT_IN_MODELS and (m.name.startswith(("/", "./", "../", "~"))
+                                          or Path(m.name).expanduser().exists()):
         folder = Path(m.name).expanduser()
         if not (folder / "config.json").is_file():
             why = "has no config.json" if folder.is_dir() else "does not exist"

@@ -37,7 +37,8 @@ def opt(default: Any, help: str, components: str = "", **check: float) -> Any:
 
 @dataclass
 class ModelConfig:
-    name: str = opt("tiny", "'tiny' (the built-in tiny model) or a Hugging Face id / local path")
+    name: str = opt("tiny", "'tiny' (the built-in tiny model), 'smollm2', a Hugging Face id or "
+                    "a local path (a folder named like a built-in: ./tiny)")
     options: dict[str, Any] = opt({}, "constructor options (e.g. the tiny model's sizes)")
     dtype: Literal["float32", "bfloat16", "float16"] = opt(
         "float32", "dtype the weights are loaded in and trained in (bfloat16: pure "
