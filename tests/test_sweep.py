@@ -17,6 +17,7 @@ from sparring.sweep import (
     parse_seeds,
     seed_values,
     summarise,
+    sweep,
     table,
 )
 
@@ -31,10 +32,22 @@ def test_seed_ranges(text, want):
 @pytest.mark.parametrize("text, says", [
     ("7-0", "the range '7-0' is empty"), ("a", "'a' is not a seed or a range"),
     ("1-", "'1-' is not a seed"), ("", "'' is not a seed"), ("-1", "'-1' is not a seed"),
-    ("0-5000", "more than 1000")])
+    ("0-5000", "more than 1000"),
+    (",".join(f"{k * 1000}-{k * 1000 + 999}" for k in range(50)),
+     r"^--seeds: '0-999,1000-1999,.*' holds more than 1000 seeds$"),
+    ("0-999,1000", r"^--seeds: '0-999,1000' holds more than 1000 seeds$"),
+    ("4294967296", r"^--seeds: 4294967296 is out of range \(a seed is at most 4294967295, "
+     r"as train.seed\)$")])
 def test_bad_seed_ranges_are_named(text, says):
     with pytest.raises(SweepError, match=says):
         parse_seeds(text)
+
+
+@pytest.mark.parametrize("jobs", [0, 65, 1000])
+def test_sweep_jobs_are_bounded_before_anything_runs(jobs, tmp_path):
+    with pytest.raises(SweepError, match=rf"^--jobs: {jobs}; must be in \[1, 64\]$"):
+        sweep("default", [0], jobs=jobs, out=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 def test_metric_specs():

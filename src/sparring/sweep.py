@@ -52,7 +52,9 @@ from sparring.grid import RECORD, Arm, Run, plan, rows, run_jobs, wall_time
 from sparring.report.plots import series
 
 HEADLINES = ("/exploitability", "/non_loss", "/joint/mean_return_seat0")
-MAX_SEEDS = 1000
+MAX_SEEDS = 1000  # seeds in one sweep
+MAX_JOBS = 64  # runs at a time
+MAX_SEED = 2**32 - 1  # train.seed's range
 _SPEC = re.compile(r"^(?P<key>[^:<>=]+?)(?::(?P<mode>min|max)|(?P<op><=|>=)(?P<target>.+))?$")
 
 
@@ -95,8 +97,9 @@ def claim_out(out: Path, recipe: str, overrides: Sequence[str]) -> None:
 
 
 def parse_seeds(text: str) -> list[int]:
-    """``"0-7"`` -> 0..7, ``"0,2,5"``, ``"0-3,8"``; distinct, in the order given."""
-    seeds: list[int] = []
+    """``"0-7"`` -> 0..7, ``"0,2,5"``, ``"0-3,8"``; distinct, in the order given; at most
+    `MAX_SEEDS` of them, each in train.seed's range [0, `MAX_SEED`]."""
+    seeds: dict[int, None] = {}
     for part in text.split(","):
         part = part.strip()
         m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
@@ -105,11 +108,16 @@ def parse_seeds(text: str) -> list[int]:
         lo, hi = int(m[1]), int(m[2] if m[2] is not None else m[1])
         if hi < lo:
             raise SweepError(f"--seeds: the range {part!r} is empty (write low-high, e.g. 0-7)")
+        if hi > MAX_SEED:
+            raise SweepError(f"--seeds: {hi} is out of range (a seed is at most {MAX_SEED}, "
+                             "as train.seed)")
         if hi - lo + 1 > MAX_SEEDS:
             raise SweepError(f"--seeds: {part!r} holds {hi - lo + 1} seeds, more than "
                              f"{MAX_SEEDS}")
-        seeds += [s for s in range(lo, hi + 1) if s not in seeds]
-    return seeds
+        seeds.update(dict.fromkeys(range(lo, hi + 1)))
+        if len(seeds) > MAX_SEEDS:
+            raise SweepError(f"--seeds: {text!r} holds more than {MAX_SEEDS} seeds")
+    return list(seeds)
 
 
 @dataclass(frozen=True)
@@ -293,8 +301,8 @@ def sweep(recipe: str, seeds: Sequence[int], overrides: Sequence[str] = (), *, j
     from sparring.config import find_recipe, load_config
     from sparring.train.runlock import RunLock
 
-    if jobs < 1:
-        raise SweepError(f"--jobs: {jobs}; must be >= 1")
+    if not 1 <= jobs <= MAX_JOBS:
+        raise SweepError(f"--jobs: {jobs}; must be in [1, {MAX_JOBS}]")
     specs = [parse_metric(m) for m in metrics]
     cfg = load_config(find_recipe(recipe), list(overrides))  # a bad recipe fails here, once
     n_steps = steps or cfg.train.steps
