@@ -351,11 +351,11 @@ def test_listed_openings_are_drawn_from_the_seed_with_their_share():
 
 
 def test_a_listed_opening_that_is_illegal_or_ends_the_game_is_named():
-    with pytest.raises(ValueError, match=r"opening 2 '5 5': move 2 \('5'\) is not legal"):
+    with pytest.raises(ValueError, match=r"opening 2: move 2 \('5'\) is not legal after '5'"):
         check_openings(make("tictactoe"), [("1",), ("5", "5")])
-    with pytest.raises(ValueError, match=r"opening 1 '1 4 2 5 3': move 5 \('3'\) ends the game"):
+    with pytest.raises(ValueError, match=r"opening 1: move 5 \('3'\) after '1 4 2 5' ends the game"):
         check_openings(make("tictactoe"), [("1", "4", "2", "5", "3")])
-    with pytest.raises(ValueError, match=r"listed opening '5 5': move 2 \('5'\) is not legal"):
+    with pytest.raises(ValueError, match=r"listed opening: move 2 \('5'\) is not legal after '5'"):
         RandomOpening(make("tictactoe"), 0, [("5", "5")]).reset(0)  # unchecked: reset says so
     with pytest.raises(ValueError, match="listed_share"):
         RandomOpening(make("tictactoe"), 0, [("1",)], listed_share=1.5)

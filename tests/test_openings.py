@@ -44,7 +44,8 @@ def _cfg(tmp_path, text, extra=()):
 
 def test_bad_openings_are_config_errors_naming_the_key(tmp_path):
     with pytest.raises(ConfigError,
-                       match=r"^envs\.0\.starts\.1: openings: .*move 2 \('5'\) is not legal"):
+                       match=r"^envs\.0\.starts\.1: openings: opening 2: move 2 \('5'\) is not "
+                       r"legal after '5' \(legal: 1 2 3 4 6 7 8 9\)$"):
         _cfg(tmp_path, "1\n5 5\n")
     with pytest.raises(ConfigError, match=r"^envs\.0\.starts\.1: openings: .*lists no opening"):
         _cfg(tmp_path, "# none\n")
@@ -55,6 +56,21 @@ def test_bad_openings_are_config_errors_naming_the_key(tmp_path):
         _cfg(tmp_path, "5\n", ["envs.0.starts.1.share=2"])
     with pytest.raises(ConfigError, match=r"^envs\.0\.starts\.0: .*option 'file' is required"):
         load_config(CONFIGS / "default.yaml", [*TINY, "envs.0.starts=[{name: openings}]"])
+
+
+def test_an_error_quotes_nothing_from_a_file_that_is_no_openings_file(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        _cfg(tmp_path, "root:x:0:0:secret:/root:/bin/bash\nsecond line\n")
+    assert str(e.value) == ("envs.0.starts.1: openings: opening 1: move 1 (no move of the "
+                            "game) is not legal at the start (legal: 1 2 3 4 5 6 7 8 9)")
+    with pytest.raises(ConfigError) as e:
+        _cfg(tmp_path, "5 1\n5 hunter2\n")
+    assert str(e.value) == ("envs.0.starts.1: openings: opening 2: move 2 (no move of the "
+                            "game) is not legal after '5' (legal: 1 2 3 4 6 7 8 9)")
+    with pytest.raises(ConfigError) as e:
+        _cfg(tmp_path, "1 5 2 6 3\n")
+    assert str(e.value) == ("envs.0.starts.1: openings: opening 1: move 5 ('3') after "
+                            "'1 5 2 6' ends the game; an opening must leave a move to play")
 
 
 def test_training_groups_start_from_the_listed_openings(tmp_path):

@@ -317,16 +317,22 @@ class RandomOpening:
 
 def play_opening(env: Env, moves: Sequence[str], what: str = "listed opening") -> None:
     """``moves`` played on ``env`` from its current position; ValueError naming the first
-    that is not legal there or ends the game."""
+    that is not legal there or ends the game. The message quotes only the game's own move
+    names (those legal at a position met on the way): the moves may come from a file that
+    is no openings file, whose text is not shown."""
+    known: set[str] = set()
     for k, move in enumerate(moves):
         seat = env.current_seat()
         legal = (env.legal_actions(seat) if seat is not None else None) or []
+        known.update(legal)
+        where = f"after {' '.join(moves[:k])!r}" if k else "at the start"
         if move not in legal:
-            raise ValueError(f"{what} {' '.join(moves)!r}: move {k + 1} ({move!r}) is not "
-                             f"legal there (legal: {' '.join(legal) or 'none'})")
+            said = f" ({move!r})" if move in known else " (no move of the game)"
+            raise ValueError(f"{what}: move {k + 1}{said} is not legal {where} (legal: "
+                             f"{' '.join(legal) or 'none'})")
         if env.step(move).done:
-            raise ValueError(f"{what} {' '.join(moves)!r}: move {k + 1} ({move!r}) ends "
-                             "the game; an opening must leave a move to play")
+            raise ValueError(f"{what}: move {k + 1} ({move!r}) {where} ends the game; an "
+                             "opening must leave a move to play")
 
 
 def check_openings(env: Env, listed: Sequence[Sequence[str]]) -> None:
