@@ -63,6 +63,10 @@ def run(tmp_path_factory):
      "{name} in train.run_dir: no '/' or '\\', no leading '.', not empty); put folders in "
      "train.run_dir"),
     (["train.name=.."], "train.name: '..' is not a plain name"),
+    (["rollout.episodes_per_step=10000000"],
+     "rollout.episodes_per_step: 10000000 is out of range (must be <= 100000)"),
+    (["model.options.num_layers=10000"], "model.options.num_layers: 10000 is out of range "
+     "(must be <= 64 for the tiny model; a larger model is a Hugging Face one)"),
     (["algorithm.estimator_options={whiten: 1}"],
      "estimator 'turn_gae' option 'whiten' takes a bool, got 1"),
 ])

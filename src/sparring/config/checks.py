@@ -329,7 +329,7 @@ def _model_check(m: ModelConfig, key: str = "model") -> None:
         return
     import typing
 
-    from sparring.policy.tiny import TinyConfig
+    from sparring.policy.tiny import TINY_LIMITS, TinyConfig
     hints = typing.get_type_hints(TinyConfig)
     for k, v in m.options.items():
         if k not in hints:
@@ -342,6 +342,10 @@ def _model_check(m: ModelConfig, key: str = "model") -> None:
         if want is int and not v >= (0 if k == "seed" else 1):
             raise ConfigError(f"{key}.options.{k}: {v!r} is out of range (must be >= "
                               f"{0 if k == 'seed' else 1})")
+        if k in TINY_LIMITS and v > TINY_LIMITS[k]:
+            raise ConfigError(f"{key}.options.{k}: {v!r} is out of range (must be <= "
+                              f"{TINY_LIMITS[k]} for the tiny model; a larger model is a "
+                              "Hugging Face one)")
     try:
         TinyConfig(**m.options)
     except ValueError as e:

@@ -93,7 +93,8 @@ class EnvSpec:
 
 @dataclass
 class RolloutConfig:
-    episodes_per_step: int = opt(64, "episodes collected per training step", ge=1)
+    episodes_per_step: int = opt(64, "episodes collected per training step", ge=1,
+                                 le=100_000)
     max_new_tokens: int = opt(8, "generation budget per turn", ge=1)
     answer_format: str = opt(
         "{}", "how the model writes a move in its answer, {} standing for the move: '{}' the "

@@ -48,9 +48,14 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     return tok
 
 
+TINY_LIMITS = {"hidden_size": 4096, "num_layers": 64, "num_heads": 64, "num_kv_heads": 64,
+               "intermediate_size": 16384, "max_positions": 32768}
+
+
 @dataclass
 class TinyConfig:
-    """Architecture of the tiny model (Llama-style: RMSNorm, RoPE, SwiGLU, GQA)."""
+    """Architecture of the tiny model (Llama-style: RMSNorm, RoPE, SwiGLU, GQA); each size
+    at most its `TINY_LIMITS` entry (a tiny model's sizes, far above any use)."""
 
     hidden_size: int = 128
     num_layers: int = 3
@@ -62,6 +67,11 @@ class TinyConfig:
     seed: int = 0  # initialisation seed
 
     def __post_init__(self) -> None:
+        for name, most in TINY_LIMITS.items():
+            if getattr(self, name) > most:
+                raise ValueError(f"{name}={getattr(self, name)} is out of range (must be <= "
+                                 f"{most:,} for the tiny model; a larger model is a Hugging "
+                                 "Face one)")
         if self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size={self.hidden_size} must be divisible by "
                              f"num_heads={self.num_heads}")
