@@ -140,6 +140,10 @@ def test_a_yaml_key_given_twice_is_an_error_naming_the_key_and_lines(tmp_path, m
     assert rc == 2 and one_line(err) == (
         "config error: dup.yaml: not valid YAML at line 4, column 1: key 'train' is given "
         "twice (lines 1 and 4)")
+    rc, _, err = cli(capsys, "train", "envs.0.options={canonical: true, canonical: false}")
+    assert rc == 2 and one_line(err).startswith(
+        "config error: envs.0.options: cannot parse the mapping '{canonical: true, canonical: "
+        "false}' (key 'canonical' is given twice (both on line 1)")
     assert list(tmp_path.iterdir()) == [tmp_path / "dup.yaml"]
     from sparring.config import read_yaml  # a merge's keys may still be overridden
     Path("merge.yaml").write_text("a: &x {p: 1, q: 2}\nb:\n  <<: *x\n  p: 3\n")

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from sparring.config.overrides import ConfigError
+from sparring.config.overrides import ConfigError, load_yaml_text
 
 if TYPE_CHECKING:
     from sparring.config.schema import Config
@@ -38,26 +38,6 @@ def find_recipe(name: str | Path | None) -> Path | None:
     raise FileNotFoundError(f"no config {str(name)!r} (not a file, not configs/{name}.yaml)")
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """`yaml.SafeLoader` where a key given twice in one mapping is an error (the plain
-    loader keeps the last silently)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if not isinstance(key_node, yaml.ScalarNode) \
-                    or key_node.tag == "tag:yaml.org,2002:merge":
-                continue  # keys a merge (<<) brings may be overridden
-            key, line = self.construct_object(key_node), key_node.start_mark.line + 1
-            if key in seen:
-                where = f"lines {seen[key]} and {line}" if seen[key] != line \
-                    else f"both on line {line}"
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} is given twice ({where})", key_node.start_mark)
-            seen[key] = line
-        return super().construct_mapping(node, deep=deep)
-
-
 MAX_CONFIG_VALUES = 100_000  # far above any real config; a YAML alias bomb is far above it
 
 
@@ -74,7 +54,7 @@ def read_yaml(path: str | Path) -> Any:
     except FileLimitError as e:
         raise ConfigError(str(e)) from None
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a safe loader)
+        data = load_yaml_text(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

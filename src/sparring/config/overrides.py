@@ -21,6 +21,32 @@ class ConfigError(ValueError):
     """A bad configuration: the message names the key and what is allowed."""
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` where a key given twice in one mapping is an error (the plain
+    loader keeps the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) \
+                    or key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # keys a merge (<<) brings may be overridden
+            key, line = self.construct_object(key_node), key_node.start_mark.line + 1
+            if key in seen:
+                where = f"lines {seen[key]} and {line}" if seen[key] != line \
+                    else f"both on line {line}"
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice ({where})", key_node.start_mark)
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml_text(text: str) -> Any:
+    """``yaml.safe_load(text)``, with a key given twice in one mapping an error
+    (`_UniqueKeyLoader`): for config files and override values alike."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+
+
 def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
@@ -55,7 +81,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if origin is list:
         if isinstance(value, str) and value.lstrip().startswith("["):  # CLI: [a, b, c]
             try:
-                value = yaml.safe_load(value)
+                value = load_yaml_text(value)
             except yaml.YAMLError as e:
                 raise ConfigError(f"{key}: cannot parse the list {value!r} ({e})") from None
         elif isinstance(value, str):  # CLI: a,b,c
@@ -66,7 +92,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if origin is dict:
         if isinstance(value, str) and value.lstrip().startswith("{"):  # CLI: {a: 1, b: 2}
             try:
-                value = yaml.safe_load(value)
+                value = load_yaml_text(value)
             except yaml.YAMLError as e:
                 raise ConfigError(f"{key}: cannot parse the mapping {value!r} ({e})") from None
         if not isinstance(value, dict):
@@ -147,7 +173,7 @@ def _parse_scalar(raw: str, tp: Any) -> Any:
     if typing.get_origin(base[0]) is Literal and raw in typing.get_args(base[0]):
         return raw  # a choice is its own text (``off`` is not YAML's false here)
     try:
-        return yaml.safe_load(raw)
+        return load_yaml_text(raw)
     except yaml.YAMLError:
         return raw
 
