@@ -115,7 +115,7 @@ def test_policy_strategy_is_the_table_the_exploitability_scores(tmp_path, capsys
     eval --strategy` prints one line per state."""
     from sparring.cli import main
 
-    kuhn = ["envs.0.name=kuhn_poker", "envs.0.options={}",
+    kuhn = ["envs.0.name=kuhn_poker", "envs.0.options={}", "eval.opponents=[random]",
             "envs.0.starts=[{name: loss_replay}]", "envs.0.opponents=[self]"]
     cfg = _cfg(kuhn)
     parts = build(cfg, tmp_path)
@@ -147,7 +147,8 @@ def test_eval_reports_rates_with_intervals(tmp_path):
 
 
 def test_eval_scores_exploitability_where_the_env_declares_a_tree(tmp_path):
-    cfg = _cfg(["eval.games=2", "envs.0.name=leduc_poker", "envs.0.options={compact: true}"])
+    cfg = _cfg(["eval.games=2", "envs.0.name=leduc_poker", "envs.0.options={compact: true}",
+                "eval.opponents=[random]"])
     out = build(cfg, tmp_path).eval_fn(0, None)
     assert 0.0 < out["leduc/exploitability"] < 14.0  # keys use the canonical name
     assert "leduc/exploitability_average" not in out  # no learner, no magnet
