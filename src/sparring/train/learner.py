@@ -29,6 +29,10 @@ A non-finite loss or gradient skips the optimizer step with a warning, and so do
 that would leave a weight or an optimizer moment non-finite (it is undone, bit for bit:
 `sparring.train.guarded_step`);
 after ``max_skipped_updates`` consecutive skips `NonFiniteError` is raised.
+With a process group of W > 1 learner ranks (`sparring.train.data_parallel`), each rank
+trains on a contiguous share of every mini-batch's rows with the whole mini-batch's token
+and sequence counts, the gradients are summed over the ranks before the optimizer step
+(every rank then holds the same weights), and the metrics are those of the whole batch.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from sparring.objectives import _load_families as _load_objectives
 from sparring.policy.heads import build_head
 from sparring.policy.lora import is_adapter_weight, use_adapter
 from sparring.schedules import LRSchedule, lr_at
+from sparring.train import data_parallel as dp
 from sparring.train.batch_forward import BatchForward, allowed_of, row_slices
 from sparring.train.entropy_target import EntropyTarget
 from sparring.train.guarded_step import NonFiniteError, guarded_step
@@ -256,6 +261,7 @@ class Learner:
         ref = None
         if self.reference is not None:
             ref = batch.ref_logp if batch.ref_logp is not None else self.ref_logprobs(batch)
+        ranks = dp.ranks()  # data-parallel learner ranks (sparring.train.data_parallel)
         stats: dict[str, float] = defaultdict(float)
         grad_norms: list[float] = []
         steps = skips = 0
@@ -266,13 +272,19 @@ class Learner:
             perm = torch.randperm(n, generator=self.gen)
             for start in range(0, n, mb):
                 rows = perm[start:start + mb]
-                m = mask[rows]
-                counts = dict(num_tokens=count_tokens(m), num_seqs=count_seqs(m), norm=norm)
+                if ranks is None:
+                    m = mask[rows]
+                    counts = dict(num_tokens=count_tokens(m), num_seqs=count_seqs(m),
+                                  norm=norm)
+                else:  # this rank's rows, the whole mini-batch's counts
+                    rows = dp.rank_rows(rows, ranks.rank, ranks.size)
+                    num_tokens, num_seqs = dp.global_counts(mask[rows])
+                    counts = dict(num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)
                 if counts["num_tokens"] == 0:
                     continue
                 self.optimizer.zero_grad(set_to_none=True)
                 finite = True
-                size = cfg.train.microbatch_size or len(rows)
+                size = cfg.train.microbatch_size or max(len(rows), 1)
                 for i in range(0, len(rows), size):
                     loss = self._micro_loss(batch, rows[i:i + size], advantages, old, ref, mask,
                                             counts, stats)
@@ -280,6 +292,10 @@ class Learner:
                         finite = False
                         break
                     loss.backward()
+                if ranks is not None:  # all ranks skip together, or sum their gradients
+                    finite = dp.all_ranks(finite, self.device)
+                    if finite:
+                        dp.all_reduce_grads(self.params)
                 if not finite:
                     skips += 1
                     self._skip("non-finite loss")
@@ -300,6 +316,8 @@ class Learner:
                     self.reference.pull()
                 grad_norms.append(gn)
                 steps += 1
+        if ranks is not None:
+            stats = dp.reduce_stats(stats)
         out = {"lr": self.schedule.current()}
         if self.cfg.algorithm.entropy_coef > 0:
             out["entropy_coef"] = self.entropy_coef()

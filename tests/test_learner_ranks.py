@@ -1,0 +1,182 @@
+"""Data-parallel learner ranks (`sparring.train.data_parallel`): one `Learner.update` on
+2 gloo ranks over a batch equals one update in one process over the same batch.
+
+Both ranks run in one spawn (every case of this module in turn); the single-process
+update runs here. Compared after the update: the weights and AdamW's first moments
+(``exp_avg``, a multiple of the gradient, so a wrongly scaled gradient shows even where
+Adam's step is scale-free) to atol 1e-6, rtol 1e-5 (float32, a different summation
+order), and the step's metrics.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from sparring.aggregation import count_seqs, count_tokens
+from sparring.config import from_dict
+from sparring.data import Episode, Turn, collate
+from sparring.train import data_parallel as dp
+from sparring.train.learner import Learner
+from tests import train_helpers as th
+
+pytestmark = pytest.mark.usefixtures("train_doubles")
+
+ATOL, RTOL = 1e-6, 1e-5
+WORLD = 2
+# name: (config overrides, the ranks use their local counts instead of the global ones)
+CASES = {
+    "token-mean": ({"algorithm": {"aggregation": "token-mean"}}, False),
+    "seq-mean": ({"algorithm": {"aggregation": "seq-mean-token-mean"}}, False),
+    "token-mean-micro": ({"algorithm": {"aggregation": "token-mean"},
+                          "train": {"minibatch_size": 5, "microbatch_size": 2, "epochs": 2}},
+                         False),
+    "seq-mean-micro": ({"algorithm": {"aggregation": "seq-mean-token-mean", "entropy_coef": 0.01,
+                                      "kl": {"coef": 0.1}},
+                        "train": {"minibatch_size": 5, "microbatch_size": 2, "epochs": 2}},
+                       False),
+    "token-mean-local-counts": ({"algorithm": {"aggregation": "token-mean"}}, True),
+    "seq-mean-local-counts": ({"algorithm": {"aggregation": "seq-mean-token-mean"}}, True),
+}
+METRICS = ("loss", "policy_loss", "grad_norm", "approx_kl", "entropy", "optimizer_steps")
+
+
+def make_cfg(over: dict):
+    base = {"algorithm": {"estimator": "test_centered", "objective": "test_clip"},
+            "optim": {"lr": 1e-3, "max_grad_norm": None},
+            "train": {"steps": 10, "seed": 3}, "logging": {"progress": False}}
+    for sec, vals in over.items():
+        for k, v in vals.items():
+            if isinstance(v, dict):
+                base[sec].setdefault(k, {}).update(v)
+            else:
+                base.setdefault(sec, {})[k] = v
+    return from_dict(base)
+
+
+def ragged_batch(n: int = 9, seed: int = 0):
+    """Rows of different prompt and action lengths (uneven token counts per rank)."""
+    g = torch.Generator().manual_seed(seed)
+    eps = []
+    for i in range(n):
+        lp_len, a_len = 1 + i % 3, 1 + (i * 2) % 5
+        prompt = torch.randint(1, th.VOCAB, (lp_len,), generator=g).tolist()
+        act = torch.randint(1, th.VOCAB, (a_len,), generator=g).tolist()
+        old = (-3.7 + 0.3 * torch.randn(a_len, generator=g)).tolist()
+        t = Turn(agent=0, prompt_ids=prompt, action_ids=act, logprobs=old)
+        r = float(torch.randn(1, generator=g))
+        eps.append(Episode(env="toy", seed=i, group=i % 3, num_agents=1, turns=[t], returns=[r]))
+    batch = collate(eps)
+    adv = torch.randn(batch.input_ids.shape, generator=g) * batch.action_mask
+    return batch, adv
+
+
+def one_update(over: dict) -> dict:
+    """Weights, AdamW first moments and metrics after one `Learner.update`."""
+    model = th.tiny_qwen(0)
+    learner = Learner(model, make_cfg(over))
+    batch, adv = ragged_batch()
+    metrics = learner.update(batch, adv)
+    return {"weights": {k: v.detach().clone() for k, v in model.state_dict().items()},
+            "exp_avg": [learner.optimizer.state[p]["exp_avg"].clone() for p in learner.params],
+            "metrics": metrics}
+
+
+def _local_counts(mask):
+    return count_tokens(mask), count_seqs(mask)
+
+
+def _rank(rank: int, port: int, out: str) -> None:
+    torch.set_num_threads(1)
+    th.register()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=WORLD)
+    try:
+        for name, (over, local) in CASES.items():
+            saved = dp.global_counts
+            if local:
+                dp.global_counts = _local_counts
+            try:
+                result = one_update(over)
+            finally:
+                dp.global_counts = saved
+            torch.save(result, f"{out}/{name}.{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ranked(tmp_path_factory):
+    """``name -> [rank 0's result, rank 1's result]``, every case from one spawn."""
+    th.register()
+    out = tmp_path_factory.mktemp("ranks")
+    mp.spawn(_rank, args=(_free_port(), str(out)), nprocs=WORLD, join=True)
+    return {name: [torch.load(out / f"{name}.{r}.pt") for r in range(WORLD)]
+            for name in CASES}
+
+
+def max_diff(a: dict, b: dict) -> float:
+    """The largest |a - b| over the weights and first moments."""
+    pairs = [(a["weights"][k], b["weights"][k]) for k in a["weights"]]
+    pairs += list(zip(a["exp_avg"], b["exp_avg"]))
+    return max(float((x.double() - y.double()).abs().max()) for x, y in pairs)
+
+
+def assert_same(a: dict, b: dict) -> None:
+    for k in a["weights"]:
+        torch.testing.assert_close(a["weights"][k], b["weights"][k], atol=ATOL, rtol=RTOL,
+                                   msg=lambda m, k=k: f"weight {k}: {m}")
+    for i, (x, y) in enumerate(zip(a["exp_avg"], b["exp_avg"])):
+        torch.testing.assert_close(x, y, atol=ATOL, rtol=RTOL,
+                                   msg=lambda m, i=i: f"exp_avg of parameter {i}: {m}")
+    for k in METRICS:
+        if k in a["metrics"]:
+            assert b["metrics"][k] == pytest.approx(a["metrics"][k], rel=RTOL, abs=ATOL), k
+
+
+@pytest.mark.parametrize("name", ["token-mean", "seq-mean", "token-mean-micro",
+                                  "seq-mean-micro"])
+def test_two_ranks_match_one_process(ranked, name):
+    single = one_update(CASES[name][0])
+    for rank, result in enumerate(ranked[name]):
+        assert_same(single, result)
+    print(f"{name}: max |2 ranks - 1 process| = {max_diff(single, ranked[name][0]):.3g}")
+
+
+@pytest.mark.parametrize("name", ["token-mean", "seq-mean-micro"])
+def test_ranks_hold_identical_weights(ranked, name):
+    r0, r1 = ranked[name]
+    for k in r0["weights"]:
+        assert torch.equal(r0["weights"][k], r1["weights"][k]), k
+
+
+@pytest.mark.parametrize("name", ["token-mean-local-counts", "seq-mean-local-counts"])
+def test_local_counts_break_equality(ranked, name):
+    """Each rank normalising by its own counts (not the global ones) gives another gradient:
+    the comparison above detects it."""
+    single = one_update(CASES[name.replace("-local-counts", "")][0])
+    with pytest.raises(AssertionError):
+        assert_same(single, ranked[name][0])
+
+
+def test_rank_rows_are_a_contiguous_partition():
+    rows = torch.arange(11)
+    for size in (1, 2, 3, 4, 16):
+        shares = [dp.rank_rows(rows, r, size) for r in range(size)]
+        assert torch.equal(torch.cat(shares), rows)
+        assert max(map(len, shares)) - min(map(len, shares)) <= 1
+
+
+def test_no_process_group_means_one_process():
+    assert not dist.is_initialized()
+    assert dp.ranks() is None
