@@ -5,11 +5,14 @@ Both ranks run in one spawn (every case of this module in turn); the single-proc
 update runs here. Compared after the update: the weights and AdamW's first moments
 (``exp_avg``, a multiple of the gradient, so a wrongly scaled gradient shows even where
 Adam's step is scale-free) to atol 1e-6, rtol 1e-5 (float32, a different summation
-order), and the step's metrics.
+order), and the step's metrics. Also: a rank left without rows (a mini-batch of one row),
+and a non-finite loss on one rank only (every rank then skips the step, as one process
+does, instead of one rank waiting on the others' gradients).
 """
 
 from __future__ import annotations
 
+import datetime
 import socket
 
 import pytest
@@ -28,6 +31,7 @@ pytestmark = pytest.mark.usefixtures("train_doubles")
 
 ATOL, RTOL = 1e-6, 1e-5
 WORLD = 2
+SEED = 3  # train.seed: the learner's row permutation
 # name: (config overrides, the ranks use their local counts instead of the global ones)
 CASES = {
     "token-mean": ({"algorithm": {"aggregation": "token-mean"}}, False),
@@ -39,16 +43,20 @@ CASES = {
                                       "kl": {"coef": 0.1}},
                         "train": {"minibatch_size": 5, "microbatch_size": 2, "epochs": 2}},
                        False),
+    "one-row-minibatches": ({"algorithm": {"aggregation": "token-mean"},
+                             "train": {"minibatch_size": 1}}, False),
+    "nan-on-one-rank": ({"algorithm": {"aggregation": "token-mean"}}, False),
     "token-mean-local-counts": ({"algorithm": {"aggregation": "token-mean"}}, True),
     "seq-mean-local-counts": ({"algorithm": {"aggregation": "seq-mean-token-mean"}}, True),
 }
-METRICS = ("loss", "policy_loss", "grad_norm", "approx_kl", "entropy", "optimizer_steps")
+METRICS = ("loss", "policy_loss", "grad_norm", "approx_kl", "entropy", "optimizer_steps",
+           "skipped_updates")
 
 
 def make_cfg(over: dict):
     base = {"algorithm": {"estimator": "test_centered", "objective": "test_clip"},
             "optim": {"lr": 1e-3, "max_grad_norm": None},
-            "train": {"steps": 10, "seed": 3}, "logging": {"progress": False}}
+            "train": {"steps": 10, "seed": SEED}, "logging": {"progress": False}}
     for sec, vals in over.items():
         for k, v in vals.items():
             if isinstance(v, dict):
@@ -75,14 +83,28 @@ def ragged_batch(n: int = 9, seed: int = 0):
     return batch, adv
 
 
-def one_update(over: dict) -> dict:
-    """Weights, AdamW first moments and metrics after one `Learner.update`."""
+def nan_row_advantages(adv, mask):
+    """``adv`` with a NaN on an action token of the last row of the first epoch's
+    permutation (rank 1's share of a whole-batch mini-batch)."""
+    row = int(torch.randperm(len(adv), generator=torch.Generator().manual_seed(SEED))[-1])
+    adv = adv.clone()
+    adv[row, int(mask[row].nonzero()[0])] = float("nan")
+    return adv
+
+
+def one_update(name: str) -> dict:
+    """Weights, AdamW first moments (zeros before any step) and metrics after one
+    `Learner.update` of case ``name``."""
     model = th.tiny_qwen(0)
-    learner = Learner(model, make_cfg(over))
+    learner = Learner(model, make_cfg(CASES[name][0]))
     batch, adv = ragged_batch()
+    if name == "nan-on-one-rank":
+        adv = nan_row_advantages(adv, batch.action_mask)
     metrics = learner.update(batch, adv)
+    state = learner.optimizer.state
     return {"weights": {k: v.detach().clone() for k, v in model.state_dict().items()},
-            "exp_avg": [learner.optimizer.state[p]["exp_avg"].clone() for p in learner.params],
+            "exp_avg": [state[p]["exp_avg"].clone() if p in state else torch.zeros_like(p)
+                        for p in learner.params],
             "metrics": metrics}
 
 
@@ -94,14 +116,14 @@ def _rank(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     th.register()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=WORLD)
+                            world_size=WORLD, timeout=datetime.timedelta(seconds=60))
     try:
-        for name, (over, local) in CASES.items():
+        for name, (_, local) in CASES.items():
             saved = dp.global_counts
             if local:
                 dp.global_counts = _local_counts
             try:
-                result = one_update(over)
+                result = one_update(name)
             finally:
                 dp.global_counts = saved
             torch.save(result, f"{out}/{name}.{rank}.pt")
@@ -145,9 +167,9 @@ def assert_same(a: dict, b: dict) -> None:
 
 
 @pytest.mark.parametrize("name", ["token-mean", "seq-mean", "token-mean-micro",
-                                  "seq-mean-micro"])
+                                  "seq-mean-micro", "one-row-minibatches"])
 def test_two_ranks_match_one_process(ranked, name):
-    single = one_update(CASES[name][0])
+    single = one_update(name)
     for rank, result in enumerate(ranked[name]):
         assert_same(single, result)
     print(f"{name}: max |2 ranks - 1 process| = {max_diff(single, ranked[name][0]):.3g}")
@@ -164,9 +186,19 @@ def test_ranks_hold_identical_weights(ranked, name):
 def test_local_counts_break_equality(ranked, name):
     """Each rank normalising by its own counts (not the global ones) gives another gradient:
     the comparison above detects it."""
-    single = one_update(CASES[name.replace("-local-counts", "")][0])
+    single = one_update(name.replace("-local-counts", ""))
     with pytest.raises(AssertionError):
         assert_same(single, ranked[name][0])
+
+
+def test_non_finite_loss_on_one_rank_skips_the_step_on_all(ranked):
+    single = one_update("nan-on-one-rank")
+    assert single["metrics"]["skipped_updates"] == 1
+    for result in ranked["nan-on-one-rank"]:
+        assert result["metrics"]["skipped_updates"] == 1
+        assert result["metrics"]["optimizer_steps"] == 0
+        for k, w in th.tiny_qwen(0).state_dict().items():
+            assert torch.equal(result["weights"][k], w), k
 
 
 def test_rank_rows_are_a_contiguous_partition():
