@@ -1,7 +1,8 @@
 """Data-parallel learner ranks (`sparring.train.data_parallel`): one `Learner.update` on
 2 gloo ranks over a batch equals one update in one process over the same batch.
 
-Both ranks run in one spawn (every case of this module in turn); the single-process
+Both ranks run in one pair of forked processes (every case of this module in turn; forked,
+not spawned, so that they need not import torch again); the single-process
 update runs here. Compared after the update: the weights and AdamW's first moments
 (``exp_avg``, a multiple of the gradient, so a wrongly scaled gradient shows even where
 Adam's step is scale-free) to atol 1e-6, rtol 1e-5 (float32, a different summation
@@ -139,10 +140,11 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def ranked(tmp_path_factory):
-    """``name -> [rank 0's result, rank 1's result]``, every case from one spawn."""
+    """``name -> [rank 0's result, rank 1's result]``, every case from one pair of ranks."""
     th.register()
     out = tmp_path_factory.mktemp("ranks")
-    mp.spawn(_rank, args=(_free_port(), str(out)), nprocs=WORLD, join=True)
+    mp.start_processes(_rank, args=(_free_port(), str(out)), nprocs=WORLD, join=True,
+                       start_method="fork")
     return {name: [torch.load(out / f"{name}.{r}.pt") for r in range(WORLD)]
             for name in CASES}
 
