@@ -172,7 +172,7 @@ def assert_same(a: dict, b: dict) -> None:
                                   "seq-mean-micro", "one-row-minibatches"])
 def test_two_ranks_match_one_process(ranked, name):
     single = one_update(name)
-    for rank, result in enumerate(ranked[name]):
+    for result in ranked[name]:
         assert_same(single, result)
     print(f"{name}: max |2 ranks - 1 process| = {max_diff(single, ranked[name][0]):.3g}")
 
