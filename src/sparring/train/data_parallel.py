@@ -1,8 +1,9 @@
 """Data-parallel learner ranks on `torch.distributed` (DDP semantics: gloo on CPUs, NCCL
 on GPUs).
 
-All W ranks walk the same mini-batches (the learner's permutation is seeded alike) and
-each takes a contiguous share of a mini-batch's rows (`rank_rows`). A rank aggregates the
+Every rank's `Learner.update` is given the same batch; all W ranks then walk the same
+mini-batches (the learner's permutation is seeded alike) and each takes a contiguous share
+of a mini-batch's rows (`rank_rows`). A rank aggregates the
 loss of its share with the counts of the whole mini-batch, summed over the ranks
 (`global_counts`): with N the global token (or sequence) count,
 
