@@ -23,10 +23,10 @@ import torch.multiprocessing as mp
 
 from sparring.aggregation import count_seqs, count_tokens
 from sparring.config import from_dict
-from sparring.data import Episode, Turn, collate
 from sparring.train import data_parallel as dp
 from sparring.train.learner import Learner
 from tests import train_helpers as th
+from tests.test_train_learner import ragged_batch
 
 pytestmark = pytest.mark.usefixtures("train_doubles")
 
@@ -67,23 +67,6 @@ def make_cfg(over: dict):
     return from_dict(base)
 
 
-def ragged_batch(n: int = 9, seed: int = 0):
-    """Rows of different prompt and action lengths (uneven token counts per rank)."""
-    g = torch.Generator().manual_seed(seed)
-    eps = []
-    for i in range(n):
-        lp_len, a_len = 1 + i % 3, 1 + (i * 2) % 5
-        prompt = torch.randint(1, th.VOCAB, (lp_len,), generator=g).tolist()
-        act = torch.randint(1, th.VOCAB, (a_len,), generator=g).tolist()
-        old = (-3.7 + 0.3 * torch.randn(a_len, generator=g)).tolist()
-        t = Turn(agent=0, prompt_ids=prompt, action_ids=act, logprobs=old)
-        r = float(torch.randn(1, generator=g))
-        eps.append(Episode(env="toy", seed=i, group=i % 3, num_agents=1, turns=[t], returns=[r]))
-    batch = collate(eps)
-    adv = torch.randn(batch.input_ids.shape, generator=g) * batch.action_mask
-    return batch, adv
-
-
 def nan_row_advantages(adv, mask):
     """``adv`` with a NaN on an action token of the last row of the first epoch's
     permutation (rank 1's share of a whole-batch mini-batch)."""
@@ -98,7 +81,7 @@ def one_update(name: str) -> dict:
     `Learner.update` of case ``name``."""
     model = th.tiny_qwen(0)
     learner = Learner(model, make_cfg(CASES[name][0]))
-    batch, adv = ragged_batch()
+    batch, adv = ragged_batch(n=9, max_action=5)  # uneven token counts per rank
     if name == "nan-on-one-rank":
         adv = nan_row_advantages(adv, batch.action_mask)
     metrics = learner.update(batch, adv)

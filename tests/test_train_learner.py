@@ -31,12 +31,13 @@ def make_cfg(**over):
     return from_dict(base)
 
 
-def ragged_batch(seed=0, n=7):
-    """Rows of different prompt and action lengths (real padding), old log-probs noisy."""
+def ragged_batch(seed=0, n=7, max_action=4):
+    """Rows of different prompt and action lengths (real padding; actions of 1 to
+    ``max_action`` tokens), old log-probs noisy."""
     g = torch.Generator().manual_seed(seed)
     eps = []
     for i in range(n):
-        lp_len, a_len = 1 + i % 3, 1 + (i * 2) % 4
+        lp_len, a_len = 1 + i % 3, 1 + (i * 2) % max_action
         prompt = torch.randint(1, th.VOCAB, (lp_len,), generator=g).tolist()
         act = torch.randint(1, th.VOCAB, (a_len,), generator=g).tolist()
         old = (-3.7 + 0.3 * torch.randn(a_len, generator=g)).tolist()

@@ -274,12 +274,11 @@ class Learner:
                 rows = perm[start:start + mb]
                 if ranks is None:
                     m = mask[rows]
-                    counts = dict(num_tokens=count_tokens(m), num_seqs=count_seqs(m),
-                                  norm=norm)
+                    num_tokens, num_seqs = count_tokens(m), count_seqs(m)
                 else:  # this rank's rows, the whole mini-batch's counts
                     rows = dp.rank_rows(rows, ranks.rank, ranks.size)
                     num_tokens, num_seqs = dp.global_counts(mask[rows])
-                    counts = dict(num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)
+                counts = dict(num_tokens=num_tokens, num_seqs=num_seqs, norm=norm)
                 if counts["num_tokens"] == 0:
                     continue
                 self.optimizer.zero_grad(set_to_none=True)
