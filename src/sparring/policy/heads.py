@@ -11,6 +11,11 @@
   sampling, the learner, the KL reference, the pool's snapshots and the evaluations apply
   the head to stored features; ``center`` and ``whiten`` make the head's change read the
   features centered (and whitened) by their statistics over the run's first batch.
+* ``top_layers``: the last ``layers`` transformer layers and the final norm train (their
+  own weights, or LoRA adapters on them with ``lora.last_layers`` at most ``layers``),
+  everything below them frozen. ``cache`` keeps the frozen layers' output per context
+  (`sparring.policy.layer_cache`), so a step runs and back-propagates through the trained
+  layers only, on stored states.
 
 Why a recipe would freeze the body: under RL the network can merge inputs that the reward
 does not yet tell apart, and a pull on the output distribution cannot split them again
@@ -32,6 +37,8 @@ from typing import Any
 from torch import nn
 
 from sparring.policy.feature_cache import FeatureCache, attach_feature_cache
+from sparring.policy.layer_cache import LayerCache
+from sparring.policy.top_layers import decoder_parts
 from sparring.registry import Registry, build_component, option
 
 HEADS = Registry("head")
@@ -43,6 +50,10 @@ class Head:
 
     name = ""
     body_lr_scale = 1.0  # the lr of every trained weight but the output layer, as a fraction
+
+    def freeze(self, model: nn.Module, lora: bool = False) -> None:
+        """Turn ``requires_grad`` off for what this head keeps frozen (``lora``: the model
+        carries LoRA adapters, whose own freezing stands)."""
 
     def attach(self, model: nn.Module, *readers: nn.Module) -> HeadState:
         """What the learner of ``model`` keeps while it trains (``readers``: models with the
@@ -86,6 +97,9 @@ class FrozenFeatures(Head):
         "mean variance (ZCA, centering included; a linear policy fits ~10x faster: "
         "bench/linear_probe.py --whiten); 0: off; needs the cache", ge=0)
 
+    def freeze(self, model: nn.Module, lora: bool = False) -> None:
+        freeze_body(model)
+
     def __post_init__(self) -> None:
         if (self.center or self.whiten) and not self.cache:
             raise ValueError("center and whiten transform the cached features; they need "
@@ -111,12 +125,79 @@ class FrozenFeatures(Head):
         return HeadState(features)
 
 
+@HEADS.register("top_layers")
+@dataclass(frozen=True, kw_only=True)
+class TopLayers(Head):
+    """The last ``layers`` transformer layers (and the final norm) train; the rest is
+    frozen, its output per context cached."""
+
+    name = "top_layers"
+    layers: int = option(
+        1, "transformer layers that train, counted from the top (their own weights; with "
+        "LoRA, the adapters on them: lora.last_layers at most this); the output layer and "
+        "everything below them stay frozen", ge=1)
+    cache: int = option(
+        4096, "prompts whose frozen-layer outputs are kept (with their continuations' "
+        "tokens), each computed once on its own, so sampling, the learner, the KL reference "
+        "and evaluations run the trained layers only (sparring.policy.layer_cache); 0: "
+        "none, every pass runs the whole network", ge=0)
+    keys_values: bool = option(
+        True, "the top layer's key and value projections and its input norm train; false: "
+        "they stay frozen (layers: 1 only), so the cache keeps that layer's keys and values "
+        "at every position too, and a step runs it at each context's last position only "
+        "(its query, output projection and MLP train)")
+
+    def __post_init__(self) -> None:
+        if not self.keys_values and self.layers != 1:
+            raise ValueError(f"keys_values: false needs layers: 1 (got {self.layers}); the "
+                             "layers under the top one would change its keys and values")
+
+    def freeze(self, model: nn.Module, lora: bool = False) -> None:
+        """Without LoRA, ``requires_grad`` off for every weight outside the top layers and
+        the final norm; with it, check that no adapter lies below them."""
+        allowed = top_layer_names(model, self.layers, self.keys_values)
+        for n, p in model.named_parameters():
+            if n in allowed:
+                continue
+            if lora and p.requires_grad:
+                raise ValueError(f"model.head top_layers (layers={self.layers}) trains the "
+                                 f"top layers only, but {n} is a trained adapter below them; "
+                                 f"set lora.last_layers to at most {self.layers}")
+            p.requires_grad_(False)
+
+    def attach(self, model: nn.Module, *readers: nn.Module) -> HeadState:
+        if not self.cache:
+            return HeadState(None)
+        states = LayerCache(model, self.layers, self.cache, fixed_keys=not self.keys_values)
+        for m in (model, *readers):
+            attach_feature_cache(m, states)
+        return HeadState(states)
+
+
+def top_layer_names(model: nn.Module, layers: int, keys_values: bool = True) -> set[str]:
+    """Names of the parameters of ``model``'s last ``layers`` decoder layers and final norm
+    (without the top layer's key and value projections and input norm unless
+    ``keys_values``)."""
+    parts = decoder_parts(model)
+    if not 1 <= layers <= len(parts.layers):
+        raise ValueError(f"model.head top_layers: layers={layers}; the model has "
+                         f"{len(parts.layers)} (1..{len(parts.layers)})")
+    ids = {id(p) for layer in list(parts.layers)[-layers:] for p in layer.parameters()}
+    ids |= {id(p) for p in parts.norm.parameters()}
+    if not keys_values:
+        top = parts.layers[-1]
+        for module in (top.self_attn.k_proj, top.self_attn.v_proj, top.input_layernorm):
+            ids -= {id(p) for p in module.parameters()}
+    return {n for n, p in model.named_parameters() if id(p) in ids}
+
+
 class HeadState:
     """What a head keeps while a learner trains: the feature cache of a frozen network
-    (``features``; None without one), its transform fixed before the first update and
-    checkpointed with the learner (``feature_center``)."""
+    (``features``: a `FeatureCache` or a `LayerCache`; None without one), a feature
+    transform fixed before the first update and checkpointed with the learner
+    (``feature_center``)."""
 
-    def __init__(self, features: FeatureCache | None):
+    def __init__(self, features: FeatureCache | LayerCache | None):
         self.features = features
 
     def before_update(self) -> None:
@@ -175,5 +256,6 @@ def freeze_body(model: nn.Module) -> None:
             p.requires_grad_(False)
 
 
-__all__ = ["HEADS", "FrozenFeatures", "Head", "HeadState", "LMHead", "build_head",
-           "freeze_body", "output_layer_names", "untie_output_layer"]
+__all__ = ["HEADS", "FrozenFeatures", "Head", "HeadState", "LMHead", "TopLayers",
+           "build_head", "freeze_body", "output_layer_names", "top_layer_names",
+           "untie_output_layer"]

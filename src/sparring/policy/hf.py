@@ -275,7 +275,8 @@ class HFPolicy:
             if ids is not None and len(ids) <= PREFETCH_FIRST_TOKENS:
                 ahead += [(prompts[i], (t,)) for t in ids]
         contexts = [(prompts[i], ()) for i in first]
-        h = features.features(contexts + ahead)[:len(first)].to(self.device)
+        features.prefetch(ahead)
+        h = features.features(contexts, self.model).to(self.device)
         head = output_embedding(self.model)
         if any(ids is None for ids in legal):
             z = features.head_logits(head, h)

@@ -62,7 +62,7 @@ from sparring.train.batch_forward import BatchForward, allowed_of, row_slices
 from sparring.train.entropy_target import EntropyTarget
 from sparring.train.guarded_step import NonFiniteError, guarded_step
 from sparring.train.loss import micro_loss
-from sparring.train.param_groups import freeze_body, param_groups
+from sparring.train.param_groups import param_groups
 from sparring.train.reference import Reference
 
 log = logging.getLogger(__name__)
@@ -90,8 +90,7 @@ class Learner:
         use_adapter(model, adapter)
         self.needs = frozenset(needs)
         self.head = build_head(cfg.model.head)  # what trains (sparring.policy.heads)
-        if self.head.body_lr_scale == 0:  # a linear policy on the network's first features
-            freeze_body(model)
+        self.head.freeze(model, lora=cfg.lora.enabled)  # what the head keeps as it started
         # the weights this learner trains (magnet and optimizer follow them)
         self.trained = {n for n, p in model.named_parameters() if p.requires_grad
                         and (adapter is None or is_adapter_weight(n, adapter))}

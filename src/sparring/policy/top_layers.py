@@ -1,0 +1,222 @@
+"""The last N transformer layers of a Llama-family causal LM, run on stored input states.
+
+Under the ``top_layers`` head (``model.head``, `sparring.policy.heads`) the layers below the
+top N never change, so their output at each position of a context (the input of the first
+trained layer) can be kept (`sparring.policy.layer_cache`). `top_hidden` runs the trained
+layers on those states and returns what the model's own forward would give its LM head: the
+final norm of the last layer's output at each context's last position. It is that forward's
+arithmetic written out (pre-norm attention with rotary positions and grouped K/V heads, then
+the MLP, each with a residual), using the model's own modules, so adapters on them (LoRA)
+apply as they do there; tests/test_layer_cache.py checks it against the full forward.
+
+Cost: the top layer needs its keys and values at every position but its output at one, so
+it runs its attention query and MLP at the context's last position only; the layers under
+it (N > 1) run at every position. Contexts share their prompt's positions: each distinct
+prompt runs once, and a continuation's tokens attend to its prompt's keys and values.
+
+Shapes: ``prompts`` a list of ``[P_i, H]`` states, ``contexts`` ``(prompt index,
+continuation states [L_j, H])`` pairs (``L_j`` may be 0); the result ``[k, H]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+_ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+_LAYER = ("self_attn", "input_layernorm", "post_attention_layernorm", "mlp")
+
+
+@dataclass
+class DecoderParts:
+    """The modules of a Llama-family decoder that `top_hidden` runs."""
+
+    layers: nn.ModuleList
+    norm: nn.Module  # the final norm, whose output the LM head reads
+    rotary: nn.Module  # (states, position ids) -> (cos, sin)
+
+
+def decoder_parts(model: nn.Module) -> DecoderParts:
+    """The decoder layers, final norm and rotary embedding of ``model`` (a causal LM, or a
+    PEFT model wrapping one); ValueError naming what is missing on another architecture."""
+    total = getattr(getattr(model, "config", None), "num_hidden_layers", None)
+    for module in model.modules():
+        layers = getattr(module, "layers", None)
+        if isinstance(layers, nn.ModuleList) and len(layers) == total:
+            break
+    else:
+        raise ValueError(f"{type(model).__name__}: no list of config.num_hidden_layers "
+                         "decoder layers found; the top_layers head needs a Llama-family "
+                         "causal LM (Llama, Qwen2, Qwen3, Mistral)")
+    missing = [n for n in ("norm", "rotary_emb") if not hasattr(module, n)]
+    missing += [n for n in _LAYER if not hasattr(layers[0], n)]
+    missing += [f"self_attn.{n}" for n in _ATTENTION
+                if not hasattr(getattr(layers[0], "self_attn", None), n)]
+    if missing:
+        raise ValueError(f"{type(model).__name__}'s decoder lacks {', '.join(missing)}; the "
+                         "top_layers head runs Llama-family layers (Llama, Qwen2, Qwen3, "
+                         "Mistral)")
+    return DecoderParts(layers, module.norm, module.rotary_emb)
+
+
+def top_hidden(model: nn.Module, start: int, prompts: Sequence[Tensor],
+               contexts: Sequence[tuple[int, Tensor]],
+               final_keys: Sequence[tuple[Tensor, Tensor]] | None = None) -> Tensor:
+    """The last hidden state ``[k, H]`` (the LM head's input) of each context, from the
+    input states of layer ``start`` (module docstring), running layers ``start..`` of
+    ``model``. Differentiable in those layers' weights and in the final norm's.
+    ``final_keys``: per prompt the top layer's keys and values (`prompt_keys_values`),
+    given when that layer's key and value projections are frozen (then they are the same
+    for every model that shares them, and a caller keeps them)."""
+    parts = decoder_parts(model)
+    top = list(parts.layers)[start:]
+    if not top:
+        raise ValueError(f"top_hidden: start={start}, but the model has "
+                         f"{len(parts.layers)} layers")
+    dev = prompts[0].device
+    x, plen = _pad(prompts)  # [m, P, H], [m]
+    m, P, _ = x.shape
+    which = torch.tensor([i for i, _ in contexts], dtype=torch.long, device=dev)
+    c, clen = _pad([s for _, s in contexts], width=x.shape[-1], like=x)  # [k, L, H], [k]
+    k, L = c.shape[:2]
+    pos_p = torch.arange(P, device=dev)[None]
+    pos_c = plen[which][:, None] + torch.arange(L, device=dev)[None]
+    rope_p = parts.rotary(x, pos_p)  # cos, sin [1, P, d]
+    rope_c = parts.rotary(x, pos_c)  # [k, L, d]
+    prompt_keys = torch.arange(P, device=dev)[None] < plen[which][:, None]  # [k, P]
+    causal = torch.ones(L, L, dtype=torch.bool, device=dev).tril()  # [L, L]
+    cont_mask = torch.cat([prompt_keys[:, None].expand(k, L, P), causal.expand(k, L, L)], -1)
+    last = plen - 1
+    out_p = None
+    for j, layer in enumerate(top):
+        final = j == len(top) - 1
+        attn = layer.self_attn
+        rows = torch.arange(m, device=dev)
+        if final and final_keys is not None:  # the prompts' keys given: their last position
+            kp, vp = (_pad_heads([kv[i] for kv in final_keys]) for i in (0, 1))
+            hp = layer.input_layernorm(x[rows, last][:, None])
+        else:
+            hp = layer.input_layernorm(x)
+            kp, vp = _keys_values(attn, hp, rope_p)  # [m, kv, P, d]
+            hp = hp[rows, last][:, None] if final else hp
+        if final:  # the prompt's output at its last position only
+            q = _queries(attn, hp, _at(rope_p, last))  # [m, h, 1, d]
+            keys = (torch.arange(P, device=dev)[None] <= last[:, None])[:, None, None]
+            a = _attend(attn, q, kp, vp, keys)  # [m, 1, h * d]
+            y = x[rows, last][:, None] + attn.o_proj(a)
+            out_p = (y + layer.mlp(layer.post_attention_layernorm(y)))[:, 0]
+        if k and L:
+            hc = layer.input_layernorm(c)
+            qc = _queries(attn, hc, rope_c)
+            kc, vc = _keys_values(attn, hc, rope_c)
+            keys_all = torch.cat([kp.index_select(0, which), kc], 2)
+            values_all = torch.cat([vp.index_select(0, which), vc], 2)
+            c = c + attn.o_proj(_attend(attn, qc, keys_all, values_all, cont_mask[:, None]))
+            c = c + layer.mlp(layer.post_attention_layernorm(c))
+        if not final:
+            q = _queries(attn, hp, rope_p)
+            causal_p = torch.ones(P, P, dtype=torch.bool, device=dev).tril()
+            x = x + attn.o_proj(_attend(attn, q, kp, vp, causal_p[None, None]))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+    ends = []
+    for j, (i, s) in enumerate(contexts):
+        ends.append(out_p[i] if len(s) == 0 else c[j, len(s) - 1])
+    return parts.norm(torch.stack(ends))
+
+
+def prompt_keys_values(model: nn.Module, states: Tensor) -> tuple[Tensor, Tensor]:
+    """``model``'s top layer's keys and values ``[kv, P, d]`` at every position of a prompt
+    whose input states of that layer are ``states [P, H]``."""
+    top = decoder_parts(model).layers[-1]
+    x = states[None]
+    rope = decoder_parts(model).rotary(x, torch.arange(len(states), device=x.device)[None])
+    kp, vp = _keys_values(top.self_attn, top.input_layernorm(x), rope)
+    return kp[0], vp[0]
+
+
+def _pad_heads(xs: Sequence[Tensor]) -> Tensor:
+    """``[kv, P_i, d]`` tensors right-padded with zeros along P into ``[m, kv, max P, d]``."""
+    P = max(x.shape[1] for x in xs)
+    out = xs[0].new_zeros(len(xs), xs[0].shape[0], P, xs[0].shape[2])
+    for i, x in enumerate(xs):
+        out[i, :, :x.shape[1]] = x
+    return out
+
+
+def _pad(states: Sequence[Tensor], width: int | None = None, like: Tensor | None = None
+         ) -> tuple[Tensor, Tensor]:
+    """``states`` (``[T_i, H]``) right-padded with zeros into ``[n, max T, H]``, and ``[n]``
+    their lengths."""
+    ref = like if like is not None else states[0]
+    lens = torch.tensor([len(s) for s in states], dtype=torch.long, device=ref.device)
+    T = int(lens.max()) if len(states) else 0
+    out = ref.new_zeros(len(states), T, width if width is not None else ref.shape[-1])
+    for i, s in enumerate(states):
+        if len(s):
+            out[i, :len(s)] = s.to(out.dtype)
+    return out, lens
+
+
+def _at(rope: tuple[Tensor, Tensor], index: Tensor) -> tuple[Tensor, Tensor]:
+    """The rotary (cos, sin) ``[1, P, d]`` at one position per row: ``[m, 1, d]``."""
+    return tuple(r[0, index][:, None] for r in rope)
+
+
+def _heads(x: Tensor, d: int) -> Tensor:
+    """``[n, T, heads * d] -> [n, heads, T, d]``."""
+    return x.view(*x.shape[:2], -1, d).transpose(1, 2)
+
+
+def _rotate(x: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
+    """Rotary positions on ``x [n, heads, T, d]`` (the halves convention of Llama)."""
+    cos, sin = (r[:, None].to(x.dtype) for r in rope)
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
+    return x * cos + rotated * sin
+
+
+def _head_dim(attn: nn.Module) -> int:
+    return int(attn.head_dim)
+
+
+def _queries(attn: nn.Module, h: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
+    d = _head_dim(attn)
+    q = attn.q_proj(h).view(*h.shape[:2], -1, d)
+    if getattr(attn, "q_norm", None) is not None:  # Qwen3
+        q = attn.q_norm(q)
+    return _rotate(q.transpose(1, 2), rope)
+
+
+def _keys_values(attn: nn.Module, h: Tensor, rope: tuple[Tensor, Tensor]
+                 ) -> tuple[Tensor, Tensor]:
+    d = _head_dim(attn)
+    key = attn.k_proj(h).view(*h.shape[:2], -1, d)
+    if getattr(attn, "k_norm", None) is not None:  # Qwen3
+        key = attn.k_norm(key)
+    return _rotate(key.transpose(1, 2), rope), _heads(attn.v_proj(h), d)
+
+
+def _attend(attn: nn.Module, q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
+    """Scaled dot-product attention of ``q [n, h, T, d]`` over ``keys``, ``values``
+    ``[n, kv, S, d]`` (each K/V head serving ``h / kv`` query heads), ``mask`` broadcastable
+    to ``[n, h, T, S]`` (True: attend); ``[n, T, h * d]``."""
+    n, h, T, d = q.shape
+    kv = keys.shape[1]
+    groups = h // kv
+    scale = getattr(attn, "scaling", d ** -0.5)
+    # query heads i * groups .. (i + 1) * groups - 1 share K/V head i: fold them into the
+    # query positions of that head rather than repeating the keys and values
+    q = q.reshape(n, kv, groups * T, d)
+    mask = mask.expand(n, -1, T, -1)
+    if mask.shape[1] != 1:
+        raise ValueError("_attend: the mask must be the same for every head")
+    mask = mask.repeat(1, 1, groups, 1)  # [n, 1, groups * T, S]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask, scale=scale)
+    return out.reshape(n, h, T, d).transpose(1, 2).reshape(n, T, h * d)
+
+
+__all__ = ["DecoderParts", "decoder_parts", "prompt_keys_values", "top_hidden"]

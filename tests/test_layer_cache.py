@@ -1,0 +1,197 @@
+"""Trained top layers over a frozen, cached lower network (the ``top_layers`` head,
+`sparring.policy.layer_cache`, `sparring.policy.top_layers`): the top layers run on stored
+states give the model's own forward (hidden states, log-probs, gradients), a state does not
+depend on the batch that first needed it, only the top layers train, and a run with the
+cache matches one without it and resumes exactly."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from sparring.policy.feature_cache import attach_feature_cache, feature_cache_of
+from sparring.policy.forward import token_logprobs_and_hidden
+from sparring.policy.heads import TopLayers, build_head, top_layer_names
+from sparring.policy.hf import HFPolicy
+from sparring.policy.hidden import capture_hidden
+from sparring.policy.layer_cache import LayerCache
+from sparring.policy.prefix import find_prefixes, first_action_positions
+from sparring.policy.sampling import SamplingParams
+from sparring.policy.tiny import build_tiny_model
+
+SMALL = {"hidden_size": 32, "num_layers": 3, "num_heads": 4, "num_kv_heads": 2,
+         "intermediate_size": 64}
+CONTEXTS = [([5, 8, 13, 21, 34], ()), ([5, 8, 13, 21, 34], (40,)),
+            ([5, 8, 13, 21, 34], (40, 3)), ([7, 7, 9], (41, 42, 43)), ([6], ())]
+
+
+def tiny(seed: int = 0):
+    torch.manual_seed(seed)
+    model, tok = build_tiny_model(SMALL)
+    return model.float().eval(), tok
+
+
+def plain_hidden(model, contexts):
+    """The last hidden state of each context from the model's own forward, one at a time."""
+    out = []
+    for p, c in contexts:
+        with capture_hidden(model) as hs:
+            model(input_ids=torch.tensor([list(p) + list(c)]))
+        out.append(hs[-1][0, -1])
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("layers,keys_values", [(1, True), (1, False), (2, True), (3, True)])
+def test_top_layers_on_cached_states_give_the_forwards_hidden_states_and_gradients(
+        layers, keys_values):
+    model, _ = tiny()
+    TopLayers(layers=layers, keys_values=keys_values).freeze(model)
+    cache = LayerCache(model, layers, 100, fixed_keys=not keys_values)
+    probe = torch.randn(len(CONTEXTS), SMALL["hidden_size"])
+    grads = []
+    for run in (lambda: plain_hidden(model, CONTEXTS), lambda: cache.features(CONTEXTS)):
+        model.zero_grad()
+        h = run()
+        (h * probe).sum().backward()
+        grads.append((h.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
+                                   if p.requires_grad}))
+    (want, want_grads), (got, got_grads) = grads
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+    assert want_grads.keys() == got_grads.keys() == top_layer_names(model, layers, keys_values)
+    for n in want_grads:
+        torch.testing.assert_close(got_grads[n], want_grads[n], atol=1e-5, rtol=1e-4)
+    assert cache.prompt_passes == 3  # each distinct prompt ran the lower layers once
+
+
+def test_a_contexts_states_do_not_depend_on_its_batch():
+    model, _ = tiny()
+    a, b = LayerCache(model, 1, 100), LayerCache(model, 1, 100)
+    p = [5, 8, 13, 21, 34]
+    a.prefetch([(p, (40,))])
+    b.prefetch([(p, (41,)), (p, (40,)), (p, (42,)), ([7, 7], (40,))])
+    key = (bytes(torch.tensor(p).numpy().astype("int64")),
+           bytes(torch.tensor([40]).numpy().astype("int64")))
+    assert torch.equal(a.tokens[key], b.tokens[key])  # bit for bit
+    assert torch.equal(a.prompts[key[0]], b.prompts[key[0]])
+    full = LayerCache(model, 1, 1)  # one prompt held: it empties itself, and still answers
+    assert full.features(CONTEXTS).shape == (len(CONTEXTS), SMALL["hidden_size"])
+    assert len(full.prompts) == 1
+
+
+def test_the_learner_and_sampler_read_the_cache_as_the_plain_model():
+    """Log-probs, entropies and hidden states over a batch of right-padded rows with
+    constrained positions, and the sampler's tokens and log-probs, with and without the cache
+    registered; the magnet-like copy (another reader) runs its own top layer."""
+    model, tok = tiny()
+    TopLayers(layers=1).freeze(model)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 60, (n,), generator=g) for n in (9, 6, 11)]
+    rows = [torch.cat([prompts[i % 3], torch.randint(3, 60, (1 + i % 3,), generator=g)])
+            for i in range(6)]
+    T = max(len(r) for r in rows)
+    ids, att = torch.zeros(6, T, dtype=torch.long), torch.zeros(6, T, dtype=torch.bool)
+    amask = torch.zeros(6, T, dtype=torch.bool)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)], att[i, :len(r)] = r, True
+        amask[i, len(prompts[i % 3]):len(r)] = True
+    pre = find_prefixes(ids, first_action_positions(amask, att.sum(1)))
+    allowed = [{int(pre.plen[i]): sorted({int(ids[i, pre.plen[i]]), 9, 11})} for i in range(6)]
+    texts = [tok.encode(t) for t in ("board one", "board two", "board one")]
+    moves = [["a", "bcd", "ef"], ["a", "b"], ["a", "bcd", "ef"]]
+    sp = SamplingParams(max_new_tokens=4, with_entropy=True)
+    out = []
+    for cache in (None, LayerCache(model, 1, 100)):
+        attach_feature_cache(model, cache)
+        lp, ent, h = token_logprobs_and_hidden(model, ids, att, with_entropy=True,
+                                               allowed=allowed, prefixes=pre)
+        gens = HFPolicy(model, tok, seed=1).generate(texts, sp, moves, seeds=[1, 2, 3])
+        out.append((lp * amask, ent * amask, h * amask[..., None], gens))
+    attach_feature_cache(model, None)
+    for want, got in zip(out[0][:3], out[1][:3]):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+    for want, got in zip(out[0][3], out[1][3]):
+        assert got.token_ids == want.token_ids
+        torch.testing.assert_close(torch.tensor(got.logprobs), torch.tensor(want.logprobs),
+                                   atol=1e-5, rtol=0)
+    import copy
+
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        other.model.layers[-1].mlp.down_proj.weight.mul_(2.0)
+    torch.testing.assert_close(cache.features(CONTEXTS, other), plain_hidden(other, CONTEXTS),
+                               atol=1e-5, rtol=1e-4)
+
+
+def test_only_the_top_layers_train_and_adapters_below_them_are_refused():
+    model, _ = tiny()
+    build_head({"name": "top_layers", "layers": 2}).freeze(model)
+    trained = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trained == {n for n, _ in model.named_parameters()
+                       if n.startswith(("model.layers.1.", "model.layers.2.", "model.norm."))}
+    model, _ = tiny()
+    build_head({"name": "top_layers", "keys_values": False}).freeze(model)
+    trained = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert "model.layers.2.self_attn.q_proj.weight" in trained
+    assert not {"model.layers.2.self_attn.k_proj.weight", "model.layers.2.self_attn.v_proj.weight",
+                "model.layers.2.input_layernorm.weight"} & trained
+    with pytest.raises(ValueError, match="keys_values: false needs layers: 1"):
+        build_head({"name": "top_layers", "layers": 2, "keys_values": False})
+    with pytest.raises(ValueError, match="layers=4; the model has 3"):
+        build_head({"name": "top_layers", "layers": 4}).freeze(tiny()[0])
+    model, _ = tiny()
+    model.model.layers[0].self_attn.q_proj.weight.requires_grad_(True)
+    with pytest.raises(ValueError, match="lora.last_layers to at most 1"):
+        TopLayers(layers=1).freeze(model, lora=True)
+
+
+def test_lora_below_the_top_layers_is_a_config_error():
+    from sparring.config import ConfigError, find_recipe, load_config
+
+    with pytest.raises(ConfigError, match="lora.last_layers between 1 and 2"):
+        load_config(find_recipe("default"), ["model.head={name: top_layers, layers: 2}", "lora.enabled=true"])
+
+
+RUN = ["model.options={hidden_size: 32, num_layers: 2, num_heads: 2, num_kv_heads: 2, "
+       "intermediate_size: 64}", "rollout.episodes_per_step=16", "envs.0.group_size=4",
+       "train.epochs=1", "train.minibatch_size=0", "eval.every=0", "eval.at_start=false",
+       "logging.progress=false", "model.head={name: top_layers, keys_values: false}",
+       "checkpoint.every=1", "train.steps=3", "league.every=1"]
+
+
+def rows(run):
+    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_top_layers_run_matches_one_without_the_cache_and_resumes_exactly(tmp_path):
+    """The default recipe with its top layer training (snapshots in the league from step
+    1, the magnet reading the cache with its own top layer): the same losses with and
+    without the cache; resumed from step 2 it logs the uninterrupted run's step 3 bit for
+    bit; the saved policy differs from the start in the top layer only."""
+    from sparring.assembly.trained import load_policy
+    from sparring.cli import main
+    from sparring.storage.folders import step_dirs
+
+    cached, plain, cut = tmp_path / "cached", tmp_path / "plain", tmp_path / "cut"
+    assert main(["train", *RUN, f"train.run_dir={cached}"]) == 0
+    assert main(["train", *RUN, "model.head.cache=0", f"train.run_dir={plain}"]) == 0
+    for want, got in zip(rows(plain), rows(cached)):
+        for k in ("loss", "policy_loss", "value_loss", "entropy", "grad_norm"):
+            assert got[k] == pytest.approx(want[k], rel=1e-4, abs=1e-6), k
+    shutil.copytree(cached, cut)
+    shutil.rmtree(step_dirs(cut)[-1][1])
+    (cut / "metrics.jsonl").write_text("".join(
+        json.dumps(r) + "\n" for r in rows(cached) if r["step"] <= 2))
+    assert main(["train", "--resume", str(cut)]) == 0
+    drop = ("time/", "throughput/")
+    assert {k: v for k, v in rows(cut)[-1].items() if not k.startswith(drop)} == \
+        {k: v for k, v in rows(cached)[-1].items() if not k.startswith(drop)}
+    policy, cfg, _ = load_policy(cached)
+    from sparring.assembly.parts import load_model
+
+    torch.manual_seed(cfg.train.seed)
+    start, _ = load_model(cfg)
+    changed = {n for (n, p), q in zip(policy.model.named_parameters(), start.parameters())
+               if not torch.equal(p, q)}
+    assert changed and changed <= top_layer_names(start, 1, keys_values=False)
+    assert feature_cache_of(policy.model) is None  # a loaded policy runs the plain forward
