@@ -29,7 +29,10 @@ Rows (all at the old Kuhn recipe's batch, 32 episodes a step, where the ratio is
   network frozen under its LM head (``model.head={name: frozen_features}``), without and
   with the frozen network's feature cache (its ``cache``, `sparring.policy.feature_cache`):
   the cache runs each context once, so its steps get cheaper as the run meets fewer new
-  positions (take ``--steps`` well past the first few to see where it settles).
+  positions (take ``--steps`` well past the first few to see where it settles);
+- ``tictactoe top layer`` / ``... cached``: configs/smollm2_tictactoe_top.yaml (the top
+  layer trains, ``model.head={name: top_layers}``) without and with its layer cache
+  (`sparring.policy.layer_cache`), the same way.
 
 ``--random-weights DIR``: where SmolLM2's weights are not available (a GPU machine without
 network), DIR holds its ``config.json`` and tokenizer files only, and every row runs a model
@@ -84,6 +87,8 @@ ROWS = {
     "tictactoe frozen network": ("smollm2_tictactoe", [
         BATCH, *FROZEN, "model.head.cache=0"]),
     "tictactoe frozen network cached": ("smollm2_tictactoe", [BATCH, *FROZEN]),
+    "tictactoe top layer": ("smollm2_tictactoe_top", [BATCH, "model.head.cache=0"]),
+    "tictactoe top layer cached": ("smollm2_tictactoe_top", [BATCH]),
 }
 
 

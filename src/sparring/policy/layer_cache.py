@@ -4,21 +4,24 @@
 Under that head only the last N transformer layers (and the final norm) train; the layers
 below keep their starting weights for the whole run. Their output at every position of a
 context, the input ``s(c) [T, H]`` of the first trained layer, is then a function of the
-context ``c`` alone. This cache keeps it: a prompt's ``[P, H]`` (the prompt run on its own,
-stopped at the first trained layer), and each continuation token's ``[H]`` (a token at a
-time over the prompt's KV cache of the lower layers). `features` then runs a reader's
-trained layers on stored states (`sparring.policy.top_layers.top_hidden`), so the sampler's
-first token, the learner, the KL reference, the pool's snapshots and the evaluations run N
-layers instead of the network once a context has been met, and the backward stops there.
+context ``c`` alone. This cache keeps it per prompt (``[P, H]``, the prompt run on its own
+and stopped at the first trained layer) and per continuation (``[L, H]``, run over the
+prompt's KV cache of the lower layers). `features` then runs a reader's trained layers on
+stored states (`sparring.policy.top_layers.top_hidden`), so the sampler's first token, the
+learner, the KL reference, the pool's snapshots and the evaluations run N layers instead
+of the network once a context has been met, and the backward stops there. With the top
+layer's key and value projections frozen (``fixed_keys``, N = 1) its keys and values at a
+prompt's positions are kept too, and the top layer runs at each context's last position.
 
 The reader is whichever model scores: the policy, the magnet's copy, a snapshot's copy.
 They share the frozen lower layers, hence the states, but each runs its own top layers.
 The interface is `sparring.policy.feature_cache.FeatureCache`'s (``features``, ``prefetch``,
 ``head_logits``, ``head_input``), without a feature transform.
 
-As there, each context runs on its own (a batch of one, no padding, eval mode, the model's
-precision), so a state depends on the context only: a resumed run (its cache starts empty)
-computes the same values. Bounded: at ``max_prompts`` prompts the cache empties itself.
+A state depends on its context only, never on the batch that first asked for it: a prompt
+runs alone (a batch of one, eval mode, the model's precision), continuations of one length
+in forwards of a fixed `ROWS` rows. So a resumed run, whose cache starts empty, computes
+the same values bit for bit. Bounded: at ``max_prompts`` prompts the cache empties itself.
 """
 
 from __future__ import annotations

@@ -77,54 +77,125 @@ def top_hidden(model: nn.Module, start: int, prompts: Sequence[Tensor],
         raise ValueError(f"top_hidden: start={start}, but the model has "
                          f"{len(parts.layers)} layers")
     dev = prompts[0].device
-    x, plen = _pad(prompts)  # [m, P, H], [m]
-    m, P, _ = x.shape
+    plen = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=dev)
     which = torch.tensor([i for i, _ in contexts], dtype=torch.long, device=dev)
-    c, clen = _pad([s for _, s in contexts], width=x.shape[-1], like=x)  # [k, L, H], [k]
+    conts = [s for _, s in contexts]
+    x = None  # the prompts' states [m, P, H], padded, where every position is needed
+    if len(top) > 1 or final_keys is None:
+        x, _ = _pad(prompts)
+    if len(top) > 1:  # the layers under the top one run at every position
+        x, conts = _lower_trained(parts, top[:-1], x, plen, which, conts)
+    return parts.norm(_final_layer(parts, top[-1], prompts, x, plen, which, conts,
+                                   final_keys))
+
+
+def _lower_trained(parts: DecoderParts, layers: Sequence[nn.Module], x: Tensor, plen: Tensor,
+                   which: Tensor, conts: Sequence[Tensor]) -> tuple[Tensor, list[Tensor]]:
+    """Trained layers below the top one, at every position: the prompts' states ``x
+    [m, P, H]`` (causal within each prompt) and each continuation's ``[L_j, H]`` (over its
+    prompt's keys and values, then causal within itself)."""
+    dev = x.device
+    m, P, _ = x.shape
+    c, clen = _pad(conts, width=x.shape[-1], like=x)  # [k, L, H]
     k, L = c.shape[:2]
-    pos_p = torch.arange(P, device=dev)[None]
-    pos_c = plen[which][:, None] + torch.arange(L, device=dev)[None]
-    rope_p = parts.rotary(x, pos_p)  # cos, sin [1, P, d]
-    rope_c = parts.rotary(x, pos_c)  # [k, L, d]
+    rope_p = parts.rotary(x, torch.arange(P, device=dev)[None])
+    rope_c = parts.rotary(x, plen[which][:, None] + torch.arange(L, device=dev)[None])
     prompt_keys = torch.arange(P, device=dev)[None] < plen[which][:, None]  # [k, P]
-    causal = torch.ones(L, L, dtype=torch.bool, device=dev).tril()  # [L, L]
+    causal = torch.ones(L, L, dtype=torch.bool, device=dev).tril()
     cont_mask = torch.cat([prompt_keys[:, None].expand(k, L, P), causal.expand(k, L, L)], -1)
-    last = plen - 1
-    out_p = None
-    for j, layer in enumerate(top):
-        final = j == len(top) - 1
+    causal_p = torch.ones(P, P, dtype=torch.bool, device=dev).tril()
+    for layer in layers:
         attn = layer.self_attn
-        rows = torch.arange(m, device=dev)
-        if final and final_keys is not None:  # the prompts' keys given: their last position
-            kp, vp = (_pad_heads([kv[i] for kv in final_keys]) for i in (0, 1))
-            hp = layer.input_layernorm(x[rows, last][:, None])
-        else:
-            hp = layer.input_layernorm(x)
-            kp, vp = _keys_values(attn, hp, rope_p)  # [m, kv, P, d]
-            hp = hp[rows, last][:, None] if final else hp
-        if final:  # the prompt's output at its last position only
-            q = _queries(attn, hp, _at(rope_p, last))  # [m, h, 1, d]
-            keys = (torch.arange(P, device=dev)[None] <= last[:, None])[:, None, None]
-            a = _attend(attn, q, kp, vp, keys)  # [m, 1, h * d]
-            y = x[rows, last][:, None] + attn.o_proj(a)
-            out_p = (y + layer.mlp(layer.post_attention_layernorm(y)))[:, 0]
+        hp = layer.input_layernorm(x)
+        kp, vp = _keys_values(attn, hp, rope_p)  # [m, kv, P, d]
         if k and L:
             hc = layer.input_layernorm(c)
-            qc = _queries(attn, hc, rope_c)
             kc, vc = _keys_values(attn, hc, rope_c)
-            keys_all = torch.cat([kp.index_select(0, which), kc], 2)
-            values_all = torch.cat([vp.index_select(0, which), vc], 2)
-            c = c + attn.o_proj(_attend(attn, qc, keys_all, values_all, cont_mask[:, None]))
+            keys = torch.cat([kp.index_select(0, which), kc], 2)
+            values = torch.cat([vp.index_select(0, which), vc], 2)
+            c = c + attn.o_proj(_attend(attn, _queries(attn, hc, rope_c), keys, values,
+                                        cont_mask[:, None]))
             c = c + layer.mlp(layer.post_attention_layernorm(c))
-        if not final:
-            q = _queries(attn, hp, rope_p)
-            causal_p = torch.ones(P, P, dtype=torch.bool, device=dev).tril()
-            x = x + attn.o_proj(_attend(attn, q, kp, vp, causal_p[None, None]))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-    ends = []
-    for j, (i, s) in enumerate(contexts):
-        ends.append(out_p[i] if len(s) == 0 else c[j, len(s) - 1])
-    return parts.norm(torch.stack(ends))
+        x = x + attn.o_proj(_attend(attn, _queries(attn, hp, rope_p), kp, vp,
+                                    causal_p[None, None]))
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return x, [c[j, :n] for j, n in enumerate(clen.tolist())]
+
+
+def _final_layer(parts: DecoderParts, layer: nn.Module, prompts: Sequence[Tensor],
+                 x: Tensor | None, plen: Tensor, which: Tensor, conts: Sequence[Tensor],
+                 final_keys: Sequence[tuple[Tensor, Tensor]] | None) -> Tensor:
+    """The top layer's output ``[k, H]`` at each context's last position, one attention per
+    prompt: its queries are the prompt's last position and the last token of each of its
+    continuations; its keys, the prompt's positions and every continuation token, each
+    query seeing the prompt and its own continuation (a tree over the shared prompt)."""
+    dev = plen.device
+    attn = layer.self_attn
+    m = len(plen)
+    rows = torch.arange(m, device=dev)
+    last = plen - 1
+    if final_keys is not None:
+        kp, vp = (_pad_heads([kv[i] for kv in final_keys]) for i in (0, 1))
+        ends_p = (x[rows, last] if x is not None
+                  else torch.stack([p[-1] for p in prompts]).to(kp.dtype))
+    else:
+        P = x.shape[1]
+        kp, vp = _keys_values(attn, layer.input_layernorm(x),
+                              parts.rotary(x, torch.arange(P, device=dev)[None]))
+        ends_p = x[rows, last]
+    Pm = kp.shape[2]
+    # the continuation tokens, flattened: prompt, context, offset among its prompt's
+    lens = [len(s) for s in conts]
+    with_cont = [j for j, n in enumerate(lens) if n]
+    slot = torch.zeros(len(conts), dtype=torch.long, device=dev)  # query slot per context
+    per_prompt = [0] * m
+    tok_prompt, tok_off, tok_pos, tok_slot = [], [], [], []
+    used = [0] * m
+    pl = plen.tolist()
+    wl = which.tolist()
+    for j in with_cont:
+        i = wl[j]
+        per_prompt[i] += 1
+        slot[j] = per_prompt[i]
+        for t in range(lens[j]):
+            tok_prompt.append(i)
+            tok_off.append(used[i] + t)
+            tok_pos.append(pl[i] + t)
+            tok_slot.append(per_prompt[i])
+        used[i] += lens[j]
+    Q = 1 + max(per_prompt, default=0)
+    T = max(used, default=0)
+    H = ends_p.shape[-1]
+    resid = ends_p.new_zeros(m, Q, H)
+    resid = resid.index_put((rows, torch.zeros_like(rows)), ends_p)
+    q_pos = torch.zeros(m, Q, dtype=torch.long, device=dev)
+    q_pos[:, 0] = last
+    mask = torch.zeros(m, Q, Pm + T, dtype=torch.bool, device=dev)
+    mask[:, :, :Pm] = (torch.arange(Pm, device=dev)[None] < plen[:, None])[:, None]
+    keys, values = kp, vp
+    if with_cont:
+        cj = torch.tensor(with_cont, dtype=torch.long, device=dev)
+        ci, cs = which[cj], slot[cj]
+        c_last = torch.stack([conts[j][-1] for j in with_cont]).to(resid.dtype)
+        resid = resid.index_put((ci, cs), c_last)
+        q_pos[ci, cs] = plen[ci] + torch.tensor([lens[j] - 1 for j in with_cont], device=dev)
+        tokens = torch.cat([conts[j] for j in with_cont]).to(resid.dtype)  # [n, H]
+        ti = torch.tensor(tok_prompt, dtype=torch.long, device=dev)
+        to = torch.tensor(tok_off, dtype=torch.long, device=dev)
+        rope_t = parts.rotary(tokens[None], torch.tensor(tok_pos, device=dev)[None])
+        kt, vt = _keys_values(attn, layer.input_layernorm(tokens[None]), rope_t)  # [1,kv,n,d]
+        d = kt.shape[-1]
+        k_c = kt.new_zeros(m, T, kt.shape[1], d).index_put((ti, to), kt[0].transpose(0, 1))
+        v_c = vt.new_zeros(m, T, vt.shape[1], d).index_put((ti, to), vt[0].transpose(0, 1))
+        keys = torch.cat([kp.to(k_c.dtype), k_c.transpose(1, 2)], 2)
+        values = torch.cat([vp.to(v_c.dtype), v_c.transpose(1, 2)], 2)
+        mask[ti, torch.tensor(tok_slot, device=dev), Pm + to] = True
+    h = layer.input_layernorm(resid)
+    rope_q = parts.rotary(resid, q_pos)
+    a = _attend(attn, _queries(attn, h, rope_q), keys, values, mask[:, None])  # [m, Q, h*d]
+    y = resid + attn.o_proj(a)
+    out = y + layer.mlp(layer.post_attention_layernorm(y))  # [m, Q, H]
+    return out[which, slot]
 
 
 def prompt_keys_values(model: nn.Module, states: Tensor) -> tuple[Tensor, Tensor]:
@@ -158,11 +229,6 @@ def _pad(states: Sequence[Tensor], width: int | None = None, like: Tensor | None
         if len(s):
             out[i, :len(s)] = s.to(out.dtype)
     return out, lens
-
-
-def _at(rope: tuple[Tensor, Tensor], index: Tensor) -> tuple[Tensor, Tensor]:
-    """The rotary (cos, sin) ``[1, P, d]`` at one position per row: ``[m, 1, d]``."""
-    return tuple(r[0, index][:, None] for r in rope)
 
 
 def _heads(x: Tensor, d: int) -> Tensor:
