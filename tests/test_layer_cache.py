@@ -19,6 +19,7 @@ from sparring.policy.layer_cache import LayerCache
 from sparring.policy.prefix import find_prefixes, first_action_positions
 from sparring.policy.sampling import SamplingParams
 from sparring.policy.tiny import build_tiny_model
+from tests.test_feature_cache import SMALL_RUN, rows
 
 SMALL = {"hidden_size": 32, "num_layers": 3, "num_heads": 4, "num_kv_heads": 2,
          "intermediate_size": 64}
@@ -149,18 +150,14 @@ def test_lora_below_the_top_layers_is_a_config_error():
     from sparring.config import ConfigError, find_recipe, load_config
 
     with pytest.raises(ConfigError, match="lora.last_layers between 1 and 2"):
-        load_config(find_recipe("default"), ["model.head={name: top_layers, layers: 2}", "lora.enabled=true"])
+        load_config(find_recipe("default"), ["model.head={name: top_layers, layers: 2}",
+                                             "lora.enabled=true"])
 
 
-RUN = ["model.options={hidden_size: 32, num_layers: 2, num_heads: 2, num_kv_heads: 2, "
-       "intermediate_size: 64}", "rollout.episodes_per_step=16", "envs.0.group_size=4",
-       "train.epochs=1", "train.minibatch_size=0", "eval.every=0", "eval.at_start=false",
-       "logging.progress=false", "model.head={name: top_layers, keys_values: false}",
-       "checkpoint.every=1", "train.steps=3", "league.every=1"]
-
-
-def rows(run):
-    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+# the frozen-head run of tests/test_feature_cache.py, two layers, the top one training
+RUN = [*(o for o in SMALL_RUN if not o.startswith(("model.options", "model.head"))),
+       "model.options={hidden_size: 32, num_layers: 2, num_heads: 2, num_kv_heads: 2, "
+       "intermediate_size: 64}", "model.head={name: top_layers, keys_values: false}"]
 
 
 def test_a_top_layers_run_matches_one_without_the_cache_and_resumes_exactly(tmp_path):

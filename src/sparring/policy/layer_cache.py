@@ -155,7 +155,7 @@ class LayerCache:
         prompts: list[Tensor] = []
         index: list[int] = []
         states: list[Tensor] = []
-        for (p, c), key in zip(contexts, keys):
+        for (_, c), key in zip(contexts, keys):
             if key[0] not in order:
                 order[key[0]] = len(prompts)
                 prompts.append(fresh[key[0]] if key[0] in fresh else self.prompts[key[0]])
@@ -198,7 +198,7 @@ class LayerCache:
         by_length: dict[int, list[tuple[int, ...]]] = {}
         for c in conts:
             by_length.setdefault(len(c), []).append(c)
-        for length, group in by_length.items():
+        for group in by_length.values():
             for i in range(0, len(group), ROWS):
                 chunk = group[i:i + ROWS]
                 rows = chunk + [chunk[0]] * (ROWS - len(chunk))
