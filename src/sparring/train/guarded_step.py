@@ -39,8 +39,9 @@ def step_stays_finite(optimizer: torch.optim.Optimizer, grad_norm: float) -> boo
     ``|p'| <= max|p| |1 - lr wd| + lr M / ((1 - b1) eps)``; and ``v' <= max v + G^2``.
     These bounds and the step size ``lr / (1 - b1^t)`` must stay under a quarter of the
     weights' largest float (room for rounding); a NaN or inf anywhere fails the test.
-    Any other optimizer: False (no proof)."""
-    if type(optimizer) is not torch.optim.AdamW:
+    The same holds for `sparring.train.row_sparse_adamw.RowSparseAdamW`, whose rows that
+    do not step keep their values. Any other optimizer: False (no proof)."""
+    if not isinstance(optimizer, torch.optim.AdamW):
         return False
     for group in optimizer.param_groups:
         ps = [p for p in group["params"] if p.grad is not None]

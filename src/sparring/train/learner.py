@@ -55,6 +55,7 @@ from sparring.importance import sampler_level
 from sparring.objectives import OBJECTIVES
 from sparring.objectives import _load_families as _load_objectives
 from sparring.policy.heads import build_head
+from sparring.policy.hidden import output_embedding
 from sparring.policy.lora import is_adapter_weight, use_adapter
 from sparring.schedules import LRSchedule, lr_at
 from sparring.train import data_parallel as dp
@@ -63,6 +64,7 @@ from sparring.train.entropy_target import EntropyTarget
 from sparring.train.guarded_step import NonFiniteError, guarded_step
 from sparring.train.loss import micro_loss
 from sparring.train.param_groups import param_groups
+from sparring.train.row_sparse_adamw import RowSparseAdamW
 from sparring.train.reference import Reference
 
 log = logging.getLogger(__name__)
@@ -122,8 +124,11 @@ class Learner:
         self.features = self.head_state.features  # the frozen network's outputs (or None)
         self.passes = BatchForward(model, cfg, self.temperature, adapter=adapter,
                                    critic=self.critic, reference=self.reference)
-        self.optimizer = torch.optim.AdamW(groups, lr=o.lr, betas=tuple(o.betas), eps=o.eps,
-                                           weight_decay=o.weight_decay)
+        # a frozen body's output layer: AdamW on the rows that have had a gradient only
+        sparse = ([output_embedding(model).weight] if self.head.body_lr_scale == 0
+                  and not o.weight_decay else [])
+        self.optimizer = RowSparseAdamW(groups, sparse=sparse, lr=o.lr, betas=tuple(o.betas),
+                                        eps=o.eps, weight_decay=o.weight_decay)
         self.schedule = LRSchedule(self.optimizer, lr=o.lr, schedule=o.schedule,
                                    warmup_steps=o.warmup_steps, total_steps=cfg.train.steps,
                                    final_ratio=o.lr_final_ratio)
