@@ -37,6 +37,8 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--sample", action="store_true")
     ap.add_argument("--show", type=int, default=3, help="episodes to print in full")
+    ap.add_argument("--system", help="a system prompt in place of the env's (e.g. one with "
+                    "a worked example)")
     args = ap.parse_args()
     if args.run:
         from sparring.assembly.trained import load_policy
@@ -48,7 +50,8 @@ def main() -> None:
         policy = load_smollm2(seed=0)
     arena = Arena(SamplingParams(max_new_tokens=args.max_new_tokens, greedy=not args.sample,
                                  stop=("\n",)),
-                  PromptConfig("full"), InvalidActionPolicy("forfeit"), max_turns=args.max_turns)
+                  PromptConfig("full", system_prompt=args.system), InvalidActionPolicy("forfeit"),
+                  max_turns=args.max_turns)
     seeds = list(range(HELD_OUT, HELD_OUT + args.questions))
     episodes = arena.run_episodes(
         lambda: make("calculator", digits=args.digits, max_calls=args.max_calls),
