@@ -202,7 +202,7 @@ class LayerCache:
             for i in range(0, len(group), ROWS):
                 chunk = group[i:i + ROWS]
                 rows = chunk + [chunk[0]] * (ROWS - len(chunk))
-                states = self._lower(torch.tensor(rows, device=device), _copy_rows(base, ROWS))
+                states = self._lower(torch.tensor(rows, device=device), _copy_rows(base, ROWS, device))
                 for j, c in enumerate(chunk):
                     out[(key, context_key(c)[0])] = states[j]
         if len(self.tokens) + len(out) > self.tokens.size:
@@ -234,14 +234,11 @@ class LayerCache:
         return next(self.model.parameters()).device
 
 
-def _copy_rows(cache, n: int):
+def _copy_rows(cache, n: int, device: torch.device):
     """A copy of a one-row KV cache with ``n`` rows (the original is left as it is)."""
-    new = copy.copy(cache)
-    new.layers = [copy.copy(layer) for layer in cache.layers]
-    if not new.layers:  # no layer below the trained ones: a token's state is its embedding
-        return new
-    return select_rows(new, torch.zeros(n, dtype=torch.long,
-                                        device=cache.layers[0].keys.device))
+    if cache.get_seq_length() == 0:  # no layer below the trained ones: nothing to copy
+        return copy.deepcopy(cache)
+    return select_rows(copy.deepcopy(cache), torch.zeros(n, dtype=torch.long, device=device))
 
 
 def _ints(x: Sequence[int] | Tensor) -> list[int]:
