@@ -202,7 +202,8 @@ class LayerCache:
             for i in range(0, len(group), ROWS):
                 chunk = group[i:i + ROWS]
                 rows = chunk + [chunk[0]] * (ROWS - len(chunk))
-                states = self._lower(torch.tensor(rows, device=device), _copy_rows(base, ROWS, device))
+                states = self._lower(torch.tensor(rows, device=device),
+                                     _copy_rows(base, ROWS, device))
                 for j, c in enumerate(chunk):
                     out[(key, context_key(c)[0])] = states[j]
         if len(self.tokens) + len(out) > self.tokens.size:

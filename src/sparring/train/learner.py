@@ -64,8 +64,8 @@ from sparring.train.entropy_target import EntropyTarget
 from sparring.train.guarded_step import NonFiniteError, guarded_step
 from sparring.train.loss import micro_loss
 from sparring.train.param_groups import param_groups
-from sparring.train.row_sparse_adamw import RowSparseAdamW
 from sparring.train.reference import Reference
+from sparring.train.row_sparse_adamw import RowSparseAdamW
 
 log = logging.getLogger(__name__)
 
