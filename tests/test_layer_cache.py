@@ -4,8 +4,6 @@ states give the model's own forward (hidden states, log-probs, gradients), a sta
 depend on the batch that first needed it, only the top layers train, and a run with the
 cache matches one without it and resumes exactly."""
 
-import json
-import shutil
 
 import pytest
 import torch
@@ -19,7 +17,12 @@ from sparring.policy.layer_cache import LayerCache
 from sparring.policy.prefix import find_prefixes, first_action_positions
 from sparring.policy.sampling import SamplingParams
 from sparring.policy.tiny import build_tiny_model
-from tests.test_feature_cache import SMALL_RUN, rows
+from tests.test_feature_cache import (
+    SMALL_RUN,
+    assert_resumed_step_3_repeats,
+    frozen_tiny_from_run,
+    rows,
+)
 
 SMALL = {"hidden_size": 32, "num_layers": 3, "num_heads": 4, "num_kv_heads": 2,
          "intermediate_size": 64}
@@ -167,27 +170,15 @@ def test_a_top_layers_run_matches_one_without_the_cache_and_resumes_exactly(tmp_
     bit; the saved policy differs from the start in the top layer only."""
     from sparring.assembly.trained import load_policy
     from sparring.cli import main
-    from sparring.storage.folders import step_dirs
-
     cached, plain, cut = tmp_path / "cached", tmp_path / "plain", tmp_path / "cut"
     assert main(["train", *RUN, f"train.run_dir={cached}"]) == 0
     assert main(["train", *RUN, "model.head.cache=0", f"train.run_dir={plain}"]) == 0
     for want, got in zip(rows(plain), rows(cached)):
         for k in ("loss", "policy_loss", "value_loss", "entropy", "grad_norm"):
             assert got[k] == pytest.approx(want[k], rel=1e-4, abs=1e-6), k
-    shutil.copytree(cached, cut)
-    shutil.rmtree(step_dirs(cut)[-1][1])
-    (cut / "metrics.jsonl").write_text("".join(
-        json.dumps(r) + "\n" for r in rows(cached) if r["step"] <= 2))
-    assert main(["train", "--resume", str(cut)]) == 0
-    drop = ("time/", "throughput/")
-    assert {k: v for k, v in rows(cut)[-1].items() if not k.startswith(drop)} == \
-        {k: v for k, v in rows(cached)[-1].items() if not k.startswith(drop)}
-    policy, cfg, _ = load_policy(cached)
-    from sparring.assembly.parts import load_model
-
-    torch.manual_seed(cfg.train.seed)
-    start, _ = load_model(cfg)
+    assert_resumed_step_3_repeats(cached, cut)
+    policy, _, _ = load_policy(cached)
+    start, _ = frozen_tiny_from_run(cached)
     changed = {n for (n, p), q in zip(policy.model.named_parameters(), start.parameters())
                if not torch.equal(p, q)}
     assert changed and changed <= top_layer_names(start, 1, keys_values=False)

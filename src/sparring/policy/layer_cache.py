@@ -33,7 +33,12 @@ import torch
 from torch import Tensor, nn
 
 from sparring.memo import BoundedMemo
-from sparring.policy.feature_cache import PROMPT_CACHES, Context, context_key
+from sparring.policy.feature_cache import (
+    PROMPT_CACHES,
+    Context,
+    context_key,
+    head_rows_logits,
+)
 from sparring.policy.precision import autocast_for
 from sparring.policy.prefix import select_rows, with_cache
 from sparring.policy.top_layers import decoder_parts, prompt_keys_values, top_hidden
@@ -113,12 +118,7 @@ class LayerCache:
     def head_logits(self, head: nn.Module, h: Tensor, rows: Tensor | None = None) -> Tensor:
         """``head``'s logits for last hidden states ``h [..., H]`` (over vocabulary ``rows``
         only, when given)."""
-        weight = head.weight if rows is None else head.weight.index_select(0, rows)
-        bias = getattr(head, "bias", None)
-        if bias is not None and rows is not None:
-            bias = bias.index_select(0, rows)
-        return torch.nn.functional.linear(h, weight.to(h.dtype),
-                                          None if bias is None else bias.to(h.dtype))
+        return head_rows_logits(head, h, rows)
 
     def head_input(self, h: Tensor) -> Tensor:
         return h
