@@ -101,22 +101,52 @@ def _import_plugins(args: argparse.Namespace) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    """``sparring train``; under ``torchrun`` every rank runs it: rank 0 runs the run and
+    sends the other learner ranks its config (None when there is no run to take part in),
+    and they take part in its updates (`sparring.train.learner_ranks`)."""
+    from sparring.config import commented_yaml
+    from sparring.train.learner_ranks import LEADER, share, start_learner_ranks
+
+    console = Console(stderr=True, soft_wrap=True)
+    if args.print_defaults:
+        print(commented_yaml())
+        return 0
+    ranks = start_learner_ranks()
+    if ranks is not None and ranks.rank != LEADER:
+        return _follow_leader(args)
+    cfg = None
+    try:
+        cfg = _train_config(args, console)
+    finally:
+        if ranks is not None:
+            share(cfg)
+    return 0 if cfg is None else _train_run(args, cfg, console)
+
+
+def _follow_leader(args: argparse.Namespace) -> int:
+    """A learner rank other than 0: the leader's config, then its updates."""
+    from sparring.assembly.run import build_follower
+    from sparring.train.learner_ranks import follow, share
+
+    _import_plugins(args)
+    cfg = share()
+    if cfg is not None:
+        follow(cfg, build_follower(cfg))
+    return 0
+
+
+def _train_config(args: argparse.Namespace, console: Console):
+    """The run's config from the recipe and overrides (or ``--resume``'s folder), checked;
+    None when ``--print-config`` printed it instead."""
     from sparring.config import (
         ConfigError,
-        commented_yaml,
         config_warnings,
         find_recipe,
         load_config,
         to_dict,
     )
     from sparring.plugins import PluginError
-    from sparring.storage.folders import CKPT_DIR
-    from sparring.train.best import BEST_FILE
 
-    console = Console(stderr=True, soft_wrap=True)
-    if args.print_defaults:
-        print(commented_yaml())
-        return 0
     name, overrides = _split_train_args(args.items)
     try:
         _import_plugins(args)
@@ -131,19 +161,33 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise ConfigError(str(e)) from e
     if args.print_config:
         print(yaml.safe_dump(to_dict(cfg), sort_keys=False), end="")
-        return 0
+        return None
     _check_device(cfg.model.device)
     for note in config_warnings(cfg):
         console.print(f"[yellow]warning:[/yellow] {note}")
+    return cfg
+
+
+def _train_run(args: argparse.Namespace, cfg, console: Console) -> int:
+    """Build ``cfg``'s parts and train (or resume) its run; the summary at the end."""
     from sparring.assembly.run import build
+    from sparring.storage.folders import CKPT_DIR
+    from sparring.train.best import BEST_FILE
+    from sparring.train.learner_ranks import Leader
     from sparring.train.loop import _run_dir, resume, train
 
     run_dir = Path(args.resume) if args.resume else _run_dir(cfg)
-    if not args.resume:
-        from sparring.train.runlock import check_run_dir
+    try:
+        if not args.resume:
+            from sparring.train.runlock import check_run_dir
 
-        check_run_dir(run_dir)  # before the model is built: a folder of someone else's
-    parts = build(cfg, run_dir)
+            check_run_dir(run_dir)  # before the model is built: a folder of someone else's
+        parts = build(cfg, run_dir)
+    except BaseException as e:  # the other learner ranks wait for the run's start
+        leader = Leader.of_process_group()
+        if leader is not None:
+            leader.stop(f"rank 0 stopped: {type(e).__name__}: {e}")
+        raise
     console.print(f"precision: {parts.precision}", highlight=False)
     try:
         if args.resume:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from sparring.assembly.parts import RunParts, build_parts, load_model, model_precision
 from sparring.config import Config
@@ -32,4 +33,11 @@ def build(cfg: Config, run_dir: str | Path | None = None) -> RunParts:
     return parts
 
 
-__all__ = ["RunParts", "build", "load_model", "model_precision"]
+def build_follower(cfg: Config) -> Any:
+    """The models a learner rank other than 0 trains (`sparring.train.learner_ranks`):
+    ``build_parts``'s, sampled by no one here (the HF backend, no engines, no rollout
+    workers, nothing written)."""
+    return build_parts(replace(cfg, model=replace(cfg.model, backend="hf"))).model
+
+
+__all__ = ["RunParts", "build", "build_follower", "load_model", "model_precision"]

@@ -66,6 +66,7 @@ from sparring.train.checkpoint import (
     seed_everything,
     tidy_checkpoints,
 )
+from sparring.train.learner_ranks import Leader, follow, is_follower
 from sparring.train.metrics import MetricsLogger
 from sparring.train.policies import Models, TrainedPolicy, trained_policies
 from sparring.train.runlock import RunLock, claim_run_dir
@@ -122,6 +123,9 @@ def train(cfg: Config, model: Models, rollout_fn: RolloutSource, eval_fn: EvalFn
     untouched), and is locked while training (`RunLockedError` if another process holds
     it).
     """
+    if is_follower():  # another learner rank's run: its updates only
+        follow(cfg, model)
+        return Path(run_dir) if run_dir is not None else _run_dir(cfg)
     run = claim_run_dir(Path(run_dir) if run_dir is not None else _run_dir(cfg))
     with sigterm_as_interrupt(), RunLock(run):
         return _train(cfg, model, rollout_fn, eval_fn, stateful, run, pad_id, resume, on_row)
@@ -130,6 +134,25 @@ def train(cfg: Config, model: Models, rollout_fn: RolloutSource, eval_fn: EvalFn
 def _train(cfg: Config, model: Models, rollout_fn: RolloutSource, eval_fn: EvalFn | None,
            stateful: Mapping[str, Any] | None, run: Path, pad_id: int, resume: bool,
            on_row: OnRow | None = None) -> Path:
+    """`_train_steps`; with other learner ranks (`sparring.train.learner_ranks`) this
+    process leads them and tells them when the run ends."""
+    leader = Leader.of_process_group()
+    try:
+        out = _train_steps(cfg, model, rollout_fn, eval_fn, stateful, run, pad_id, resume,
+                           on_row, leader)
+    except BaseException as e:
+        if leader is not None:
+            leader.stop(f"rank 0 stopped: {type(e).__name__}: {e}")
+        raise
+    if leader is not None:
+        leader.stop("finished")
+    return out
+
+
+def _train_steps(cfg: Config, model: Models, rollout_fn: RolloutSource,
+                 eval_fn: EvalFn | None, stateful: Mapping[str, Any] | None, run: Path,
+                 pad_id: int, resume: bool, on_row: OnRow | None, leader: Leader | None
+                 ) -> Path:
     """`train`, with the run folder's lock held: the run's state (fresh or restored from
     its newest intact checkpoint), then its steps (`_Run.step`), each finished by its
     evaluation, metrics row and checkpoints (`_Run.finish`)."""
@@ -141,12 +164,14 @@ def _train(cfg: Config, model: Models, rollout_fn: RolloutSource, eval_fn: EvalF
         save_config(cfg, run / CONFIG_FILE)
         seed_everything(cfg.train.seed)
     r = _Run(cfg, run, trained_policies(cfg, model), rollout_fn, eval_fn, stateful, pad_id,
-             on_row)
+             on_row, leader)
     if resume:
         pending_row = r.resume_state()
     else:
         r.write_references()
         pending_row = None
+    if leader is not None:  # every rank starts from these bits
+        leader.send_start(r.policies)
     r.open_log()
     try:
         if pending_row is not None:  # the crash checkpoint of a step whose end failed
@@ -182,7 +207,8 @@ class _Run:
 
     def __init__(self, cfg: Config, run: Path, policies: list[TrainedPolicy],
                  rollout_fn: RolloutSource, eval_fn: EvalFn | None,
-                 stateful: Mapping[str, Any] | None, pad_id: int, on_row: OnRow | None):
+                 stateful: Mapping[str, Any] | None, pad_id: int, on_row: OnRow | None,
+                 leader: Leader | None = None):
         self.cfg, self.run, self.policies = cfg, run, policies
         self.eval_fn, self.on_row = eval_fn, on_row
         self.own = {p.key(k) for p in policies for k in ("learner", "stage")}
@@ -191,7 +217,8 @@ class _Run:
         self.objects["rng"] = RNGState()
         self.objects.update({f"user.{k}": v for k, v in (stateful or {}).items()})
         self.train_step = TrainingStep(policies, rollout_fn,
-                                       batch_layout(cfg, [p.stage for p in policies]), pad_id)
+                                       batch_layout(cfg, [p.stage for p in policies]), pad_id,
+                                       leader)
         # what eval_fn gets: {name: learner} ('' names the one policy of a run)
         self.learners = {p.name: p.learner for p in policies}
         self.ref_sha256: dict[str, str] = {}  # checkpoint meta key -> reference file digest
@@ -360,6 +387,14 @@ def resume(run_dir: str | Path, model: Models, rollout_fn: RolloutSource,
     without it the folder's config is read as data, `read_run_config`: no plugin or code
     reference of its own runs)."""
     run = Path(run_dir)
+    if is_follower():  # another learner rank's run: its updates only (the leader resumes)
+        if cfg is None:
+            from sparring.config.run_folder import run_config_from_data
+
+            cfg = run_config_from_data(read_yaml(run / CONFIG_FILE), run / CONFIG_FILE,
+                                       list(overrides))
+        follow(cfg, model)
+        return run
     if not step_dirs(run):
         why = ("does not exist" if not run.is_dir() else
                "has no checkpoint to resume from (a run stopped before its first checkpoint "

@@ -11,7 +11,9 @@ checkpoints and metrics log are `sparring.train.loop`'s):
    samples (`sparring.rollout.source.CorrectsStaleSamples`: the Ray workers) reweights them;
 4. ``learner.update(batch, adv, keep)``: the clipped policy-gradient update over epochs and
    minibatches (`sparring.train.learner.Learner`: ratio = exp(logp - logp_old), the
-   objective, the KL and entropy terms, the aggregation over tokens).
+   objective, the KL and entropy terms, the aggregation over tokens); with other learner
+   ranks, the ``leader`` sends them each policy's rows first and they update alongside
+   (`sparring.train.learner_ranks`).
 
 Metrics: rewards per seat and env, advantage statistics, invalid-action rate and lengths
 (`rollout_metrics`), each policy's learner and critic figures under ``policy/NAME/`` when a
@@ -38,6 +40,7 @@ from sparring.rollout.source import (
     RolloutSource,
 )
 from sparring.segments import segment_first
+from sparring.train.learner_ranks import Leader
 from sparring.train.policies import TrainedPolicy, check_rows
 
 
@@ -92,9 +95,10 @@ class TrainingStep:
     stage) on ``rollout_fn``'s episodes, collated with ``layout`` and ``pad_id``."""
 
     def __init__(self, policies: list[TrainedPolicy], rollout_fn: RolloutSource, layout: str,
-                 pad_id: int = 0):
+                 pad_id: int = 0, leader: Leader | None = None):
         self.policies, self.rollout_fn, self.layout, self.pad_id = (
             policies, rollout_fn, layout, pad_id)
+        self.leader = leader  # other learner ranks take part in the updates
         # the rollout source's optional hooks (sparring.rollout.source)
         self.correct = rollout_fn.correct if isinstance(rollout_fn, CorrectsStaleSamples) else None
         self.league = rollout_fn.league_metrics if isinstance(rollout_fn, ReportsLeague) else None
@@ -113,6 +117,8 @@ class TrainingStep:
         batch = collate(episodes, layout=self.layout, pad_id=self.pad_id).to(
             self.policies[0].learner.device)
         check_rows(batch, self.policies)
+        if self.leader is not None:  # a lost rank is found here, before the policies move
+            self.leader.begin_update(i)
         before_update()
         # 2-3. each policy's rows: what its stage needs, then its advantages and keep flags
         shares = [policy_share(p, batch) for p in self.policies]
@@ -128,10 +134,14 @@ class TrainingStep:
         metrics.update(off_policy)
         if self.league is not None:  # the opponent pool's scores (sparring.rollout.league)
             metrics.update(self.league())
-        # 4. the update: each policy on its own rows
+        # 4. the update: each policy on its own rows (on every learner rank)
+        if self.leader is not None:
+            self.leader.send_rows([(sh.batch, sh.adv, sh.keep) for sh in shares])
         for sh in shares:
             learner = sh.policy.learner
             metrics.update(sh.policy.metrics(learner.update(sh.batch, sh.adv, sh.keep)))
+        if self.leader is not None:
+            self.leader.end_update()
         t2 = time.perf_counter()
         n_tok = sum(len(t.action_ids) for ep in episodes for t in ep.turns)
         metrics.update({"time/rollout": t1 - t0, "time/update": t2 - t1,

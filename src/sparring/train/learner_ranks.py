@@ -1,0 +1,192 @@
+"""A run on several learner ranks: ``torchrun --nproc-per-node N -m sparring train ...``.
+
+Rank 0 (the *leader*) runs the whole run as one process would: rollouts, advantages,
+evaluation, the run folder, checkpoints, metrics and the weight sync to rollout workers.
+Ranks 1..N-1 (the *followers*) hold a copy of every trained policy and take part in its
+updates only: each rank trains on its share of every mini-batch and the gradients are
+summed over the ranks (`sparring.train.data_parallel`), so every rank leaves a step with
+the weights one process would have. The leader sends, from rank 0 on the default process
+group (`broadcast_object_list`):
+
+1. the run's start state, fresh or resumed from a checkpoint: each policy's trained
+   weights, learner state (optimizer, schedule, row permutation generator) and KL
+   reference, so that every rank starts from the same bits;
+2. before each step's update, a header ``("update", step)``: a rank that has died is
+   found here, before anything changes the policies, and the leader's crash checkpoint
+   of the last finished step is exact;
+3. then each policy's rows: ``[(batch, advantages, keep)]``, in the run's policy order;
+4. at the end, or when the leader stops between two updates, ``("stop", why)``.
+
+A rank lost part-way through an update ends the run at the leader's next collective with
+the error (no crash checkpoint: it would mix two steps; the last periodic one stands).
+Collectives time out after `RANK_TIMEOUT` (a hung rank, not a dead one: a dead rank's
+connections close and its peers fail at once). The followers wait for the next header
+through the leader's rollouts and evaluation, so a step's rollouts and evaluation together
+must take less than that.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from sparring.config import Config
+from sparring.data import TurnBatch
+from sparring.train import data_parallel as dp
+from sparring.train.policies import Models, TrainedPolicy, trained_policies
+
+log = logging.getLogger(__name__)
+
+RANK_TIMEOUT = datetime.timedelta(hours=1)
+LEADER = 0
+
+
+class RankLostError(RuntimeError):
+    """A learner rank stopped answering (its process died, or a collective timed out)."""
+
+
+def start_learner_ranks() -> dp.Ranks | None:
+    """The default process group of the ranks `torchrun` started (``WORLD_SIZE`` > 1 in
+    the environment; NCCL on each rank's own GPU, ``LOCAL_RANK``, when CUDA is available,
+    else gloo), this rank and size; None when the process is alone (or already in a group
+    of one)."""
+    if dist.is_available() and dist.is_initialized():
+        return dp.ranks()
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return None
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        backend = "nccl"
+    else:
+        backend = "gloo"
+    dist.init_process_group(backend, timeout=RANK_TIMEOUT)
+    return dp.ranks()
+
+
+def is_follower() -> bool:
+    """True on ranks 1..N-1 of a group of learner ranks."""
+    r = dp.ranks()
+    return r is not None and r.rank != LEADER
+
+
+def share(obj: Any = None) -> Any:
+    """``obj`` from the leader, on every rank (the leader's own ``obj`` is what it sends)."""
+    box = [obj]
+    dist.broadcast_object_list(box, src=LEADER)
+    return box[0]
+
+
+def _cpu(x: Any) -> Any:
+    """``x`` with its tensors on the CPU (what is sent is unpickled on other devices)."""
+    if isinstance(x, Tensor):
+        return x.cpu()
+    if isinstance(x, TurnBatch):
+        return x.to("cpu")
+    if isinstance(x, dict):
+        return {k: _cpu(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return type(x)(_cpu(v) for v in x)
+    return x
+
+
+def start_state(policies: Sequence[TrainedPolicy]) -> list[dict[str, Any]]:
+    """Each policy's weights, learner state and frozen KL reference (None without one)."""
+    return [{"weights": p.weights(), "learner": p.learner.state_dict(),
+             "reference": p.learner.reference_state()} for p in policies]
+
+
+def load_start_state(policies: Sequence[TrainedPolicy], state: list[dict[str, Any]]) -> None:
+    if len(state) != len(policies):
+        raise RankLostError(f"the leader trains {len(state)} policies, this rank "
+                            f"{len(policies)}: the ranks were given different configs")
+    for p, st in zip(policies, state):
+        p.load_weights(st["weights"])
+        p.learner.load_state_dict(st["learner"])
+        if st["reference"] is not None:
+            p.learner.load_reference_state(st["reference"])
+
+
+class Leader:
+    """Rank 0's side of the protocol (module docstring). ``mid_update`` is True from a
+    step's header until every policy's update is done: the ranks are then inside the same
+    collectives, and no stop message can be sent."""
+
+    def __init__(self, ranks: dp.Ranks):
+        self.ranks = ranks
+        self.mid_update = False
+
+    @classmethod
+    def of_process_group(cls) -> Leader | None:
+        """The leader of the current group of learner ranks; None in one process. A
+        follower must not run the leader's loop (`ValueError`)."""
+        r = dp.ranks()
+        if r is None:
+            return None
+        if r.rank != LEADER:
+            raise ValueError(f"rank {r.rank} of {r.size}: followers take part in updates "
+                             "only (`sparring.train.learner_ranks.follow`)")
+        return cls(r)
+
+    def _send(self, what: str, obj: Any) -> None:
+        try:
+            share(obj)
+        except RuntimeError as e:  # gloo/NCCL: a peer's connection closed, or a timeout
+            raise RankLostError(f"a learner rank did not receive {what} ({self.ranks.size} "
+                                f"ranks): {e}") from e
+
+    def send_start(self, policies: Sequence[TrainedPolicy]) -> None:
+        self._send("the run's start state", _cpu(start_state(policies)))
+
+    def begin_update(self, step: int) -> None:
+        """Step ``step``'s header (0-based), before anything changes the policies."""
+        self._send(f"step {step + 1}'s header", ("update", step))
+        self.mid_update = True
+
+    def send_rows(self, rows: Sequence[tuple[TurnBatch, Tensor, Tensor]]) -> None:
+        self._send("the step's rows", _cpu(list(rows)))
+
+    def end_update(self) -> None:
+        self.mid_update = False
+
+    def stop(self, why: str) -> None:
+        """Tell the followers the run ended (``why``), when they are waiting for a header;
+        part-way through an update they are not, and find the leader gone instead."""
+        if self.mid_update:
+            return
+        try:
+            share(("stop", why))
+        except RuntimeError as e:
+            log.warning("could not tell the other learner ranks that the run ended: %s", e)
+
+
+def follow(cfg: Config, model: Models) -> None:
+    """A follower's run: the start state, then every step's update, until the leader stops
+    (`Leader`). ``model`` as `sparring.train.loop.train` takes it (LoRA is attached here
+    as there)."""
+    r = dp.ranks()
+    if r is None or r.rank == LEADER:
+        raise ValueError("follow() runs on ranks 1..N-1 of a group of learner ranks")
+    policies = trained_policies(cfg, model)
+    state = share()
+    if isinstance(state, tuple):  # the leader stopped before its run started
+        log.info("rank %d: the run ended before its first step (%s)", r.rank, state[1])
+        return
+    load_start_state(policies, state)
+    while True:
+        kind, arg = share()
+        if kind == "stop":
+            log.info("rank %d: the run ended (%s)", r.rank, arg)
+            return
+        rows = share()
+        if len(rows) != len(policies):
+            raise RankLostError(f"step {arg + 1}: rows for {len(rows)} policies, this rank "
+                                f"trains {len(policies)}")
+        for p, (batch, adv, keep) in zip(policies, rows):
+            p.learner.update(batch, adv, keep)

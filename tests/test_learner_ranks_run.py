@@ -1,0 +1,157 @@
+"""A whole run on 2 learner ranks (`sparring.train.learner_ranks`, gloo, forked processes):
+the job of tests/train_resume_job.py (magnet KL, a critic, a cosine schedule, two epochs of
+mini- and micro-batches) run by `train` on both ranks.
+
+* Its metrics equal those of the same job in one process, to float32 summation order
+  (the ranks sum their shares' gradients in another order): every row to rel 1e-5.
+* Rank 1 dies between two steps (its process exits after its update of step 5): rank 0
+  finds it at step 6's header, before anything changed its policy, writes an exact crash
+  checkpoint of step 5 and raises `RankLostError`. Resumed on 2 fresh ranks, the run's
+  metrics equal those of an uninterrupted 2-rank run bit for bit.
+* ``sparring train`` under torchrun (slow): a run and its ``--resume`` on 2 ranks.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from sparring.storage.folders import step_dirs
+from sparring.storage.metrics_file import read_metrics
+from sparring.train.learner import Learner
+from sparring.train.learner_ranks import RankLostError
+from tests import test_train_resume_cli as cli
+from tests import train_helpers as th
+from tests.train_resume_job import STEPS, run_job
+
+pytestmark = pytest.mark.usefixtures("train_doubles")
+
+ROOT = Path(__file__).parents[1]
+WORLD = 2
+DIES_AFTER = 5  # rank 1's process exits after its update of this step
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank(rank: int, port: int, run_dir: str, mode: str) -> None:
+    """One rank of a 2-rank job: ``full`` (train), ``dies`` (rank 1 exits after step
+    ``DIES_AFTER``'s update; rank 0 records what it raised) or ``resume``."""
+    th.register()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=WORLD, timeout=datetime.timedelta(seconds=60))
+    if mode == "dies" and rank == 1:
+        update, calls = Learner.update, [0]
+
+        def dying_update(self, *args, **kwargs):
+            out = update(self, *args, **kwargs)
+            calls[0] += 1
+            if calls[0] == DIES_AFTER:
+                os._exit(3)  # no cleanup, as a killed process
+            return out
+
+        Learner.update = dying_update
+    try:
+        run_job(run_dir, resume_run=mode == "resume")
+    except RankLostError as e:
+        with open(f"{run_dir}.error", "w") as f:
+            json.dump({"rank": rank, "error": str(e)}, f)
+    finally:
+        if mode != "dies":
+            dist.destroy_process_group()
+
+
+def _on_ranks(run_dir, mode: str) -> list[int]:
+    """Run both ranks to their end (each left to finish on its own: a rank that dies does
+    not stop the other); their exit codes."""
+    ctx = mp.get_context("fork")
+    port = _free_port()
+    procs = [ctx.Process(target=_rank, args=(r, port, str(run_dir), mode)) for r in range(WORLD)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(300)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    return [p.exitcode for p in procs]
+
+
+def _strip(rows):
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "throughput/"))}
+            for r in rows]
+
+
+@pytest.fixture(scope="module")
+def two_rank_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("ranks") / "full"
+    assert _on_ranks(run, "full") == [0, 0]
+    return run
+
+
+def test_two_ranks_match_one_process(two_rank_run, tmp_path):
+    one = run_job(tmp_path / "one")
+    a, b = _strip(read_metrics(one)), _strip(read_metrics(two_rank_run))
+    assert [r["step"] for r in b] == list(range(STEPS + 1))
+    for ra, rb in zip(a, b):
+        assert ra.keys() == rb.keys()
+        for k, v in ra.items():
+            assert rb[k] == pytest.approx(v, rel=1e-5, abs=1e-7), (ra["step"], k)
+    assert b[1]["optimizer_steps"] == 2 * 2  # 16 rows / minibatch 8, two epochs
+
+
+def test_a_lost_rank_ends_the_run_with_an_exact_crash_checkpoint(two_rank_run, tmp_path):
+    run = tmp_path / "dies"
+    assert _on_ranks(run, "dies") == [0, 3]
+    err = json.loads((tmp_path / "dies.error").read_text())
+    assert err["rank"] == 0 and "step 6's header" in err["error"]
+    assert [s for s, _ in step_dirs(run)] == [4, DIES_AFTER]  # periodic 4, crash 5
+    assert [r["step"] for r in read_metrics(run)] == list(range(DIES_AFTER + 1))
+    assert _on_ranks(run, "resume") == [0, 0]
+    assert _strip(read_metrics(run)) == _strip(read_metrics(two_rank_run))
+
+
+def _torchrun(*args, ranks=WORLD):
+    """``sparring train ARGS`` under torchrun on ``ranks`` CPU ranks (one thread each)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}",
+           "--master-port", str(_free_port()), "-m", "sparring", "train", *args]
+    return subprocess.run(cmd, cwd=ROOT, env=cli._env(), capture_output=True, text=True,
+                          timeout=600)
+
+
+@pytest.mark.slow
+def test_torchrun_runs_and_resumes_sparring_train_on_two_ranks(tmp_path):
+    """The command line under torchrun: 2 steps, then ``--resume`` to 4, on 2 ranks, logs
+    the metrics of the same in one process (to float32 summation order); ``--print-config``
+    leaves the other rank nothing to take part in."""
+    args = [a for a in cli.ARGS if not a.startswith(("train.steps=", "eval.every="))]
+    args.append("eval.every=2")
+    one, two = tmp_path / "one", tmp_path / "two"
+    for cmd in (cli._cmd(*args, "train.steps=2", f"train.run_dir={one}"),
+                cli._cmd("--resume", str(one), "train.steps=4")):
+        subprocess.run(cmd, cwd=ROOT, env=cli._env(), check=True, capture_output=True,
+                       timeout=300)
+    for done in (_torchrun(*args, "train.steps=2", f"train.run_dir={two}"),
+                 _torchrun("--resume", str(two), "train.steps=4")):
+        assert done.returncode == 0, done.stderr[-3000:]
+    a, b = cli._metrics(one), cli._metrics(two)
+    assert [r["step"] for r in b] == list(range(5))
+    for ra, rb in zip(a, b):
+        assert ra.keys() == rb.keys()
+        for k, v in ra.items():
+            assert rb[k] == pytest.approx(v, rel=1e-5, abs=1e-7), (ra["step"], k)
+    printed = _torchrun(*args, "--print-config")
+    assert printed.returncode == 0, printed.stderr[-3000:]
+    assert printed.stdout.count("\nplugins:") == 1  # printed by rank 0 only
