@@ -3,6 +3,7 @@
     PYTHONPATH=src python bench/scale.py             # 2 warm-up + 8 timed steps per setting
     PYTHONPATH=src python bench/scale.py --quick     # 1 + 2 steps, to check the script works
     PYTHONPATH=src python bench/scale.py --recipe signalling_two_policies   # two policies
+    PYTHONPATH=src python bench/scale.py --learner-ranks   # 1 and 2 torchrun learner ranks
 
 Prints, from one run, for configs/default.yaml or ``--recipe`` (evaluation off, no
 checkpoint but the last): steps/s over the timed steps (a step: its rollout and its update, as the training
@@ -15,6 +16,12 @@ runs locally with ``num_cpus`` = this machine's CPU count; each worker takes one
 one torch thread, and so does the training process unless ``--threads`` says otherwise
 (on a 2-core machine shared with other jobs, two torch threads made the default recipe's
 step 15-20x slower: OpenMP threads waiting on each other).
+
+``--learner-ranks``: instead, the recipe on 1 and 2 learner ranks (``sparring train`` in one
+process, then under ``torchrun --nproc-per-node=2``, one torch thread per rank, gloo),
+the same steps/s, ratio and seconds per step. On 2 cores no speed-up is possible (the
+ranks share the cores the update used); the figure is the overhead of sending the rows
+and summing the gradients.
 
 With the vLLM backend installed (``sparring.policy.vllm`` and the ``vllm`` package), a
 ``model.backend=vllm`` row (0 workers) is added, next to an HF row on the same model (two
@@ -64,14 +71,57 @@ def run(overrides: list[str], warmup: int, steps: int, folder: Path,
     finally:
         if hasattr(parts.rollout_fn, "close"):
             parts.rollout_fn.close()
+    return timings(folder, warmup)
+
+
+def run_ranks(ranks: int, warmup: int, steps: int, folder: Path, recipe: str
+              ) -> dict[str, float]:
+    """``sparring train RECIPE`` on ``ranks`` learner ranks (torchrun when more than one),
+    one torch thread each; timings of the last ``steps`` of ``warmup + steps``."""
+    import subprocess
+
+    head = ([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}",
+             "-m", "sparring"] if ranks > 1 else [sys.executable, "-m", "sparring"])
+    cmd = [*head, "train", recipe, f"train.steps={warmup + steps}", "eval.at_start=false",
+           "eval.every=0", "eval.games=10", "checkpoint.every=0", "logging.progress=false",
+           f"train.run_dir={folder}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True)
+    return timings(folder, warmup)
+
+
+def timings(folder: Path, warmup: int) -> dict[str, float]:
+    """Steps/s, rollout and update seconds per step and rollout tokens/s over the steps of
+    ``folder``'s metrics after ``warmup``."""
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-    timed = [r for r in rows if r["step"] > warmup]
+    timed = [r for r in rows if r["step"] > warmup and "time/rollout" in r]
     rollout = sum(r["time/rollout"] for r in timed) / len(timed)
     update = sum(r["time/update"] for r in timed) / len(timed)
     tokens = sum(r["throughput/tokens_per_s"] * r["time/rollout"] for r in timed)
     return {"steps_per_s": 1.0 / (rollout + update), "rollout_s": rollout, "update_s": update,
             "tokens_per_s": tokens / sum(r["time/rollout"] for r in timed),
             "reward": timed[-1]["reward"]}
+
+
+def learner_ranks(warmup: int, steps: int, recipe: str) -> None:
+    """The ``--learner-ranks`` table: 1 and 2 ranks."""
+    tmp = Path(tempfile.mkdtemp(prefix="sparring-ranks-"))
+    try:
+        results = []
+        for ranks in (1, 2):
+            t = time.perf_counter()
+            res = run_ranks(ranks, warmup, steps, tmp / str(ranks), recipe)
+            print(f"  done: {ranks} rank(s) ({time.perf_counter() - t:.0f} s with start-up)",
+                  flush=True)
+            results.append((ranks, res))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    base = results[0][1]["steps_per_s"]
+    print("\n| learner ranks | steps/s | vs 1 rank | rollout s/step | update s/step |\n"
+          "|---|---|---|---|---|")
+    for ranks, r in results:
+        print(f"| {ranks} | {r['steps_per_s']:.3f} | {r['steps_per_s'] / base:.2f}x | "
+              f"{r['rollout_s']:.3f} | {r['update_s']:.3f} |")
 
 
 def vllm_available() -> str | None:
@@ -93,8 +143,15 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the training process")
     ap.add_argument("--recipe", default="default",
                     help="a recipe in configs/ (signalling_two_policies: two policies)")
+    ap.add_argument("--learner-ranks", action="store_true",
+                    help="1 and 2 torchrun learner ranks instead of the worker settings")
     args = ap.parse_args()
     warmup, steps = (1, 2) if args.quick else (args.warmup, args.steps)
+    if args.learner_ranks:
+        print(f"configs/{args.recipe}.yaml, {warmup} warm-up + {steps} timed steps per "
+              f"setting; {os.cpu_count()} CPUs, one torch thread per rank, gloo")
+        learner_ranks(warmup, steps, args.recipe)
+        return
     if importlib.util.find_spec("ray") is None:
         sys.exit("bench/scale.py needs Ray: pip install 'sparring[ray]'")
     import ray
