@@ -8,7 +8,8 @@ mini- and micro-batches) run by `train` on both ranks.
   finds it at step 6's header, before anything changed its policy, writes an exact crash
   checkpoint of step 5 and raises `RankLostError`. Resumed on 2 fresh ranks, the run's
   metrics equal those of an uninterrupted 2-rank run bit for bit.
-* ``sparring train`` under torchrun (slow): a run and its ``--resume`` on 2 ranks.
+* ``sparring train`` under torchrun (slow): a run and its ``--resume`` on 2 ranks, and 2
+  ranks beside 2 Ray rollout workers.
 """
 
 from __future__ import annotations
@@ -155,3 +156,23 @@ def test_torchrun_runs_and_resumes_sparring_train_on_two_ranks(tmp_path):
     printed = _torchrun(*args, "--print-config")
     assert printed.returncode == 0, printed.stderr[-3000:]
     assert printed.stdout.count("\nplugins:") == 1  # printed by rank 0 only
+
+
+@pytest.mark.slow
+def test_two_ranks_with_two_rollout_workers_log_one_process_metrics(tmp_path):
+    """2 learner ranks under torchrun, rank 0 driving 2 synchronous Ray rollout workers:
+    the metrics of one process with none (to float32 summation order)."""
+    pytest.importorskip("ray")
+    args = [a for a in cli.ARGS if not a.startswith(("train.steps=", "checkpoint.every="))]
+    args += ["train.steps=3", "checkpoint.every=0"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    subprocess.run(cli._cmd(*args, f"train.run_dir={one}"), cwd=ROOT, env=cli._env(),
+                   check=True, capture_output=True, timeout=300)
+    done = _torchrun(*args, "distributed.rollout_workers=2", f"train.run_dir={two}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    a, b = cli._metrics(one), cli._metrics(two)
+    assert [r["step"] for r in b] == list(range(4))
+    for ra, rb in zip(a, b):
+        for k, v in ra.items():
+            assert rb[k] == pytest.approx(v, rel=1e-5, abs=1e-7), (ra["step"], k)
+    assert all("distributed/restarts" in r for r in b[1:])
