@@ -9,7 +9,8 @@ mini- and micro-batches) run by `train` on both ranks.
   checkpoint of step 5 and raises `RankLostError`. Resumed on 2 fresh ranks, the run's
   metrics equal those of an uninterrupted 2-rank run bit for bit.
 * ``sparring train`` under torchrun (slow): a run and its ``--resume`` on 2 ranks, and 2
-  ranks beside 2 Ray rollout workers.
+  ranks beside 2 Ray rollout workers; `distributed.learner_ranks=2` (a Ray actor as rank 1)
+  with a rollout worker.
 """
 
 from __future__ import annotations
@@ -176,3 +177,30 @@ def test_two_ranks_with_two_rollout_workers_log_one_process_metrics(tmp_path):
         for k, v in ra.items():
             assert rb[k] == pytest.approx(v, rel=1e-5, abs=1e-7), (ra["step"], k)
     assert all("distributed/restarts" in r for r in b[1:])
+
+
+@pytest.mark.slow
+def test_learner_ranks_on_ray_with_a_rollout_worker_log_one_process_metrics(tmp_path):
+    """``distributed.learner_ranks=2`` (rank 1 a Ray actor) with a Ray rollout worker:
+    the metrics of one process (to float32 summation order)."""
+    pytest.importorskip("ray")
+    args = [a for a in cli.ARGS if not a.startswith(("train.steps=", "checkpoint.every="))]
+    args += ["train.steps=3", "checkpoint.every=0"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    for run, extra in ((one, []), (two, ["distributed.learner_ranks=2",
+                                         "distributed.rollout_workers=1"])):
+        done = subprocess.run(cli._cmd(*args, *extra, f"train.run_dir={run}"), cwd=ROOT,
+                              env=cli._env(), capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+    a, b = cli._metrics(one), cli._metrics(two)
+    assert [r["step"] for r in b] == list(range(4))
+    for ra, rb in zip(a, b):
+        for k, v in ra.items():
+            assert rb[k] == pytest.approx(v, rel=1e-5, abs=1e-7), (ra["step"], k)
+
+
+def test_learner_ranks_below_one_is_a_config_error():
+    from sparring.config import ConfigError, from_dict
+
+    with pytest.raises(ConfigError, match="learner_ranks"):
+        from_dict({"distributed": {"learner_ranks": 0}})

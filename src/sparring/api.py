@@ -113,9 +113,12 @@ class Trainer:
                                "`sparring train --resume RUN_DIR` to continue)")
         cfg = self.config
         self.parts = parts = build(cfg, self.run_dir)
-        train(cfg, parts.model, parts.rollout_fn, parts.eval_fn, parts.stateful,
-              run_dir=self.run_dir, pad_id=parts.pad_id,
-              on_row=_Callbacks(self._on_step, self._on_eval))
+        try:
+            train(cfg, parts.model, parts.rollout_fn, parts.eval_fn, parts.stateful,
+                  run_dir=self.run_dir, pad_id=parts.pad_id,
+                  on_row=_Callbacks(self._on_step, self._on_eval))
+        finally:
+            parts.close()
         self.metrics = read_metrics(self.run_dir)
         return self.metrics
 

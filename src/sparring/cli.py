@@ -117,9 +117,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = None
     try:
         cfg = _train_config(args, console)
+        if cfg is not None and ranks is not None and cfg.distributed.learner_ranks > 1:
+            raise CommandError(f"distributed.learner_ranks={cfg.distributed.learner_ranks} "
+                               f"under torchrun, which started {ranks.size} ranks already: "
+                               "leave it at 1 (torchrun's ranks are the learner ranks)")
     finally:
         if ranks is not None:
-            share(cfg)
+            share(cfg if sys.exc_info()[0] is None else None)
     return 0 if cfg is None else _train_run(args, cfg, console)
 
 
@@ -196,6 +200,7 @@ def _train_run(args: argparse.Namespace, cfg, console: Console) -> int:
         else:
             run = train(cfg, parts.model, parts.rollout_fn, parts.eval_fn, parts.stateful,
                         run_dir=run_dir, pad_id=parts.pad_id)
+        parts.close()
     except KeyboardInterrupt as e:
         from sparring.train.signals import Terminated
 

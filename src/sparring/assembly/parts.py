@@ -47,6 +47,16 @@ class RunParts:
     pad_id: int = 0
     policies: dict[str, HFPolicy] = field(default_factory=dict)  # {} with one policy
     precision: str = "float32"  # the compute precision chosen, and why (printed by the CLI)
+    # what the run started outside this process and `close` ends (Ray learner ranks)
+    started: list[Any] = field(default_factory=list)
+
+    def close(self) -> None:
+        """End what the run started: learner rank actors and their group, rollout workers
+        (each also ends when this process does)."""
+        for obj in (*reversed(self.started), self.rollout_fn):
+            close = getattr(obj, "close", None)
+            if callable(close):
+                close()
 
 
 def load_model(cfg: Config) -> tuple[Any, Any]:

@@ -297,9 +297,9 @@ def _distributed_check(d: DistributedConfig) -> None:
         return
     import importlib.util
     if importlib.util.find_spec("ray") is None:
-        raise ConfigError(f"distributed.{changed[0]}: rollout workers run on Ray, which is not "
-                          "installed: pip install 'sparring[ray]' (from a checkout: "
-                          "SPARRING_EXTRAS=dev,ray bash scripts/setup.sh)")
+        raise ConfigError(f"distributed.{changed[0]}: rollout workers and learner rank actors "
+                          "run on Ray, which is not installed: pip install 'sparring[ray]' "
+                          "(from a checkout: SPARRING_EXTRAS=dev,ray bash scripts/setup.sh)")
     if d.mode == "async" and d.rollout_workers == 0:
         raise ConfigError("distributed.mode: async needs rollout workers "
                           "(distributed.rollout_workers >= 1)")

@@ -425,6 +425,10 @@ class DistributedConfig:
     worker_gpus: float = opt(0.0, "GPUs per rollout worker (fractions share one GPU)", ge=0)
     max_restarts: int = opt(
         3, "dead rollout workers replaced per step before the step fails", ge=0)
+    learner_ranks: int = opt(
+        1, "data-parallel learner ranks: this process (rank 0: rollouts, evaluation, the run "
+        "folder) and N-1 Ray actors that take part in every update; 1: this process alone "
+        "(under torchrun the ranks are torchrun's: leave it at 1)", ge=1)
 
 
 @dataclass
