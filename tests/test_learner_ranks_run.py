@@ -10,7 +10,7 @@ mini- and micro-batches) run by `train` on both ranks.
   metrics equal those of an uninterrupted 2-rank run bit for bit.
 * ``sparring train`` under torchrun (slow): a run and its ``--resume`` on 2 ranks, and 2
   ranks beside 2 Ray rollout workers; `distributed.learner_ranks=2` (a Ray actor as rank 1)
-  with a rollout worker.
+  with a rollout worker; two policies on 2 ranks.
 """
 
 from __future__ import annotations
@@ -204,3 +204,23 @@ def test_learner_ranks_below_one_is_a_config_error():
 
     with pytest.raises(ConfigError, match="learner_ranks"):
         from_dict({"distributed": {"learner_ranks": 0}})
+
+
+@pytest.mark.slow
+def test_two_policies_on_two_ranks_log_one_process_metrics(tmp_path):
+    """Several policies: each policy's learner data-parallel over the same 2 ranks (the
+    signalling recipe's speaker and listener), the metrics of one process."""
+    args = ["signalling_two_policies", "train.steps=3", "eval.every=0",
+            "logging.progress=false"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    subprocess.run(cli._cmd(*args, f"train.run_dir={one}"), cwd=ROOT, env=cli._env(),
+                   check=True, capture_output=True, timeout=300)
+    done = _torchrun(*args, f"train.run_dir={two}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    a, b = cli._metrics(one), cli._metrics(two)
+    assert [r["step"] for r in b] == list(range(4))
+    assert any(k.startswith("policy/listener/") for k in b[1])
+    for ra, rb in zip(a, b):
+        assert ra.keys() == rb.keys()
+        for k, v in ra.items():
+            assert rb[k] == pytest.approx(v, rel=1e-5, abs=1e-7), (ra["step"], k)
