@@ -1,4 +1,6 @@
-"""A run on several learner ranks: ``torchrun --nproc-per-node N -m sparring train ...``.
+"""A run on several learner ranks: ``torchrun --nproc-per-node N -m sparring train ...``,
+or ``distributed.learner_ranks: N`` (ranks 1..N-1 as Ray actors:
+`sparring.distributed.RayLearnerRanks`).
 
 Rank 0 (the *leader*) runs the whole run as one process would: rollouts, advantages,
 evaluation, the run folder, checkpoints, metrics and the weight sync to rollout workers.

@@ -28,6 +28,10 @@ Several policies (``policies``; `sparring.train.policies`): ``model`` is ``{name
 own learner and stage (`sparring.train.step`); a checkpoint holds every policy's weights
 and state. ``eval_fn(step, learners)`` gets ``{name: learner}`` in either case ('' names the
 one policy of a run).
+
+Several learner ranks (`sparring.train.learner_ranks`): the process of rank 0 runs all of
+the above and leads the others through each step's update; `train` and `resume` called on
+another rank take part in the updates only, and write nothing.
 """
 
 from __future__ import annotations
