@@ -42,6 +42,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = [
@@ -116,12 +117,22 @@ def learner_ranks(warmup: int, steps: int, recipe: str) -> None:
             results.append((ranks, res))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    base = results[0][1]["steps_per_s"]
-    print("\n| learner ranks | steps/s | vs 1 rank | rollout s/step | update s/step |\n"
-          "|---|---|---|---|---|")
-    for ranks, r in results:
-        print(f"| {ranks} | {r['steps_per_s']:.3f} | {r['steps_per_s'] / base:.2f}x | "
-              f"{r['rollout_s']:.3f} | {r['update_s']:.3f} |")
+    print_table("learner ranks", "1 rank", results, tokens=False)
+
+
+def print_table(first: str, base: str, results: list[tuple[Any, dict[str, float]]],
+                tokens: bool = True) -> None:
+    """The markdown table of ``results`` (``[(setting, timings)]``), steps/s as a ratio to
+    the first setting's (``base``), with the rollout tokens/s when ``tokens``."""
+    cols = ["steps/s", f"vs {base}", "rollout s/step", "update s/step"]
+    cols += ["rollout tokens/s"] if tokens else []
+    print(f"\n| {first} | " + " | ".join(cols) + " |\n|" + "---|" * (len(cols) + 1))
+    b = results[0][1]["steps_per_s"]
+    for name, r in results:
+        cells = [f"{r['steps_per_s']:.3f}", f"{r['steps_per_s'] / b:.2f}x",
+                 f"{r['rollout_s']:.3f}", f"{r['update_s']:.3f}"]
+        cells += [f"{r['tokens_per_s']:.0f}"] if tokens else []
+        print(f"| {name} | " + " | ".join(cells) + " |")
 
 
 def vllm_available() -> str | None:
@@ -183,12 +194,7 @@ def main() -> None:
     finally:
         ray.shutdown()
         shutil.rmtree(tmp, ignore_errors=True)
-    base = results[0][1]["steps_per_s"]
-    print("\n| setting | steps/s | vs 0 workers | rollout s/step | update s/step | "
-          "rollout tokens/s |\n|---|---|---|---|---|---|")
-    for name, r in results:
-        print(f"| {name} | {r['steps_per_s']:.3f} | {r['steps_per_s'] / base:.2f}x | "
-              f"{r['rollout_s']:.3f} | {r['update_s']:.3f} | {r['tokens_per_s']:.0f} |")
+    print_table("setting", "0 workers", results)
     if why_not is not None:
         print(f"\nvLLM backend: skipped: {why_not}")
         return

@@ -91,6 +91,17 @@ def _on_ranks(run_dir, mode: str) -> list[int]:
     return [p.exitcode for p in procs]
 
 
+def assert_rows_close(a: list[dict], b: list[dict], same_keys: bool = True) -> None:
+    """Metrics rows ``b`` equal ``a`` to float32 summation order (rel 1e-5, abs 1e-7), row
+    for row; ``same_keys=False``: ``b`` may log more (rollout workers' own keys)."""
+    assert len(a) == len(b)
+    for ra, rb in zip(a, b):
+        if same_keys:
+            assert ra.keys() == rb.keys()
+        for k, v in ra.items():
+            assert rb[k] == pytest.approx(v, rel=1e-5, abs=1e-7), (ra["step"], k)
+
+
 def _strip(rows):
     return [{k: v for k, v in r.items() if not k.startswith(("time/", "throughput/"))}
             for r in rows]
@@ -107,10 +118,7 @@ def test_two_ranks_match_one_process(two_rank_run, tmp_path):
     one = run_job(tmp_path / "one")
     a, b = _strip(read_metrics(one)), _strip(read_metrics(two_rank_run))
     assert [r["step"] for r in b] == list(range(STEPS + 1))
-    for ra, rb in zip(a, b):
-        assert ra.keys() == rb.keys()
-        for k, v in ra.items():
-            assert rb[k] == pytest.approx(v, rel=1e-5, abs=1e-7), (ra["step"], k)
+    assert_rows_close(a, b)
     assert b[1]["optimizer_steps"] == 2 * 2  # 16 rows / minibatch 8, two epochs
 
 
@@ -150,10 +158,7 @@ def test_torchrun_runs_and_resumes_sparring_train_on_two_ranks(tmp_path):
         assert done.returncode == 0, done.stderr[-3000:]
     a, b = cli._metrics(one), cli._metrics(two)
     assert [r["step"] for r in b] == list(range(5))
-    for ra, rb in zip(a, b):
-        assert ra.keys() == rb.keys()
-        for k, v in ra.items():
-            assert rb[k] == pytest.approx(v, rel=1e-5, abs=1e-7), (ra["step"], k)
+    assert_rows_close(a, b)
     printed = _torchrun(*args, "--print-config")
     assert printed.returncode == 0, printed.stderr[-3000:]
     assert printed.stdout.count("\nplugins:") == 1  # printed by rank 0 only
@@ -173,9 +178,7 @@ def test_two_ranks_with_two_rollout_workers_log_one_process_metrics(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     a, b = cli._metrics(one), cli._metrics(two)
     assert [r["step"] for r in b] == list(range(4))
-    for ra, rb in zip(a, b):
-        for k, v in ra.items():
-            assert rb[k] == pytest.approx(v, rel=1e-5, abs=1e-7), (ra["step"], k)
+    assert_rows_close(a, b, same_keys=False)
     assert all("distributed/restarts" in r for r in b[1:])
 
 
@@ -194,9 +197,7 @@ def test_learner_ranks_on_ray_with_a_rollout_worker_log_one_process_metrics(tmp_
         assert done.returncode == 0, done.stderr[-3000:]
     a, b = cli._metrics(one), cli._metrics(two)
     assert [r["step"] for r in b] == list(range(4))
-    for ra, rb in zip(a, b):
-        for k, v in ra.items():
-            assert rb[k] == pytest.approx(v, rel=1e-5, abs=1e-7), (ra["step"], k)
+    assert_rows_close(a, b, same_keys=False)
 
 
 def test_learner_ranks_below_one_is_a_config_error():
@@ -220,7 +221,4 @@ def test_two_policies_on_two_ranks_log_one_process_metrics(tmp_path):
     a, b = cli._metrics(one), cli._metrics(two)
     assert [r["step"] for r in b] == list(range(4))
     assert any(k.startswith("policy/listener/") for k in b[1])
-    for ra, rb in zip(a, b):
-        assert ra.keys() == rb.keys()
-        for k, v in ra.items():
-            assert rb[k] == pytest.approx(v, rel=1e-5, abs=1e-7), (ra["step"], k)
+    assert_rows_close(a, b)
