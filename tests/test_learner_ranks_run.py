@@ -10,7 +10,7 @@ mini- and micro-batches) run by `train` on both ranks.
   metrics equal those of an uninterrupted 2-rank run bit for bit.
 * ``sparring train`` under torchrun (slow): a run and its ``--resume`` on 2 ranks, and 2
   ranks beside 2 Ray rollout workers; `distributed.learner_ranks=2` (a Ray actor as rank 1)
-  with a rollout worker; two policies on 2 ranks.
+  with a rollout worker; two policies on 2 ranks; SIGTERM to torchrun, then ``--resume``.
 """
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -222,3 +224,34 @@ def test_two_policies_on_two_ranks_log_one_process_metrics(tmp_path):
     assert [r["step"] for r in b] == list(range(4))
     assert any(k.startswith("policy/listener/") for k in b[1])
     assert_rows_close(a, b)
+
+
+@pytest.mark.slow
+def test_sigterm_to_torchrun_then_resume_repeats_the_uninterrupted_run(tmp_path):
+    """SIGTERM to torchrun (a scheduler's preemption) once step 5 is logged: rank 0 writes
+    the crash checkpoint of step 5 (when the signal lands in step 6's rollout; in its
+    update, none, and step 4's stands); ``--resume`` on 2 ranks then logs the
+    uninterrupted 2-rank run's metrics bit for bit."""
+    args = [a for a in cli.ARGS if not a.startswith(("checkpoint.every=", "eval.every="))]
+    args += ["checkpoint.every=4", "eval.every=0"]
+    full, stopped = tmp_path / "full", tmp_path / "stopped"
+    done = _torchrun(*args, f"train.run_dir={full}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={WORLD}",
+           "--master-port", str(_free_port()), "-m", "sparring", "train", *args,
+           f"train.run_dir={stopped}"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=cli._env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    metrics = stopped / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 6:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=120)
+    steps = [s for s, _ in step_dirs(stopped)]
+    assert 4 in steps and max(steps) < cli.STEPS, steps
+    resumed = _torchrun("--resume", str(stopped))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert cli._metrics(stopped) == cli._metrics(full)
