@@ -98,8 +98,9 @@ class RayLearnerRanks:
                 f"{PLACE_TIMEOUT_S} s: the cluster has too few free resources (rollout "
                 "workers take theirs too)") from None
         self.runs = [a.run.remote() for a in self.actors]
-        if gpus:  # NCCL's buffers on this rank's own GPU (model.device), not on GPU 0
-            torch.cuda.set_device(torch.device(cfg.model.device))
+        device = torch.device(cfg.model.device)
+        if device.type == "cuda" and device.index is not None:  # NCCL's buffers on this
+            torch.cuda.set_device(device)  # rank's own GPU (model.device), not on GPU 0
         dist.init_process_group(_backend(cfg), init_method=f"tcp://{address}", rank=0,
                                 world_size=world, timeout=RANK_TIMEOUT)
 
