@@ -17,11 +17,10 @@ one torch thread, and so does the training process unless ``--threads`` says oth
 (on a 2-core machine shared with other jobs, two torch threads made the default recipe's
 step 15-20x slower: OpenMP threads waiting on each other).
 
-``--learner-ranks``: instead, the recipe on 1 and 2 learner ranks (``sparring train`` in one
-process, then under ``torchrun --nproc-per-node=2``, one torch thread per rank, gloo),
-the same steps/s, ratio and seconds per step. On 2 cores no speed-up is possible (the
-ranks share the cores the update used); the figure is the overhead of sending the rows
-and summing the gradients.
+``--learner-ranks``: instead, the recipe on 1 learner rank (``sparring train`` in one
+process, one torch thread, then two) and on 2 (``torchrun --nproc-per-node=2``, gloo, one
+thread each): the same steps/s, ratio and seconds per step. Two ranks of one thread and
+one rank of two threads use the same cores: their ratio is what the ranks cost or gain.
 
 With the vLLM backend installed (``sparring.policy.vllm`` and the ``vllm`` package), a
 ``model.backend=vllm`` row (0 workers) is added, next to an HF row on the same model (two
@@ -75,19 +74,26 @@ def run(overrides: list[str], warmup: int, steps: int, folder: Path,
     return timings(folder, warmup)
 
 
-def run_ranks(ranks: int, warmup: int, steps: int, folder: Path, recipe: str
-              ) -> dict[str, float]:
+def run_ranks(ranks: int, warmup: int, steps: int, folder: Path, recipe: str,
+              threads: int = 1) -> dict[str, float]:
     """``sparring train RECIPE`` on ``ranks`` learner ranks (torchrun when more than one),
-    one torch thread each; timings of the last ``steps`` of ``warmup + steps``."""
+    ``threads`` torch threads each; timings of the last ``steps`` of ``warmup + steps``."""
+    import socket
     import subprocess
 
+    with socket.socket() as s:  # torchrun's rendezvous port: a free one, not 29500
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     head = ([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}",
-             "-m", "sparring"] if ranks > 1 else [sys.executable, "-m", "sparring"])
+             f"--master-port={port}", "-m", "sparring"] if ranks > 1
+            else [sys.executable, "-m", "sparring"])
     cmd = [*head, "train", recipe, f"train.steps={warmup + steps}", "eval.at_start=false",
            "eval.every=0", "eval.games=10", "checkpoint.every=0", "logging.progress=false",
            f"train.run_dir={folder}"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
-    subprocess.run(cmd, cwd=ROOT, env=env, check=True, capture_output=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    if done.returncode:
+        sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
     return timings(folder, warmup)
 
 
@@ -109,15 +115,15 @@ def learner_ranks(warmup: int, steps: int, recipe: str) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="sparring-ranks-"))
     try:
         results = []
-        for ranks in (1, 2):
+        for k, (ranks, threads) in enumerate(((1, 1), (1, 2), (2, 1))):
+            name = f"{ranks} ({threads} thread{'s' if threads > 1 else ''} each)"
             t = time.perf_counter()
-            res = run_ranks(ranks, warmup, steps, tmp / str(ranks), recipe)
-            print(f"  done: {ranks} rank(s) ({time.perf_counter() - t:.0f} s with start-up)",
-                  flush=True)
-            results.append((ranks, res))
+            res = run_ranks(ranks, warmup, steps, tmp / str(k), recipe, threads)
+            print(f"  done: {name} ({time.perf_counter() - t:.0f} s with start-up)", flush=True)
+            results.append((name, res))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print_table("learner ranks", "1 rank", results, tokens=False)
+    print_table("learner ranks", "1 rank, 1 thread", results, tokens=False)
 
 
 def print_table(first: str, base: str, results: list[tuple[Any, dict[str, float]]],
