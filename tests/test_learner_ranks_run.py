@@ -19,7 +19,6 @@ import datetime
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -35,6 +34,7 @@ from sparring.train.learner import Learner
 from sparring.train.learner_ranks import RankLostError
 from tests import test_train_resume_cli as cli
 from tests import train_helpers as th
+from tests.test_learner_ranks import _free_port
 from tests.train_resume_job import STEPS, run_job
 
 pytestmark = pytest.mark.usefixtures("train_doubles")
@@ -42,12 +42,6 @@ pytestmark = pytest.mark.usefixtures("train_doubles")
 ROOT = Path(__file__).parents[1]
 WORLD = 2
 DIES_AFTER = 5  # rank 1's process exits after its update of this step
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank(rank: int, port: int, run_dir: str, mode: str) -> None:

@@ -177,21 +177,16 @@ def _train_run(args: argparse.Namespace, cfg, console: Console) -> int:
     from sparring.assembly.run import build
     from sparring.storage.folders import CKPT_DIR
     from sparring.train.best import BEST_FILE
-    from sparring.train.learner_ranks import Leader
+    from sparring.train.learner_ranks import Leader, stops_followers
     from sparring.train.loop import _run_dir, resume, train
 
     run_dir = Path(args.resume) if args.resume else _run_dir(cfg)
-    try:
+    with stops_followers(Leader.of_process_group()):  # they wait for the run's start
         if not args.resume:
             from sparring.train.runlock import check_run_dir
 
             check_run_dir(run_dir)  # before the model is built: a folder of someone else's
         parts = build(cfg, run_dir)
-    except BaseException as e:  # the other learner ranks wait for the run's start
-        leader = Leader.of_process_group()
-        if leader is not None:
-            leader.stop(f"rank 0 stopped: {type(e).__name__}: {e}")
-        raise
     console.print(f"precision: {parts.precision}", highlight=False)
     try:
         if args.resume:

@@ -9,6 +9,7 @@ rank 0 of that many learner ranks, the others Ray actors
 (`sparring.distributed.RayLearnerRanks`). ``sparring train`` passes the parts to
 `sparring.train.loop.train`.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace

@@ -150,10 +150,7 @@ class FeatureCache:
         the learning rate."""
         if self.mean is None:
             return head_rows_logits(head, h, rows)
-        weight = head.weight if rows is None else head.weight.index_select(0, rows)
-        bias = getattr(head, "bias", None)
-        if bias is not None and rows is not None:
-            bias = bias.index_select(0, rows)
+        weight, bias = head_rows(head, rows)
         start = self.start if rows is None else self.start.index_select(0, rows)
         start = start.to(h.dtype)
         return (torch.nn.functional.linear(h, start)
@@ -214,13 +211,20 @@ class FeatureCache:
         return out
 
 
-def head_rows_logits(head: nn.Module, h: Tensor, rows: Tensor | None = None) -> Tensor:
-    """``head``'s logits for features ``h [..., H]``, over vocabulary ``rows`` only when
-    given (in ``h``'s dtype)."""
+def head_rows(head: nn.Module, rows: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    """``head``'s weight ``[V, H]`` and bias ``[V]`` (None without one), restricted to the
+    vocabulary ``rows`` when given."""
     weight = head.weight if rows is None else head.weight.index_select(0, rows)
     bias = getattr(head, "bias", None)
     if bias is not None and rows is not None:
         bias = bias.index_select(0, rows)
+    return weight, bias
+
+
+def head_rows_logits(head: nn.Module, h: Tensor, rows: Tensor | None = None) -> Tensor:
+    """``head``'s logits for features ``h [..., H]``, over vocabulary ``rows`` only when
+    given (in ``h``'s dtype)."""
+    weight, bias = head_rows(head, rows)
     return torch.nn.functional.linear(h, weight.to(h.dtype),
                                       None if bias is None else bias.to(h.dtype))
 

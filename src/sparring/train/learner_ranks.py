@@ -29,10 +29,11 @@ must take less than that.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -166,6 +167,18 @@ class Leader:
             share(("stop", why))
         except RuntimeError as e:
             log.warning("could not tell the other learner ranks that the run ended: %s", e)
+
+
+@contextlib.contextmanager
+def stops_followers(leader: Leader | None) -> Iterator[None]:
+    """On an exception inside, tell the other learner ranks the run ended (``leader``
+    None: one process, nothing to tell), then let it propagate."""
+    try:
+        yield
+    except BaseException as e:
+        if leader is not None:
+            leader.stop(f"rank 0 stopped: {type(e).__name__}: {e}")
+        raise
 
 
 def follow(cfg: Config, model: Models) -> None:

@@ -70,7 +70,7 @@ from sparring.train.checkpoint import (
     seed_everything,
     tidy_checkpoints,
 )
-from sparring.train.learner_ranks import Leader, follow, is_follower
+from sparring.train.learner_ranks import Leader, follow, is_follower, stops_followers
 from sparring.train.metrics import MetricsLogger
 from sparring.train.policies import Models, TrainedPolicy, trained_policies
 from sparring.train.runlock import RunLock, claim_run_dir
@@ -141,13 +141,9 @@ def _train(cfg: Config, model: Models, rollout_fn: RolloutSource, eval_fn: EvalF
     """`_train_steps`; with other learner ranks (`sparring.train.learner_ranks`) this
     process leads them and tells them when the run ends."""
     leader = Leader.of_process_group()
-    try:
+    with stops_followers(leader):
         out = _train_steps(cfg, model, rollout_fn, eval_fn, stateful, run, pad_id, resume,
                            on_row, leader)
-    except BaseException as e:
-        if leader is not None:
-            leader.stop(f"rank 0 stopped: {type(e).__name__}: {e}")
-        raise
     if leader is not None:
         leader.stop("finished")
     return out
