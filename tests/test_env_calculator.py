@@ -81,3 +81,35 @@ def test_bad_options():
     for opts in ({"max_calls": 0}, {"digits": 9}, {"tool_cost": -1}):
         with pytest.raises(ValueError, match=next(iter(opts))):
             make("calculator", **opts)
+
+
+def test_an_expression_ends_at_an_equals_sign():
+    """A model that writes "calc: 12 * 34 = 408" asks for 12 * 34 (what SmolLM2 writes)."""
+    env = make("calculator")
+    env.reset(0)
+    assert env.parse(0, "calc: 12 * 34 = 408").action == "calc: 12 * 34"
+    assert env.parse(0, "calc: 189 * 896 - 246 = 189 * 8").action == "calc: 189 * 896 - 246"
+    assert env.parse(0, "calc: = 408").status == "unparsable"
+    res = env.step(env.parse(0, "calc: 12 * 34 =").action)
+    assert res.info["result"] == "408"
+
+
+def test_action_prefixes_and_the_outcome_counts():
+    """The command words are the moves' prefixes (only `answer:` once the calls are spent);
+    the last step reports whether a call was made and whether the answer was right without."""
+    env = make("calculator", max_calls=2)
+    env.reset(3)
+    value = question_value(env.observation(0))
+    assert env.action_prefixes(0) == ["calc:", "answer:"]
+    env.step("calc: 1 + 1")
+    assert env.action_prefixes(0) == ["calc:", "answer:"]
+    env.step("calc: 2 + 2")
+    assert env.action_prefixes(0) == ["answer:"]
+    info = env.step(f"answer: {value}").info
+    assert (info["correct"], info["calls"], info["used_tool"], info["correct_without_tool"]) \
+        == (True, 2, 1, 0)
+    env.reset(3)
+    info = env.step(f"answer: {value}").info
+    assert (info["used_tool"], info["correct_without_tool"]) == (0, 1)
+    env.reset(3)
+    assert env.step(f"answer: {value + 1}").info["correct_without_tool"] == 0

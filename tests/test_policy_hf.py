@@ -9,7 +9,7 @@ import torch
 from sparring.data import Episode, Turn, collate
 from sparring.policy.forward import token_logprobs
 from sparring.policy.hf import HFPolicy
-from sparring.policy.sampling import SamplingParams, TokenTrie, filter_logits
+from sparring.policy.sampling import ActionPrefixes, SamplingParams, TokenTrie, filter_logits
 from sparring.policy.tiny import build_tiny_model
 
 
@@ -279,6 +279,64 @@ def test_forced_tails_skip_the_model(tiny):
         assert g.finish_reason == "length" and len(g.token_ids) == 2
     finally:
         hook.remove()
+
+
+def test_action_prefixes_are_spelt_then_free_and_logprobs_reproduce(tiny_on):
+    """With `ActionPrefixes` each completion starts with one of the prefixes (the tokens
+    constrained to the trie's children, as a brute force over the prefixes' tokens says),
+    then runs freely (allowed None, any token); the learner's recomputed log-probs, with
+    the restriction at the prefix positions only, equal the sampler's."""
+    model, tok = tiny_on
+    pol = HFPolicy(model, tok, seed=5, device=model.device)
+    choices = [ActionPrefixes(["calc:", "answer:"]), ActionPrefixes(["answer:"]), None]
+    prompts = _prompts(tok) * 3
+    allowed = choices * 3
+    sp = SamplingParams(temperature=0.7, max_new_tokens=12)
+    gens = pol.generate(prompts, sp, allowed=allowed)
+    turns = []
+    for p, g, acts in zip(prompts, gens, allowed):
+        if acts is None:
+            assert g.allowed_ids is None
+            continue
+        seqs = [tok.encode(a, add_special_tokens=False) for a in acts]
+        spelt = [s for s in seqs if g.token_ids[:len(s)] == s]
+        assert len(spelt) == 1, (g.token_ids, seqs)
+        n = len(spelt[0])
+        for j in range(n):
+            exp = {s[j] for s in seqs if s[:j] == g.token_ids[:j] and len(s) > j}
+            assert set(g.allowed_ids[j]) == exp
+        assert g.allowed_ids[n:] == [None] * (len(g.token_ids) - n)
+        with torch.no_grad():
+            logits = model(torch.tensor([p + g.token_ids], device=model.device)
+                           ).logits[0].float().cpu() / 0.7
+        for j, t in enumerate(g.token_ids):
+            z = logits[len(p) + j - 1]
+            if g.allowed_ids[j] is not None:
+                z = z[g.allowed_ids[j]]
+                t = g.allowed_ids[j].index(t)
+            assert abs((z[t] - torch.logsumexp(z, 0)).item() - g.logprobs[j]) < 1e-5
+        turns.append(Turn(agent=0, prompt_ids=list(p), action_ids=g.token_ids,
+                          logprobs=g.logprobs, allowed_ids=g.allowed_ids))
+    # free text followed the prefixes (EOS is not forced after one)
+    assert sum(len(t.action_ids) - t.allowed_ids.count(None) < len(t.action_ids)
+               for t in turns) >= 3
+    ep = Episode(env="toy", seed=0, group=0, num_agents=1, turns=turns, returns=[0.0])
+    batch = collate([ep]).to(model.device)
+    lp, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, temperature=0.7,
+                           allowed=batch.allowed)
+    torch.testing.assert_close(lp[batch.action_mask], batch.old_logp[batch.action_mask],
+                               atol=1e-5, rtol=0)
+
+
+def test_token_trie_open_ended():
+    """An open-ended trie (action prefixes) constrains up to a leaf, then nothing: no EOS
+    in it, no forced tail, and the free tokens record None."""
+    trie = TokenTrie([[1, 2], [1, 3, 4], [5]], open_ended=True)
+    assert trie.forced_tail(trie.step(0, 5)) is None and trie.is_free(trie.step(0, 5))
+    assert not trie.is_free(0) and not trie.is_free(trie.step(0, 1))
+    assert trie.allowed_along([1, 3, 4, 9, 9]) == [[1, 5], [2, 3], [4], None, None]
+    assert trie.allowed_along([5, 7]) == [[1, 5], None]
+    assert not TokenTrie([[1, 2]]).is_free(2)  # a closed trie's leaf is the end, not free
 
 
 def test_token_trie_forced_tail():

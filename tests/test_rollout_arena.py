@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from sparring.data import collate
+from sparring.envs import make
 from sparring.envs.base import ParseResult, StepResult
 from sparring.envs.invalid import InvalidActionPolicy, retry_feedback
 from sparring.envs.parsing import parse_choice
@@ -234,6 +235,28 @@ def test_constrained_mode_passes_legal_actions_and_forfeits_on_bug(tiny):
     bad = Stub(tok, lambda c, i, a: "3")
     ep = Arena(invalid=InvalidActionPolicy("constrained")).run_episodes(lambda: Race(2), seat_players=bad)[0]
     assert ep.info["forfeit"] == 0 and ep.turns[0].invalid == "illegal"
+
+
+def test_a_free_text_env_with_action_prefixes_gets_them_spelt_and_the_rest_sampled(tiny):
+    """The calculator under constrained decoding: every turn of the tiny model begins with
+    a command word the env offered (only `answer:` once its one call is spent), the tokens
+    after it are free (None in the turn's allowed ids), and the episode ends in an answer
+    or a forfeit on an unreadable rest."""
+    model, tok = tiny
+    policy = HFPolicy(model, tok, seed=0)
+    arena = Arena(SamplingParams(max_new_tokens=8), invalid=InvalidActionPolicy("constrained"))
+    eps = arena.run_episodes(lambda: make("calculator", max_calls=1), seeds=range(12),
+                             seat_players=policy)
+    for ep in eps:
+        for k, t in enumerate(ep.turns):
+            offered = ("calc:", "answer:") if k == 0 else ("answer:",)
+            assert t.action_text.startswith(offered), t.action_text
+            word = next(w for w in offered if t.action_text.startswith(w))
+            n = len(tok.encode(word, add_special_tokens=False))
+            assert all(a is not None for a in t.allowed_ids[:n])
+            assert t.allowed_ids[n:] == [None] * (len(t.action_ids) - n)
+        assert ep.turns[-1].done
+    assert {t.action_text.split(":")[0] for ep in eps for t in ep.turns} == {"calc", "answer"}
 
 
 def test_turn_budget_and_prompt_truncation(tiny):

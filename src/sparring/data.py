@@ -40,8 +40,9 @@ class Turn:
     prompt_text: str = ""
     action_text: str = ""
     extras: dict[str, float] = field(default_factory=dict)  # per-turn scalars (igpo, ...)
-    # constrained decoding: per action token the token ids the sampler allowed (else None)
-    allowed_ids: list[list[int]] | None = None
+    # constrained decoding: per action token the token ids the sampler allowed (None for a
+    # free token after an action prefix; the whole field None when nothing constrained)
+    allowed_ids: list[list[int] | None] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.action_ids)
@@ -351,7 +352,9 @@ def collate(
 
 
 def _allowed_positions(turns: list[Turn]) -> dict[int, list[int]] | None:
-    """``{position in the row: allowed ids}`` of constrained action tokens. A turn's action
-    starts at ``len(prompt_ids)`` in both layouts (prompts extend the context)."""
-    out = {len(t.prompt_ids) + j: a for t in turns if t.allowed_ids for j, a in enumerate(t.allowed_ids)}
+    """``{position in the row: allowed ids}`` of constrained action tokens (free ones, after
+    an action prefix, are left out). A turn's action starts at ``len(prompt_ids)`` in both
+    layouts (prompts extend the context)."""
+    out = {len(t.prompt_ids) + j: a for t in turns if t.allowed_ids
+           for j, a in enumerate(t.allowed_ids) if a is not None}
     return out or None

@@ -363,7 +363,8 @@ class PolicySpec:
 class EvalConfig:
     every: int = opt(0, "evaluate every N steps (0: only at the end)", ge=0)
     at_start: bool = opt(True, "also evaluate before the first update")
-    games: int = opt(200, "games per (environment, opponent), the learner's seat rotating", ge=1)
+    games: int = opt(200, "games per (environment, opponent), the learner's seat rotating; "
+                     "for a single-seat task, the held-out instances played", ge=1)
     opponents: list[str] = opt(["random"], "bots to evaluate against (`sparring list bots`)")
     greedy: bool = opt(True, "evaluate the greedy (argmax) policy rather than sampling")
     exploitability: bool = opt(True, "exact exploitability in games that declare their tree "

@@ -67,6 +67,18 @@ class Env(Protocol):
     def returns(self) -> list[float]:  # cumulative reward per seat so far
         ...
 
+    # Optional, for free-text envs: ``action_prefixes(seat) -> list[str] | None``, the ways a
+    # move may begin (e.g. ["calc:", "answer:"]); see `action_prefixes`.
+
+
+def action_prefixes(env: Env, seat: int) -> list[str] | None:
+    """The strings one of which a move of ``seat`` must begin with, for an env whose moves
+    are free text (``legal_actions`` None) but start with a command word: under
+    ``rollout.invalid_action=constrained`` the sampler spells one of them and decodes the
+    rest freely. None when the env declares none (a method ``action_prefixes`` is optional)."""
+    fn = getattr(env, "action_prefixes", None)
+    return None if fn is None else fn(seat)
+
 
 @runtime_checkable
 class TreeGame(Env, Protocol):

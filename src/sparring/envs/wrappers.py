@@ -16,7 +16,7 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sparring.envs.base import Env, ParseResult, StepResult
+from sparring.envs.base import Env, ParseResult, StepResult, action_prefixes
 from sparring.envs.parsing import parse_choice
 
 
@@ -62,6 +62,9 @@ class TryAgain:
 
     def legal_actions(self, seat: int) -> list[str] | None:
         return self.env.legal_actions(seat)
+
+    def action_prefixes(self, seat: int) -> list[str] | None:
+        return action_prefixes(self.env, seat)
 
     def parse(self, seat: int, text: str) -> ParseResult:
         return self.env.parse(seat, text)
@@ -151,6 +154,9 @@ class TurnBudget:
 
     def legal_actions(self, seat: int) -> list[str] | None:
         return self.env.legal_actions(seat)
+
+    def action_prefixes(self, seat: int) -> list[str] | None:
+        return action_prefixes(self.env, seat)
 
     def parse(self, seat: int, text: str) -> ParseResult:
         return self.env.parse(seat, text)
@@ -292,6 +298,9 @@ class RandomOpening:
 
     def legal_actions(self, seat: int) -> list[str] | None:
         return self.env.legal_actions(seat)
+
+    def action_prefixes(self, seat: int) -> list[str] | None:
+        return action_prefixes(self.env, seat)
 
     def parse(self, seat: int, text: str) -> ParseResult:
         return self.env.parse(seat, text)

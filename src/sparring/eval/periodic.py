@@ -24,6 +24,10 @@ reach-weighted average of the policies of the last N evaluations (this one inclu
 `sparring.eval.time_average`), an average in the game's sense rather than of weights. The
 tables live in ``eval_fn.history`` (a `StrategyHistory`, None when off), a state of the
 run that its checkpoints hold.
+Every single-seat env of the run (a task) is played on ``eval.games`` held-out instances
+(`sparring.eval.tasks.evaluate_task`: success, return, invalid and forfeit rates, turns,
+and the means of the numbers the task reports when an episode ends, e.g. the calculator's
+``correct`` and ``used_tool``), keys ``<task>/<metric>``.
 With ``eval.self_play`` the policy also plays every seat of each game itself, ``eval.games``
 games, keys ``<game>/joint/<metric>`` as below.
 
@@ -53,6 +57,7 @@ from sparring.eval.games import (
     policy_strategy,
     policy_vs_minimax,
 )
+from sparring.eval.tasks import evaluate_task
 from sparring.eval.time_average import StrategyHistory
 from sparring.policy.hf import HFPolicy
 from sparring.rollout.arena import Arena
@@ -129,8 +134,9 @@ def make_eval_fn(cfg: Config, arena: Arena, policy: HFPolicy | Mapping[str, HFPo
     e = cfg.eval
     check_opponents("eval.opponents", e.opponents)
     sampling = rollout_sampling(cfg.rollout, greedy=e.greedy)
-    games = list(dict.fromkeys(env_entry(s.name).name for s in cfg.envs
-                               if make(s.name, **s.options).num_seats >= 2))
+    seats_of = {env_entry(s.name).name: make(s.name, **s.options).num_seats for s in cfg.envs}
+    games = [g for g, n in seats_of.items() if n >= 2]
+    tasks = [t for t, n in seats_of.items() if n == 1]
     policies: dict[str, HFPolicy] = dict(policy) if isinstance(policy, Mapping) else {"": policy}
     several = list(policies) != [""]  # {'': policy} is the one policy of a run
     exact = "minimax" in e.opponents
@@ -142,6 +148,11 @@ def make_eval_fn(cfg: Config, arena: Arena, policy: HFPolicy | Mapping[str, HFPo
 
     def eval_fn(step: int, learners: Mapping[str, Any] | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {}
+        for task in tasks:
+            options = env_options(cfg, task)
+            for name in dict.fromkeys((env_seats(cfg, task) if several else []) or policies):
+                res = evaluate_task(arena, policies[name], sampling, task, options, e.games)
+                out.update({key(name, f"{task}/{k}"): v for k, v in res.items()})
         for game in games:
             options, seats = env_options(cfg, game), env_seats(cfg, game) if several else []
             names = dict.fromkeys(seats or policies)  # the policies that play this game

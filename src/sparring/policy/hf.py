@@ -37,6 +37,7 @@ from sparring.policy.hidden import capture_hidden, output_embedding
 from sparring.policy.precision import autocast_for
 from sparring.policy.prefix import cache_of, distinct, run_prompts, select_rows, with_cache
 from sparring.policy.sampling import (
+    ActionPrefixes,
     Generation,
     SamplingParams,
     TokenTrie,
@@ -131,13 +132,15 @@ class HFPolicy:
         self.model.eval()
 
     def encode_actions(self, actions: Sequence[str]) -> TokenTrie:
-        """The trie of ``encode(a) + [EOS]`` over legal actions ``a``. Tries are immutable
-        and cached per action list (games repeat their legal-move sets constantly), as are
-        the token ids of each action string; both caches are bounded."""
-        key = tuple(actions)
-        eos = self.eos_ids[0]
-        return self._tries.get_or(key, lambda: TokenTrie([self._action_ids(a) + [eos]
-                                                          for a in key]))
+        """The trie of ``encode(a) + [EOS]`` over legal actions ``a``, or, for
+        `ActionPrefixes`, the open-ended trie of ``encode(a)`` (free text follows). Tries
+        are immutable and cached per action list (games repeat their legal-move sets
+        constantly), as are the token ids of each action string; both caches are bounded."""
+        open_ended = isinstance(actions, ActionPrefixes)
+        key = (open_ended, *actions)
+        end = [] if open_ended else [self.eos_ids[0]]
+        return self._tries.get_or(key, lambda: TokenTrie(
+            [self._action_ids(a) + end for a in key[1:]], open_ended=open_ended))
 
     def _action_ids(self, action: str) -> list[int]:
         return self._encoded.get_or(
@@ -181,16 +184,21 @@ class HFPolicy:
         toks: list[list[int]] = [[] for _ in range(B)]
         lps: list[list[float]] = [[] for _ in range(B)]
         ents: list[list[float]] = [[] for _ in range(B)]
-        alw: list[list[list[int]]] = [[] for _ in range(B)]
+        alw: list[list[list[int] | None]] = [[] for _ in range(B)]
         finish = ["length"] * B
         eos = set(self.eos_ids)
         for step in range(sp.max_new_tokens):
             z = z_next.float() / sp.temperature
             cons = [k for k, r in enumerate(rows) if tries[r] is not None]
-            if cons:
+            free = [k for k in cons if tries[rows[k]].is_free(nodes[rows[k]])]
+            for k in free:  # past its prefix: the row samples from the whole vocabulary
+                alw[rows[k]].append(None)
+            if len(free) < len(cons):
                 keep = torch.ones_like(z, dtype=torch.bool)  # free rows (allowed None) keep all
                 for k in cons:
                     r = rows[k]
+                    if tries[r].is_free(nodes[r]):
+                        continue
                     a = tries[r].allowed(nodes[r])
                     alw[r].append(a)
                     keep[k] = False

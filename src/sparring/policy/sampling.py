@@ -4,7 +4,8 @@ The distribution a token is sampled from (and whose log-prob is recorded), per s
 
 1. ``z = logits / temperature`` (``greedy`` uses the same ``z`` and takes its argmax);
 2. constrained decoding: tokens outside the allowed set ``A`` (children of the current
-   trie node, see `TokenTrie`) get ``-inf``;
+   trie node, see `TokenTrie`) get ``-inf``; past an `ActionPrefixes` prefix nothing is
+   constrained;
 3. top-k then top-p (nucleus) keep a set ``K`` of tokens, the rest get ``-inf``;
 4. ``log p(x) = z_x - logsumexp_{y in K} z_y`` : the tempered, filtered, renormalised
    distribution. The entropy recorded is that of the same distribution.
@@ -60,14 +61,15 @@ class Generation:
     tokens; ``finish_reason`` is "eos", "stop" (a stop string appeared) or "length"
     ("explore" and ``logprobs`` None: a move the arena drew for an exploring training
     player, `sparring.rollout.players.ModelPlayer`, not sampled by the policy).
-    ``allowed_ids``: under constrained decoding, per token the allowed token ids."""
+    ``allowed_ids``: under constrained decoding, per token the allowed token ids (None for
+    a token sampled freely after an `ActionPrefixes` prefix)."""
 
     token_ids: list[int]
     logprobs: list[float] | None
     text: str
     finish_reason: str
     entropies: list[float] | None = None
-    allowed_ids: list[list[int]] | None = None
+    allowed_ids: list[list[int] | None] | None = None
 
 
 def eos_ids(tokenizer: Any, generation_config: Any = None) -> list[int]:
@@ -123,15 +125,29 @@ def filter_logits(z: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
     return z
 
 
+class ActionPrefixes(tuple):
+    """The ways a move may begin (an env's ``action_prefixes``, e.g. ``("calc:", "answer:")``),
+    passed per prompt as ``allowed`` in place of a list of whole legal actions: the sampler
+    constrains the first tokens to spell one of them and decodes freely after it."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"ActionPrefixes({tuple(self)!r})"
+
+
 class TokenTrie:
     """Prefix tree over token-id sequences; node ids are ints, root is 0.
 
     Built from the legal action strings of one prompt, each tokenized and followed by
-    EOS, so a path from the root to a leaf spells exactly one legal action."""
+    EOS, so a path from the root to a leaf spells exactly one legal action. With
+    ``open_ended`` (built from `ActionPrefixes`, no EOS), a leaf ends the constraint
+    instead: the tokens after it are free (`is_free`)."""
 
-    def __init__(self, sequences: Sequence[Sequence[int]]):
+    def __init__(self, sequences: Sequence[Sequence[int]], open_ended: bool = False):
         if not sequences:
             raise ValueError("constrained decoding needs at least one legal action")
+        self.open_ended = open_ended
         self.children: list[dict[int, int]] = [{}]
         for seq in sequences:
             if not seq:
@@ -148,21 +164,31 @@ class TokenTrie:
     def allowed(self, node: int) -> list[int]:
         return list(self.children[node])
 
-    def step(self, node: int, tok: int) -> int:
-        return self.children[node][tok]
+    def is_free(self, node: int) -> bool:
+        """Whether the token at ``node`` is unconstrained: a leaf of an open-ended trie."""
+        return self.open_ended and not self.children[node]
 
-    def allowed_along(self, ids: Sequence[int]) -> list[list[int]]:
-        """Per token of ``ids`` (a path from the root), the ids allowed where it was chosen:
-        what ``Generation.allowed_ids`` records for a constrained sample of ``ids``."""
-        out, node = [], 0
+    def step(self, node: int, tok: int) -> int:
+        """The node after ``tok`` (a free node stays where it is)."""
+        return node if self.is_free(node) else self.children[node][tok]
+
+    def allowed_along(self, ids: Sequence[int]) -> list[list[int] | None]:
+        """Per token of ``ids`` (a path from the root), the ids allowed where it was chosen
+        (None where it was free): what ``Generation.allowed_ids`` records for a
+        constrained sample of ``ids``."""
+        out: list[list[int] | None] = []
+        node = 0
         for t in ids:
-            out.append(self.allowed(node))
+            out.append(None if self.is_free(node) else self.allowed(node))
             node = self.step(node, t)
         return out
 
     def forced_tail(self, node: int) -> list[int] | None:
         """The tokens from ``node`` to a leaf when every node on the way has one child
-        (the only way to finish), else None (also at a leaf)."""
+        (the only way to finish), else None (also at a leaf, and always in an open-ended
+        trie, whose leaves do not finish the move)."""
+        if self.open_ended:
+            return None
         tail: list[int] = []
         while len(self.children[node]) == 1:
             (tok, node), = self.children[node].items()

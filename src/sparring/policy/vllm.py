@@ -59,6 +59,7 @@ from torch import Tensor
 
 from sparring.memo import BoundedMemo
 from sparring.policy.sampling import (
+    ActionPrefixes,
     Generation,
     SamplingParams,
     TokenTrie,
@@ -391,6 +392,11 @@ class VLLMPolicy:
                      for i in range(B)]
             self._calls += 1
         acts = list(allowed) if allowed is not None else [None] * B
+        if any(isinstance(a, ActionPrefixes) for a in acts):
+            raise NotImplementedError(
+                "constrained decoding over an env's action_prefixes (a fixed start, free text "
+                "after it) runs on the HF backend only; use model.backend=hf or "
+                "rollout.invalid_action=forfeit for this env")
         params = [self._vllm.SamplingParams(**vllm_sampling_kwargs(
             sp, s, self.eos_ids, None if a is None else self.encode_actions(a)))
             for s, a in zip(seeds, acts)]

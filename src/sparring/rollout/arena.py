@@ -30,15 +30,18 @@ by ``env.parse``; invalid actions follow the `InvalidActionPolicy`: ``forfeit`` 
 episode ends, ``info["forfeit"] = seat``),
 ``retry`` (penalty, the seat is asked again with the parser's error shown before the
 observation, at most ``max_retries`` times per move, then forfeit), ``constrained``
-(model seats sample only legal actions; envs without ``legal_actions`` are unconstrained;
-an action that still fails to parse forfeits).
+(model seats sample only legal actions; an env with free-text moves that declares
+``action_prefixes`` gets one of those spelt and the rest free; other envs without
+``legal_actions`` are unconstrained; an action that still fails to parse forfeits).
 
 Reward crediting rule: a step's reward for the acting seat goes to that seat's turn; a
 reward another seat receives at that step (e.g. at game end) goes to that seat's most
 recent turn, or, if it has not acted yet, to its next turn (and only to ``returns`` if
 it never acts). Invalid-action penalties go to the offending turn. ``Episode.returns``
 are the per-seat totals of all these rewards; ``info["env_returns"]`` is the game's own
-score (``env.returns()``, no penalties). ``info["players"]`` names each seat's player.
+score (``env.returns()``, no penalties). ``info["players"]`` names each seat's player;
+``info["outcome"]`` is the info of the env's step that ended the episode (e.g. a task's
+``correct``), when it gave any.
 An env with a ``start_record()`` (a training start, `sparring.envs.wrappers.RandomOpening`)
 leaves it in ``info["start"]``: how to replay the episode's positions.
 
@@ -59,11 +62,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sparring.data import Episode, Turn
-from sparring.envs.base import Env, ParseResult
+from sparring.envs.base import Env, ParseResult, action_prefixes
 from sparring.envs.invalid import InvalidActionPolicy, retry_feedback
 from sparring.envs.lookahead import tactical_actions
 from sparring.envs.parsing import strict_answer
-from sparring.policy.sampling import Generation, SamplingParams, TokenTrie
+from sparring.policy.sampling import ActionPrefixes, Generation, SamplingParams, TokenTrie
 from sparring.rollout.players import BotPlayer, ModelPlayer, Player, as_player
 from sparring.rollout.prompts import Exchange, PromptBuilder, PromptConfig, Rendered
 from sparring.seeding import stable_seed
@@ -170,7 +173,7 @@ class Arena:
                     continue
                 sp = player.sampling or self.sampling
                 rendered = self._builder(player).build(s.env.system_prompt(seat), s.hist[seat], user)
-                legal = s.env.legal_actions(seat) if self.invalid.mode == "constrained" else None
+                legal = self._constraint(s.env, seat)
                 s.req = dict(seat=seat, user=user, rendered=rendered, legal=legal)
                 calls.setdefault((id(player.policy), sp), []).append(s)
             for (_, sp), group in calls.items():
@@ -232,6 +235,18 @@ class Arena:
         s.ep.turns[s.last[seat]].extras["explored"] = 1.0
         return True
 
+    def _constraint(self, env: Env, seat: int) -> list[str] | ActionPrefixes | None:
+        """What the sampler restricts ``seat``'s move to under constrained decoding: the
+        env's legal actions, else its action prefixes (free text after one of them), else
+        nothing."""
+        if self.invalid.mode != "constrained":
+            return None
+        legal = env.legal_actions(seat)
+        if legal is not None:
+            return legal
+        prefixes = action_prefixes(env, seat)
+        return ActionPrefixes(prefixes) if prefixes else None
+
     def _start(self, env: str | Callable[[], Env], options: dict[str, Any], seed: int, group: int,
                sp: SeatPlayers) -> _Slot:
         if isinstance(env, str):
@@ -291,6 +306,8 @@ class Arena:
             self._credit(s, res.rewards, seat, turn)
             s.retries, s.feedback = 0, ""
             over = res.done or env.current_seat() is None
+            if res.done and res.info:
+                ep.info["outcome"] = dict(res.info)
         else:
             if isinstance(player, BotPlayer):
                 raise RuntimeError(f"bot {player.name!r} played {text!r} in {ep.env!r}: "

@@ -1,10 +1,18 @@
 """A tool task: answer an arithmetic question, using a calculator tool if you like.
 
 Each turn the agent emits either ``calc: <expr>`` (the tool: `safe_eval`, never
-``eval``/``exec``; the result or the tool's error is shown in the next observation) or
+``eval``/``exec``; the expression ends at the line's end or at ``=``, so ``calc: 12 * 34 =``
+asks for ``12 * 34``; the result or the tool's error is shown in the next observation) or
 ``answer: <n>`` (ends the episode). Questions are products and sums of 2-4 digit numbers,
 too hard to do reliably in one's head, so the tool pays. At most ``max_calls`` tool
-calls; after that only an answer is legal.
+calls; after that only an answer is legal. ``action_prefixes`` names the two command
+words (only ``answer:`` once the calls are spent): under constrained decoding the model
+picks one and writes the rest freely.
+
+The step that ends the episode reports ``correct``, ``calls``, ``used_tool`` (1 when at
+least one call was made) and ``correct_without_tool`` (1 for a right answer given without
+a call): their means are the accuracy, the calls per question, the tool-call rate and,
+divided by one minus the tool-call rate, the accuracy of answers given without the tool.
 
 Reward at the answer: ``r = 1[n == value] - tool_cost * calls`` and, with
 ``require_tool=True``, 0 when the answer came without any tool call.
@@ -72,6 +80,9 @@ class Calculator:
     def legal_actions(self, seat: int) -> list[str] | None:
         return None
 
+    def action_prefixes(self, seat: int) -> list[str]:
+        return ["calc:", "answer:"] if len(self.calls) < self.max_calls else ["answer:"]
+
     def parse(self, seat: int, text: str) -> ParseResult:
         t = clean(text)
         span = answer_span(t)
@@ -85,6 +96,7 @@ class Calculator:
         last = found[-1]
         kind, arg = last.group(1).lower(), hay[last.end():].split("\n", 1)[0].strip()
         if kind == "calc":
+            arg = arg.split("=", 1)[0].strip()  # "calc: 12 * 34 = ..." asks for 12 * 34
             if not arg:
                 return ParseResult("unparsable", error="empty calc expression")
             if len(self.calls) >= self.max_calls:
@@ -112,9 +124,10 @@ class Calculator:
         correct = Fraction(arg) == self.value and (self.calls or not self.require_tool)
         reward = (1.0 if correct else 0.0) - self.tool_cost * len(self.calls)
         self._done, self._ret = True, reward
-        return StepResult([reward], True, {"correct": bool(correct),
-                                           "answer": format_number(self.value),
-                                           "calls": len(self.calls)})
+        return StepResult([reward], True, {
+            "correct": bool(correct), "answer": format_number(self.value),
+            "calls": len(self.calls), "used_tool": int(bool(self.calls)),
+            "correct_without_tool": int(bool(correct) and not self.calls)})
 
     def state_key(self) -> str:
         calls = ";".join(e for e, _ in self.calls)
