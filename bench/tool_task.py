@@ -9,7 +9,8 @@ Plays held-out questions of the `calculator` env (seeds from
 ``--max-turns`` turns: the model writes ``calc: <expr>`` (the env runs the tool and shows
 its value in the next observation) or ``answer: <n>``. By default the command word is
 constrained (the env's ``action_prefixes``: the model picks ``calc:`` or ``answer:`` and
-writes the rest freely, as the recipe trains); ``--free`` leaves the whole turn free.
+writes the rest freely, as the recipe trains); ``--free`` leaves the whole turn free;
+``--no-tool`` offers only ``answer:`` (the model's accuracy without the calculator).
 Prints `sparring.eval.tasks.task_metrics` over the questions: ``correct`` (accuracy),
 ``used_tool`` (the tool-call rate), ``correct_without_tool`` (right answers given without
 a call, over all questions), ``invalid_rate`` (turns the env could not read). Greedy unless
@@ -40,6 +41,8 @@ def main() -> None:
     ap.add_argument("--sample", action="store_true")
     ap.add_argument("--free", action="store_true",
                     help="no constrained command word: the whole turn is free text")
+    ap.add_argument("--no-tool", action="store_true",
+                    help="offer only the answer: command (constrained decoding)")
     ap.add_argument("--show", type=int, default=3, help="episodes to print in full")
     ap.add_argument("--system", help="a system prompt in place of the env's (e.g. one with "
                     "a worked example)")
@@ -57,8 +60,14 @@ def main() -> None:
                   PromptConfig("state", system_prompt=args.system),
                   InvalidActionPolicy("forfeit" if args.free else "constrained"),
                   max_turns=args.max_turns)
+    def question():
+        env = make("calculator", digits=args.digits, max_calls=args.max_calls)
+        if args.no_tool:
+            env.action_prefixes = lambda seat: ["answer:"]
+        return env
+
     episodes = arena.run_episodes(
-        lambda: make("calculator", digits=args.digits, max_calls=args.max_calls),
+        question,
         seeds=range(HELD_OUT_SEED, HELD_OUT_SEED + args.questions), seat_players=policy)
     for ep in episodes[:args.show]:
         print("---", ep.info.get("outcome"))
