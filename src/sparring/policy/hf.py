@@ -189,20 +189,20 @@ class HFPolicy:
         eos = set(self.eos_ids)
         for step in range(sp.max_new_tokens):
             z = z_next.float() / sp.temperature
-            cons = [k for k, r in enumerate(rows) if tries[r] is not None]
-            free = [k for k in cons if tries[rows[k]].is_free(nodes[rows[k]])]
-            for k in free:  # past its prefix: the row samples from the whole vocabulary
-                alw[rows[k]].append(None)
-            if len(free) < len(cons):
-                keep = torch.ones_like(z, dtype=torch.bool)  # free rows (allowed None) keep all
-                for k in cons:
-                    r = rows[k]
-                    if tries[r].is_free(nodes[r]):
-                        continue
-                    a = tries[r].allowed(nodes[r])
-                    alw[r].append(a)
-                    keep[k] = False
-                    keep[k, a] = True
+            keep = None  # rows without a trie, or past an action prefix, keep every token
+            for k, r in enumerate(rows):
+                if tries[r] is None:
+                    continue
+                if tries[r].is_free(nodes[r]):
+                    alw[r].append(None)
+                    continue
+                if keep is None:
+                    keep = torch.ones_like(z, dtype=torch.bool)
+                a = tries[r].allowed(nodes[r])
+                alw[r].append(a)
+                keep[k] = False
+                keep[k, a] = True
+            if keep is not None:
                 z = z.masked_fill(~keep, float("-inf"))
             z = filter_logits(z, sp.top_k, sp.top_p)
             logp = torch.log_softmax(z, dim=-1)
