@@ -133,14 +133,15 @@ def _algorithm_check(a: AlgorithmConfig, envs: list[EnvSpec], key: str,
     the learner explores (``explore``, its rate) and where the sampler's importance
     correction is asked for (unless ``stale``: async rollout workers, whose correction
     needs none), constrained decoding for the uniform-KL bonus."""
-    if a.entropy_bonus == "uniform_kl":
+    if a.entropy_bonus != "entropy":
+        b = a.entropy_bonus
         if invalid_action != "constrained":
-            raise ConfigError(f"{key}.entropy_bonus: 'uniform_kl' pulls towards uniform play "
-                              "over the legal moves, which only constrained decoding knows; "
+            raise ConfigError(f"{key}.entropy_bonus: {b!r} weighs the tokens constrained "
+                              "decoding allows, which only constrained decoding knows; "
                               "set rollout.invalid_action=constrained (or use 'entropy')")
         if a.entropy_target is not None:
             raise ConfigError(f"{key}.entropy_target holds the token entropy, which "
-                              f"{key}.entropy_bonus='uniform_kl' does not weigh; drop one")
+                              f"{key}.entropy_bonus={b!r} does not weigh; drop one")
     if explore > 0 and not a.recompute_old_logp:
         raise ConfigError(f"exploration.learner.rate: {explore} plays moves the sampler did "
                           "not sample, so they have no sampler log-probs; set "

@@ -239,12 +239,16 @@ class AlgorithmConfig:
         None, "constant C of seq-mean-token-sum-norm (null: the batch's padded length)", gt=0)
     kl: KLConfig = opt(KLConfig(), "KL regularisation towards a reference policy")
     entropy_coef: float = opt(0.0, "entropy bonus weight (subtracted from the loss)", ge=0)
-    entropy_bonus: Literal["entropy", "uniform_kl"] = opt(
+    entropy_bonus: Literal["entropy", "uniform_kl", "allowed_mass"] = opt(
         "entropy", "what entropy_coef weighs, per action token: 'entropy', H(pi); "
         "'uniform_kl', -KL(u || pi) with u uniform over the tokens constrained decoding "
         "allows there, a pull c (1/k - pi_a) on each logit that does not fade for a move "
-        "the policy has given up, where the entropy's does (needs "
-        "rollout.invalid_action=constrained; logged as uniform_kl instead of entropy)")
+        "the policy has given up, where the entropy's does; 'allowed_mass', the log of the "
+        "probability the unconstrained policy puts on the tokens constrained decoding "
+        "allows there (0 on free tokens), which teaches the model to write a legal move or "
+        "an env's command word without the constraint (both need "
+        "rollout.invalid_action=constrained; logged as uniform_kl or allowed_mass instead "
+        "of entropy)")
     entropy_schedule: Literal["constant", "cosine"] = opt(
         "constant", "'constant'; 'cosine': the bonus decays from entropy_coef to "
         "entropy_final_ratio * entropy_coef over train.steps (explore early, settle late)")

@@ -261,7 +261,7 @@ def feature_cache_of(model: nn.Module) -> FeatureCache | None:
 
 def cached_prefix_logits(model: nn.Module, cache: Any, ids: Tensor, att: Tensor,
                          pre: Prefixes, pad_id: int = 0, keep_hidden: bool = False,
-                         allowed: Allowed | None = None
+                         allowed: Allowed | None = None, restrict_head: bool = True
                          ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Allowed | None]:
     """`sparring.policy.prefix.shared_prefix_logits` from cached features (``cache``: a
     `FeatureCache`, or a `sparring.policy.layer_cache.LayerCache` whose states ``model``'s
@@ -271,9 +271,9 @@ def cached_prefix_logits(model: nn.Module, cache: Any, ids: Tensor, att: Tensor,
     that layout: ``{s + 1: ids}`` per row). Differentiable in the head's weights (and,
     through ``hidden``, in a value head's), not in the network's.
 
-    When every scored position is constrained, the head runs only over the ids some
-    position allows (the restricted distributions need no other logit): ``V`` is then
-    their number, and targets and ``allowed`` come back as indices into them."""
+    When every scored position is constrained (and ``restrict_head``), the head runs only
+    over the ids some position allows (the restricted distributions need no other logit):
+    ``V`` is then their number, and targets and ``allowed`` come back as indices into them."""
     n = ids.shape[0]
     C, pos, valid, targets = continuation_targets(ids, att, pre.plen.to(ids.device), pad_id)
     plen = pre.plen.tolist()
@@ -287,7 +287,7 @@ def cached_prefix_logits(model: nn.Module, cache: Any, ids: Tensor, att: Tensor,
     head = output_embedding(model)
     pad = torch.full((n, 1), pad_id, dtype=ids.dtype, device=ids.device)
     targets = torch.cat([pad, targets], 1)
-    sub = _allowed_ids(allowed, slots)
+    sub = _allowed_ids(allowed, slots) if restrict_head else None
     if sub is not None:  # with the scored tokens themselves, should one lie outside
         sub = sorted(set(sub) | {rows[i][plen[i] + s] for i, s in slots})
     if sub is None:

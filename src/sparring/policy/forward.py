@@ -13,7 +13,12 @@ entropy is that of the restricted distribution), exactly what the sampler record
 ``bonus``: what the per-token "entropy" tensor holds, the quantity an entropy bonus weighs
 (`algorithm.entropy_bonus`): ``"entropy"``, ``H(pi) = logsumexp z - sum_a pi_a z_a``, or
 ``"uniform_kl"``, ``-KL(u || pi) = log k + (1/k) sum_a log pi_a`` with ``u`` uniform over the
-k allowed ids (the whole vocabulary where nothing constrains). Its gradient on a logit is
+k allowed ids (the whole vocabulary where nothing constrains), or ``"allowed_mass"``,
+``log sum_{a in allowed} pi_full(a)``, the log of the probability the unconstrained policy
+puts on the tokens constrained decoding allows (0 where nothing constrains): weighed as a
+bonus it teaches the model to write a legal move, or an env's command word, without the
+constraint, while the policy loss shapes the choice among them (``log pi_full(x) =
+log pi_allowed(x) + log sum_{a in allowed} pi_full(a)``). The uniform KL's gradient on a logit is
 ``(1/k - pi_a)``: a pull towards uniform play that does not fade as ``pi_a -> 0``, where the
 entropy's ``-pi_a (log pi_a + H)`` does; our logit-space reading of the mutation term of the
 selection-mutation dynamics (Hofbauer and Huttegger, Games 2015), under which signalling
@@ -40,7 +45,7 @@ from sparring.policy.prefix import Prefixes, shared_prefix_logits, to_rows
 Allowed = Sequence[dict[int, list[int]] | None]
 
 
-BONUSES = ("entropy", "uniform_kl")
+BONUSES = ("entropy", "uniform_kl", "allowed_mass")
 
 
 def logprobs_from_logits(logits: Tensor, ids: Tensor, temperature: float = 1.0,
@@ -62,17 +67,17 @@ def logprobs_from_logits(logits: Tensor, ids: Tensor, temperature: float = 1.0,
         ent = torch.zeros_like(lp)
         if bonus == "entropy":
             ent[:, 1:] = logz - (torch.softmax(lg, dim=-1) * lg).sum(-1)
-        else:
+        elif bonus == "uniform_kl":
             ent[:, 1:] = math.log(lg.shape[-1]) + lg.mean(-1) - logz
     if allowed is not None and any(allowed):
-        _restrict(lg, ids, allowed, lp, ent, bonus)
+        _restrict(lg, ids, allowed, lp, ent, bonus, logz)
     return lp, ent
 
 
 def _restrict(lg: Tensor, ids: Tensor, allowed: Allowed, lp: Tensor, ent: Tensor | None,
-              bonus: str = "entropy") -> None:
+              bonus: str, logz_full: Tensor) -> None:
     """Overwrite ``lp``/``ent`` at constrained positions with the restricted distribution
-    (``ent``: its ``bonus``).
+    (``ent``: its ``bonus``; ``logz_full [n, T-1]``: the unrestricted log-normalisers).
 
     Flattens every (row, position, allowed id) triple and reduces per position with
     scatter ops (segment logsumexp), so the cost is one gather over the allowed ids."""
@@ -101,6 +106,8 @@ def _restrict(lg: Tensor, ids: Tensor, allowed: Allowed, lp: Tensor, ent: Tensor
     if bonus == "entropy":
         p = (vals - logz[S]).exp()
         ent[R, P] = logz - torch.zeros(m, device=dev).index_add_(0, S, p * vals)
+    elif bonus == "allowed_mass":
+        ent[R, P] = logz - logz_full[R, P - 1]
     else:  # log k + mean_a z_a - logsumexp_a z_a
         k = torch.zeros(m, device=dev).index_add_(0, S, torch.ones_like(vals))
         ent[R, P] = k.log() + torch.zeros(m, device=dev).index_add_(0, S, vals) / k - logz
@@ -156,7 +163,8 @@ def _forward(model, input_ids, attention_mask, temperature, with_entropy, allowe
     else:
         logits, targets, pos, h, shifted = cached_prefix_logits(
             model, cache, input_ids, attention_mask, prefixes, keep_hidden=keep_hidden,
-            allowed=shifted)
+            allowed=shifted,  # the allowed mass needs the whole vocabulary's logits
+            restrict_head=not (with_entropy and bonus == "allowed_mass"))
     lp, ent = logprobs_from_logits(logits, targets, temperature, with_entropy, shifted, bonus)
     T = input_ids.shape[1]
     hidden = None

@@ -97,8 +97,10 @@ def micro_loss(cfg: Config, batch: TurnBatch, rows: Tensor,
         stats["_tok/approx_kl"] += float(kl_estimate(old_r, logp, m, "k3").sum())
         if a.entropy_bonus == "entropy":
             stats["_tok/entropy"] += float((ent * mf).sum())
-        else:  # ent holds -KL(u || pi) (sparring.policy.forward)
+        elif a.entropy_bonus == "uniform_kl":  # ent holds -KL(u || pi)
             stats["_tok/uniform_kl"] -= float((ent * mf).sum())
+        else:  # log of the allowed tokens' mass, 0 on free tokens (sparring.policy.forward)
+            stats["_tok/allowed_mass"] += float((ent * mf).sum())
         if ntok > 0:  # the objective's own diagnostics (clip_frac, ratio, ...)
             for k, v in diagnostics.items():
                 if k.endswith("_max"):  # a maximum over the step, not a mean
