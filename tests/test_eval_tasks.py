@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from sparring.config import from_dict
+from sparring.config import ConfigError, from_dict, load_config
 from sparring.envs import make
 from sparring.envs.invalid import InvalidActionPolicy
 from sparring.eval.periodic import make_eval_fn
@@ -84,3 +84,33 @@ def test_a_game_is_not_a_task():
     arena = Arena(SamplingParams(), PromptConfig("state"), InvalidActionPolicy("constrained"))
     with pytest.raises(ValueError, match="2 seats"):
         evaluate_task(arena, ToolUser(), SamplingParams(), "tictactoe", {}, 3)
+
+
+class FormatOnlyWhenHeld(ToolUser):
+    """`ToolUser` when constrained decoding offers it the command words; left free, it
+    writes prose the env cannot read."""
+
+    def generate(self, prompts, sampling=None, allowed=None):
+        held = [a is not None for a in (allowed or [None] * len(prompts))]
+        out = super().generate(prompts, sampling, allowed)
+        prose = self.tokenizer.encode("The answer is 7.", add_special_tokens=False)
+        return [g if h else Generation(prose, [0.0] * len(prose), "The answer is 7.", "eos")
+                for g, h in zip(out, held)]
+
+
+def test_free_text_evaluation_plays_the_tasks_again_without_the_constraint():
+    cfg = from_dict({"envs": [{"name": "calculator"}], "eval": {"games": 12, "free_text": True},
+                     "rollout": {"invalid_action": "constrained"}})
+    arena = Arena(SamplingParams(), PromptConfig("state"), InvalidActionPolicy("constrained"))
+    policy = FormatOnlyWhenHeld()
+    out = make_eval_fn(cfg, arena, policy)(0)
+    want = expected(12)
+    assert out["calculator/correct"] == pytest.approx(sum(r for r, _, _ in want) / 12)
+    assert out["calculator/forfeit_rate"] == 0.0
+    assert out["calculator/free_text/episodes"] == 12
+    assert out["calculator/free_text/forfeit_rate"] == 1.0
+    assert out["calculator/free_text/success"] == 0.0
+    assert arena.invalid.mode == "constrained"  # the run's own arena is left as it was
+    assert policy.allowed[-1] is None  # nothing offered in the free evaluation
+    with pytest.raises(ConfigError, match="eval.free_text"):
+        load_config(None, ["eval.free_text=true", "rollout.invalid_action=forfeit"])

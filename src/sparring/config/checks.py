@@ -100,6 +100,10 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"rollout.answer_prefix: {cfg.rollout.answer_prefix!r} must start "
                           f"rollout.answer_format ({cfg.rollout.answer_format!r}, the text "
                           "before the move), since every answer starts with it")
+    if cfg.eval.free_text and cfg.rollout.invalid_action != "constrained":
+        raise ConfigError("eval.free_text: evaluates a run held to constrained decoding "
+                          "without the constraint; this run's rollout.invalid_action is "
+                          f"{cfg.rollout.invalid_action!r}, so its evaluation is free already")
     _model_check(cfg.model)
     _run_dir_check(cfg.train.run_dir)
     _run_name_check(cfg.train.name)

@@ -381,6 +381,10 @@ class EvalConfig:
     average: bool = opt(True, "with a magnet KL reference, also the exact figures of the "
                         "magnet (the average policy): <game>/exploitability_average and "
                         "<game>/minimax_exact_average/...")
+    free_text: bool = opt(
+        False, "with rollout.invalid_action=constrained: also play each task's held-out "
+        "instances with nothing constrained, an unreadable turn forfeiting (keys "
+        "<task>/free_text/<metric>): whether the model writes the moves' format itself")
     self_play: bool = opt(False, "also let the policy play every seat of each game itself "
                           "(keys <game>/joint/...: mean score per seat, e.g. the success "
                           "rate of a cooperative game); always on with several `policies`")

@@ -27,7 +27,9 @@ run that its checkpoints hold.
 Every single-seat env of the run (a task) is played on ``eval.games`` held-out instances
 (`sparring.eval.tasks.evaluate_task`: success, return, invalid and forfeit rates, turns,
 and the means of the numbers the task reports when an episode ends, e.g. the calculator's
-``correct`` and ``used_tool``), keys ``<task>/<metric>``.
+``correct`` and ``used_tool``), keys ``<task>/<metric>``; with ``eval.free_text`` and
+constrained decoding, again with nothing constrained (an unreadable turn forfeits), keys
+``<task>/free_text/<metric>``: whether the model writes the format it was held to.
 With ``eval.self_play`` the policy also plays every seat of each game itself, ``eval.games``
 games, keys ``<game>/joint/<metric>`` as below.
 
@@ -43,6 +45,8 @@ cooperative game --, forfeit and invalid rates); exploitability is that of the p
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -143,6 +147,11 @@ def make_eval_fn(cfg: Config, arena: Arena, policy: HFPolicy | Mapping[str, HFPo
     trees = [g for g in games if has_game_tree(g)] if e.exploitability else []
     history = StrategyHistory(e.time_average) if trees and e.time_average else None
 
+    free = None  # eval.free_text: the arena with nothing constrained
+    if e.free_text and tasks and arena.invalid.mode == "constrained":
+        free = copy.copy(arena)
+        free.invalid = dataclasses.replace(arena.invalid, mode="forfeit")
+
     def key(name: str, rest: str) -> str:  # one policy's keys carry no policy/<name>/
         return f"policy/{name}/{rest}" if several else rest
 
@@ -153,6 +162,9 @@ def make_eval_fn(cfg: Config, arena: Arena, policy: HFPolicy | Mapping[str, HFPo
             for name in dict.fromkeys((env_seats(cfg, task) if several else []) or policies):
                 res = evaluate_task(arena, policies[name], sampling, task, options, e.games)
                 out.update({key(name, f"{task}/{k}"): v for k, v in res.items()})
+                if free is not None:
+                    res = evaluate_task(free, policies[name], sampling, task, options, e.games)
+                    out.update({key(name, f"{task}/free_text/{k}"): v for k, v in res.items()})
         for game in games:
             options, seats = env_options(cfg, game), env_seats(cfg, game) if several else []
             names = dict.fromkeys(seats or policies)  # the policies that play this game
