@@ -13,8 +13,7 @@ from sparring.policy.feature_cache import attach_feature_cache
 from sparring.policy.forward import logprobs_from_logits, token_logprobs
 from sparring.policy.heads import TopLayers
 from sparring.policy.layer_cache import LayerCache
-from sparring.policy.prefix import find_prefixes, first_action_positions
-from tests.test_layer_cache import tiny
+from tests.test_layer_cache import constrained_rows, tiny
 
 V = 7
 ALLOWED = [{1: [2, 5], 2: [3], 3: [0, 1, 4, 6]}, {2: [1, 2, 3]}]
@@ -51,18 +50,7 @@ def test_the_cached_layer_forward_gives_the_plain_forwards_allowed_mass():
     mass needs the whole vocabulary, and gets the plain model's value."""
     model, _ = tiny()
     TopLayers(layers=1).freeze(model)
-    g = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(3, 60, (n,), generator=g) for n in (9, 6, 11)]
-    rows = [torch.cat([prompts[i % 3], torch.randint(3, 60, (1,), generator=g)])
-            for i in range(6)]
-    T = max(len(r) for r in rows)
-    ids, att = torch.zeros(6, T, dtype=torch.long), torch.zeros(6, T, dtype=torch.bool)
-    amask = torch.zeros(6, T, dtype=torch.bool)
-    for i, r in enumerate(rows):
-        ids[i, :len(r)], att[i, :len(r)] = r, True
-        amask[i, len(prompts[i % 3]):len(r)] = True
-    pre = find_prefixes(ids, first_action_positions(amask, att.sum(1)))
-    allowed = [{int(pre.plen[i]): sorted({int(ids[i, pre.plen[i]]), 9, 11})} for i in range(6)]
+    ids, att, amask, pre, allowed = constrained_rows()
     out = []
     for cache in (None, LayerCache(model, 1, 100)):
         attach_feature_cache(model, cache)
@@ -71,7 +59,11 @@ def test_the_cached_layer_forward_gives_the_plain_forwards_allowed_mass():
         out.append((lp * amask, ent * amask))
     attach_feature_cache(model, None)
     torch.testing.assert_close(out[1], out[0], atol=1e-5, rtol=1e-4)
-    assert (out[0][1][amask] < -1.0).all()  # 3 of the tiny vocabulary's ids hold little mass
+    first = torch.zeros_like(amask)  # the constrained positions; 0 on the free ones
+    for i, d in enumerate(allowed):
+        first[i, list(d)] = True
+    assert (out[0][1][first] < -1.0).all()  # 3 of the tiny vocabulary's ids hold little mass
+    assert (out[0][1][amask & ~first] == 0).all()
 
 
 def test_the_config_needs_constrained_decoding():

@@ -83,12 +83,9 @@ def test_a_contexts_states_do_not_depend_on_its_batch():
     assert len(full.prompts) == 1
 
 
-def test_the_learner_and_sampler_read_the_cache_as_the_plain_model():
-    """Log-probs, entropies and hidden states over a batch of right-padded rows with
-    constrained positions, and the sampler's tokens and log-probs, with and without the cache
-    registered; the magnet-like copy (another reader) runs its own top layer."""
-    model, tok = tiny()
-    TopLayers(layers=1).freeze(model)
+def constrained_rows():
+    """Six right-padded rows over three prompts, 1-3 action tokens each, the first one
+    constrained to itself and ids 9 and 11: ``(ids, att, amask, prefixes, allowed)``."""
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(3, 60, (n,), generator=g) for n in (9, 6, 11)]
     rows = [torch.cat([prompts[i % 3], torch.randint(3, 60, (1 + i % 3,), generator=g)])
@@ -101,6 +98,16 @@ def test_the_learner_and_sampler_read_the_cache_as_the_plain_model():
         amask[i, len(prompts[i % 3]):len(r)] = True
     pre = find_prefixes(ids, first_action_positions(amask, att.sum(1)))
     allowed = [{int(pre.plen[i]): sorted({int(ids[i, pre.plen[i]]), 9, 11})} for i in range(6)]
+    return ids, att, amask, pre, allowed
+
+
+def test_the_learner_and_sampler_read_the_cache_as_the_plain_model():
+    """Log-probs, entropies and hidden states over a batch of right-padded rows with
+    constrained positions, and the sampler's tokens and log-probs, with and without the cache
+    registered; the magnet-like copy (another reader) runs its own top layer."""
+    model, tok = tiny()
+    TopLayers(layers=1).freeze(model)
+    ids, att, amask, pre, allowed = constrained_rows()
     texts = [tok.encode(t) for t in ("board one", "board two", "board one")]
     moves = [["a", "bcd", "ef"], ["a", "b"], ["a", "bcd", "ef"]]
     sp = SamplingParams(max_new_tokens=4, with_entropy=True)
