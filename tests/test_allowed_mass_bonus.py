@@ -1,6 +1,7 @@
 """``algorithm.entropy_bonus=allowed_mass``: the bonus per token is the log of the mass the
 unconstrained distribution puts on the tokens constrained decoding allowed there (0 where
-nothing constrains), its logit gradient is ``1[j in A] pi_A(j) - pi(j)``, the cached-layer
+nothing constrains), its logit gradient is ``(1 - M) / k`` on each of the k allowed ids
+and ``-pi_j`` on the others (the choice among the allowed ids is left alone), the cached-layer
 forward gives the plain forward's value, and a run logs ``allowed_mass`` in place of
 ``entropy``."""
 
@@ -36,13 +37,18 @@ def test_the_bonus_is_the_log_mass_of_the_allowed_tokens(temperature):
                 assert float((lp + ent)[r, t].detach()) == pytest.approx(
                     float(p[ids[r, t]].log()), abs=1e-5)
     assert (ent <= 1e-6).all()
-    ent[0, 3].backward()  # d/dz_j log sum_A pi = (1[j in A] pi_A(j) - pi(j)) / temperature
+    ent[0, 3].backward()  # (1 - M) / k on each allowed logit, -pi_j on the others
     z = logits[0, 2].detach() / temperature
     allowed = ALLOWED[0][3]
     pi = torch.softmax(z, 0)
+    mass = float(pi[allowed].sum())
     want = -pi.clone()
-    want[allowed] += torch.softmax(z[allowed], 0)
+    want[allowed] = (1 - mass) / len(allowed)
     torch.testing.assert_close(logits.grad[0, 2], want / temperature, atol=1e-6, rtol=0)
+    # the step moves every allowed logit alike: the choice among them stays where it was
+    z2 = (logits[0, 2].detach() + 0.5 * logits.grad[0, 2]) / temperature  # an ascent step
+    torch.testing.assert_close(torch.softmax(z2[allowed], 0), torch.softmax(z[allowed], 0))
+    assert float(torch.softmax(z2, 0)[allowed].sum()) > mass
 
 
 def test_the_cached_layer_forward_gives_the_plain_forwards_allowed_mass():

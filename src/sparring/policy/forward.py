@@ -14,11 +14,14 @@ entropy is that of the restricted distribution), exactly what the sampler record
 (`algorithm.entropy_bonus`): ``"entropy"``, ``H(pi) = logsumexp z - sum_a pi_a z_a``, or
 ``"uniform_kl"``, ``-KL(u || pi) = log k + (1/k) sum_a log pi_a`` with ``u`` uniform over the
 k allowed ids (the whole vocabulary where nothing constrains), or ``"allowed_mass"``,
-``log sum_{a in allowed} pi_full(a)``, the log of the probability the unconstrained policy
+``log M``, ``M = sum_{a in allowed} pi_full(a)`` the probability the unconstrained policy
 puts on the tokens constrained decoding allows (0 where nothing constrains): weighed as a
 bonus it teaches the model to write a legal move, or an env's command word, without the
-constraint, while the policy loss shapes the choice among them (``log pi_full(x) =
-log pi_allowed(x) + log sum_{a in allowed} pi_full(a)``). The uniform KL's gradient on a logit is
+constraint (``log pi_full(x) = log pi_allowed(x) + log M``). Its gradient is not that of
+``log M``, which is ``pi_allowed(a) (1 - M)`` on an allowed logit and would sharpen the
+choice among the allowed tokens towards the one already preferred: it is ``(1 - M) / k``
+on each of the k allowed logits alike and ``-pi_j`` on every other, raising M and leaving
+the choice among the allowed tokens to the policy loss. The uniform KL's gradient on a logit is
 ``(1/k - pi_a)``: a pull towards uniform play that does not fade as ``pi_a -> 0``, where the
 entropy's ``-pi_a (log pi_a + H)`` does; our logit-space reading of the mutation term of the
 selection-mutation dynamics (Hofbauer and Huttegger, Games 2015), under which signalling
@@ -106,8 +109,14 @@ def _restrict(lg: Tensor, ids: Tensor, allowed: Allowed, lp: Tensor, ent: Tensor
     if bonus == "entropy":
         p = (vals - logz[S]).exp()
         ent[R, P] = logz - torch.zeros(m, device=dev).index_add_(0, S, p * vals)
-    elif bonus == "allowed_mass":
-        ent[R, P] = logz - logz_full[R, P - 1]
+    elif bonus == "allowed_mass":  # value log M; gradient (1 - M)/k on allowed, -pi elsewhere
+        full = logz_full[R, P - 1]
+        with torch.no_grad():
+            log_mass = logz - full
+            k = torch.zeros(m, device=dev).index_add_(0, S, torch.ones_like(vals))
+            w = ((1 - log_mass.exp()) / k)[S] + (vals - full[S]).exp()
+        surrogate = torch.zeros(m, device=dev).index_add_(0, S, w * vals) - full
+        ent[R, P] = log_mass + surrogate - surrogate.detach()
     else:  # log k + mean_a z_a - logsumexp_a z_a
         k = torch.zeros(m, device=dev).index_add_(0, S, torch.ones_like(vals))
         ent[R, P] = k.log() + torch.zeros(m, device=dev).index_add_(0, S, vals) / k - logz
