@@ -109,16 +109,16 @@ def _restrict(lg: Tensor, ids: Tensor, allowed: Allowed, lp: Tensor, ent: Tensor
     if bonus == "entropy":
         p = (vals - logz[S]).exp()
         ent[R, P] = logz - torch.zeros(m, device=dev).index_add_(0, S, p * vals)
-    elif bonus == "allowed_mass":  # value log M; gradient (1 - M)/k on allowed, -pi elsewhere
+        return
+    k = torch.zeros(m, device=dev).index_add_(0, S, torch.ones_like(vals))  # allowed ids
+    if bonus == "allowed_mass":  # value log M; gradient (1 - M)/k on allowed, -pi elsewhere
         full = logz_full[R, P - 1]
         with torch.no_grad():
             log_mass = logz - full
-            k = torch.zeros(m, device=dev).index_add_(0, S, torch.ones_like(vals))
             w = ((1 - log_mass.exp()) / k)[S] + (vals - full[S]).exp()
         surrogate = torch.zeros(m, device=dev).index_add_(0, S, w * vals) - full
         ent[R, P] = log_mass + surrogate - surrogate.detach()
     else:  # log k + mean_a z_a - logsumexp_a z_a
-        k = torch.zeros(m, device=dev).index_add_(0, S, torch.ones_like(vals))
         ent[R, P] = k.log() + torch.zeros(m, device=dev).index_add_(0, S, vals) / k - logz
 
 
