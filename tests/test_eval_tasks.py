@@ -108,6 +108,10 @@ def test_free_text_evaluation_plays_the_tasks_again_without_the_constraint():
     assert out["calculator/correct"] == pytest.approx(sum(r for r, _, _ in want) / 12)
     assert out["calculator/forfeit_rate"] == 0.0
     assert out["calculator/free_text/episodes"] == 12
+    # left free it forfeits every question; the env's outcomes are still reported, as 0
+    assert out["calculator/free_text/forfeit_rate"] == 1.0
+    for key in ("correct", "calls", "used_tool", "correct_without_tool"):
+        assert out[f"calculator/free_text/{key}"] == 0.0
     assert out["calculator/free_text/forfeit_rate"] == 1.0
     assert out["calculator/free_text/success"] == 0.0
     assert arena.invalid.mode == "constrained"  # the run's own arena is left as it was

@@ -69,6 +69,9 @@ class Env(Protocol):
 
     # Optional, for free-text envs: ``action_prefixes(seat) -> list[str] | None``, the ways a
     # move may begin (e.g. ["calc:", "answer:"]); see `action_prefixes`.
+    # Optional, for tasks: ``outcome_keys: tuple[str, ...]``, the numbers the step that ends an
+    # episode puts in its info (e.g. ("correct", "calls")); the task evaluation reports each,
+    # 0 for an episode that forfeits, even when every episode does.
 
 
 def action_prefixes(env: Env, seat: int) -> list[str] | None:

@@ -11,7 +11,8 @@ evaluation). Reported over the episodes:
   ``turns`` (per episode);
 * for every number (or bool) in the info of the step that ended an episode
   (``Episode.info["outcome"]``, e.g. the calculator's ``correct``, ``used_tool``), its mean
-  over all ``n`` episodes; an episode that ended without one (a forfeit) counts 0.
+  over all ``n`` episodes; an episode that ended without one (a forfeit) counts 0, and the
+  env's ``outcome_keys`` are reported even when every episode forfeits.
 """
 
 from __future__ import annotations
@@ -36,17 +37,20 @@ def evaluate_task(arena: Arena, policy: Any, sampling: SamplingParams, env: str,
     """See the module docstring. ``env`` must have one seat."""
     if n < 1:
         raise ValueError(f"episodes: must be >= 1, got {n}")
-    seats = make(env, **options).num_seats
+    task = make(env, **options)
+    seats = task.num_seats
     if seats != 1:
         raise ValueError(f"evaluate_task: {env!r} has {seats} seats; a task has one "
                          "(games are evaluated against eval.opponents)")
     me = ModelPlayer(policy, name="eval", train=False, sampling=sampling)
+    keys = tuple(getattr(task, "outcome_keys", ()))
     return task_metrics(arena.run_episodes(env, dict(options), seeds=[seed + i for i in range(n)],
-                                           seat_players=me))
+                                           seat_players=me), keys)
 
 
-def task_metrics(eps: Sequence[Episode]) -> dict[str, float]:
-    """The module docstring's metrics over finished single-seat episodes ``eps``."""
+def task_metrics(eps: Sequence[Episode], keys: Sequence[str] = ()) -> dict[str, float]:
+    """The module docstring's metrics over finished single-seat episodes ``eps``; each of
+    ``keys`` (the env's ``outcome_keys``) is reported, 0 where no episode gave it."""
     n = len(eps)
     if n < 1:
         raise ValueError("task_metrics: no episodes")
@@ -58,7 +62,7 @@ def task_metrics(eps: Sequence[Episode]) -> dict[str, float]:
            "invalid_rate": sum(t.invalid is not None for ep in eps for t in ep.turns)
            / max(turns, 1),
            "forfeit_rate": sum("forfeit" in ep.info for ep in eps) / n, "turns": turns / n}
-    totals: dict[str, float] = {}
+    totals: dict[str, float] = {k: 0.0 for k in keys if k not in out}
     for ep in eps:
         for k, v in ep.info.get("outcome", {}).items():
             if isinstance(v, Real) and k not in out:

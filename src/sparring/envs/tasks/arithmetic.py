@@ -48,6 +48,7 @@ class _SingleTurn:
 
     num_seats = 1
     name = ""
+    outcome_keys = ("correct",)
 
     def __init__(self) -> None:
         self._done = False

@@ -42,6 +42,7 @@ class Calculator:
 
     name = "calculator"
     num_seats = 1
+    outcome_keys = ("correct", "calls", "used_tool", "correct_without_tool")
 
     def __init__(self, max_calls: int = 3, require_tool: bool = False, tool_cost: float = 0.0,
                  digits: int = 3):

@@ -74,6 +74,7 @@ class TwentyQuestions:
 
     name = "twenty_questions"
     num_seats = 1
+    outcome_keys = ("correct",)
 
     def __init__(self, max_questions: int = 20, objects: list[str] | None = None):
         if max_questions < 1:
