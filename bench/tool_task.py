@@ -73,7 +73,7 @@ def main() -> None:
         print("---", ep.info.get("outcome"))
         for t in ep.turns:
             print(repr(t.action_text))
-    print(json.dumps(task_metrics(episodes), indent=1))
+    print(json.dumps(task_metrics(episodes, make("calculator").outcome_keys), indent=1))
 
 
 if __name__ == "__main__":
