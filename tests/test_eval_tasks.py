@@ -109,7 +109,6 @@ def test_free_text_evaluation_plays_the_tasks_again_without_the_constraint():
     assert out["calculator/forfeit_rate"] == 0.0
     assert out["calculator/free_text/episodes"] == 12
     # left free it forfeits every question; the env's outcomes are still reported, as 0
-    assert out["calculator/free_text/forfeit_rate"] == 1.0
     for key in ("correct", "calls", "used_tool", "correct_without_tool"):
         assert out[f"calculator/free_text/{key}"] == 0.0
     assert out["calculator/free_text/forfeit_rate"] == 1.0

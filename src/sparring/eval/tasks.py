@@ -38,12 +38,11 @@ def evaluate_task(arena: Arena, policy: Any, sampling: SamplingParams, env: str,
     if n < 1:
         raise ValueError(f"episodes: must be >= 1, got {n}")
     task = make(env, **options)
-    seats = task.num_seats
-    if seats != 1:
-        raise ValueError(f"evaluate_task: {env!r} has {seats} seats; a task has one "
+    if task.num_seats != 1:
+        raise ValueError(f"evaluate_task: {env!r} has {task.num_seats} seats; a task has one "
                          "(games are evaluated against eval.opponents)")
+    keys = getattr(task, "outcome_keys", ())
     me = ModelPlayer(policy, name="eval", train=False, sampling=sampling)
-    keys = tuple(getattr(task, "outcome_keys", ()))
     return task_metrics(arena.run_episodes(env, dict(options), seeds=[seed + i for i in range(n)],
                                            seat_players=me), keys)
 
