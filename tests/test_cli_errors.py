@@ -213,6 +213,13 @@ def test_eval_and_play_of_a_folder_that_is_no_run(tmp_path, capsys):
         assert rc == 2 and "nowhere" in one_line(err, "error: ")
 
 
+def test_eval_of_a_misspelt_checkpoint_names_the_checkpoints_there(run, capsys):
+    rc, _, err = cli(capsys, "eval", str(run / "checkpoints" / "step_1"))
+    assert rc == 2
+    assert one_line(err, "error: ").endswith(
+        f"step_1: no such run folder or checkpoint; {run / 'checkpoints'} holds step_000001")
+
+
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
 def test_a_run_trained_on_a_gpu_is_evaluated_on_a_machine_without_one(run, tmp_path, capsys):
     gpu_run = tmp_path / "gpu_run"  # the run's config says cuda, as a GPU run's does

@@ -179,4 +179,8 @@ def load_policies(path: str | Path, device: str | None = None, *,
 def _config_file(path: str | Path) -> Path:
     """The ``config.yaml`` of a run folder or of a checkpoint's run."""
     p = Path(path)
+    if not p.exists():
+        there = sorted(x.name for x in p.parent.iterdir()) if p.parent.is_dir() else []
+        raise FileNotFoundError(f"{p}: no such run folder or checkpoint"
+                                + (f"; {p.parent} holds {', '.join(there)}" if there else ""))
     return (p.parent.parent if (p / "state.json").exists() else p) / "config.yaml"
