@@ -21,7 +21,11 @@ constraint (``log pi_full(x) = log pi_allowed(x) + log M``). Its gradient is not
 ``log M``, which is ``pi_allowed(a) (1 - M)`` on an allowed logit and would sharpen the
 choice among the allowed tokens towards the one already preferred: it is ``(1 - M) / k``
 on each of the k allowed logits alike and ``-pi_j`` on every other, raising M and leaving
-the choice among the allowed tokens to the policy loss. The uniform KL's gradient on a logit is
+the choice among the allowed tokens to the policy loss. Alike only within a state: where
+an env offers fewer command words in some states (the calculator offers only ``answer:``
+once its calls are spent), the bonus raises those words alone there, and the shared
+weights carry the raise to the states that offer all of them, a tilt the policy loss has
+to outweigh. The uniform KL's gradient on a logit is
 ``(1/k - pi_a)``: a pull towards uniform play that does not fade as ``pi_a -> 0``, where the
 entropy's ``-pi_a (log pi_a + H)`` does; our logit-space reading of the mutation term of the
 selection-mutation dynamics (Hofbauer and Huttegger, Games 2015), under which signalling
