@@ -177,10 +177,12 @@ def load_policies(path: str | Path, device: str | None = None, *,
 
 
 def _config_file(path: str | Path) -> Path:
-    """The ``config.yaml`` of a run folder or of a checkpoint's run."""
+    """The ``config.yaml`` of a run folder or of a checkpoint's run; `FileNotFoundError`
+    naming the path, and the first few names its folder holds, when it does not exist."""
     p = Path(path)
     if not p.exists():
         there = sorted(x.name for x in p.parent.iterdir()) if p.parent.is_dir() else []
+        listed = ", ".join(there[:10]) + (f" and {len(there) - 10} more" if len(there) > 10 else "")
         raise FileNotFoundError(f"{p}: no such run folder or checkpoint"
-                                + (f"; {p.parent} holds {', '.join(there)}" if there else ""))
+                                + (f"; {p.parent} holds {listed}" if there else ""))
     return (p.parent.parent if (p / "state.json").exists() else p) / "config.yaml"
