@@ -389,6 +389,50 @@ def test_a_training_players_explored_moves_are_rows_as_its_samples_would_be(tiny
     assert int((batch.extras["explored"] == 1.0).sum()) == len(explored)
 
 
+def test_an_explored_free_text_move_draws_its_command_word_and_the_learner_weighs_it(tiny):
+    """The calculator (two calls) under constrained decoding, explore=1 for a training
+    player: where the env offers both command words, each turn's word is drawn uniformly
+    and the model writes the rest; the row allows both words at the drawn position (the
+    learner's log-prob there is ``z_w - logsumexp(z_calc, z_answer)`` of the first
+    tokens), has no sampler log-probs and is marked explored. Where only `answer:` is
+    offered (both calls spent) nothing is drawn: the turn is the sampler's own."""
+    model, tok = tiny
+    player = ModelPlayer(HFPolicy(model, tok, seed=3), name="learner", train=True, explore=1.0)
+    arena = Arena(SamplingParams(max_new_tokens=12), PromptConfig("state"),
+                  InvalidActionPolicy("constrained"))
+    eps = arena.run_episodes(lambda: make("calculator", max_calls=2), seeds=range(40),
+                             seat_players=player)
+    first = {w: tok.encode(w, add_special_tokens=False)[0] for w in ("calc:", "answer:")}
+    assert first["calc:"] != first["answer:"]
+    explored, spent = [], []
+    for ep in eps:
+        for k, t in enumerate(ep.turns):
+            if k == 2:  # both calls made: only `answer:`, sampled as usual
+                spent.append(t)
+                assert "explored" not in t.extras and t.logprobs is not None
+                assert t.allowed_ids[0] == [first["answer:"]]
+                continue
+            explored.append(t)
+            assert t.extras["explored"] == 1.0 and t.logprobs is None
+            assert sorted(t.allowed_ids[0]) == sorted(first.values())
+            assert t.action_text.startswith(("calc:", "answer:"))
+    words = [t.action_text.split(":")[0] for t in explored]
+    share = words.count("calc") / len(words)
+    assert abs(share - 0.5) < 4 * (0.25 / len(words)) ** 0.5
+    assert spent  # some episodes made both calls
+    batch = collate(eps)
+    lp, _ = token_logprobs(model, batch.input_ids, batch.attention_mask, allowed=batch.allowed)
+    with torch.no_grad():
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask.long()).logits
+    rows = [i for i in range(len(batch.input_ids)) if batch.extras["explored"][i] == 1.0]
+    assert len(rows) == len(explored)
+    for i in rows:
+        t = int(batch.action_mask[i].nonzero()[0])  # the drawn word's first token
+        z = logits[i, t - 1, list(first.values())].float()
+        want = logits[i, t - 1, batch.input_ids[i, t]].float() - torch.logsumexp(z, 0)
+        assert lp[i, t].item() == pytest.approx(want.item(), abs=1e-5)
+
+
 @pytest.mark.parametrize("stop", [("</a>",), ()])
 def test_an_explored_move_is_written_in_the_answer_format(stop):
     """Free decoding with answer_prefix "<a>", answer_format "<a>{}</a>" and strict_format:

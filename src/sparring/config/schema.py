@@ -142,7 +142,8 @@ class ExplorationSpec:
 
     rate: float = opt(
         0.0, "epsilon: at each of its turns the player plays a uniformly random legal move "
-        "with this probability", ge=0, le=1)
+        "with this probability (in a free-text env under constrained decoding: begins its "
+        "move with a uniformly random one of the env's action prefixes)", ge=0, le=1)
     schedule: Literal["constant", "cosine"] = opt(
         "constant", "rate over train.steps: constant, or a cosine from rate down to "
         "final_ratio * rate")

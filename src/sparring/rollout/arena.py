@@ -23,8 +23,12 @@ Each step, every unfinished episode's current seat is served: bots act at once, 
 does a model player with ``explore`` = epsilon when its turn's draw (seeded from the
 episode's sample seed, or its seed and group, and the turn index) falls under epsilon
 (with ``explore_turns`` = N, only among its first N turns): it plays a uniformly random
-legal action (the env must list them; a training player's is a row, written in the answer
-format, see `sparring.rollout.players`); other model seats are gathered, per (policy,
+legal action (a training player's is a row, written in the answer format, see
+`sparring.rollout.players`). An env without legal actions but with ``action_prefixes``
+under constrained decoding gets a uniformly random one of those (where it offers more
+than one), and the model writes the rest in the batched call below; the row records every
+prefix as allowed, so the learner weighs the drawn word against the others, and carries
+no sampler log-probs. Other model seats are gathered, per (policy,
 sampling) pair, into one ``generate`` call over all episodes. The action text is parsed
 by ``env.parse``; invalid actions follow the `InvalidActionPolicy`: ``forfeit`` (penalty,
 episode ends, ``info["forfeit"] = seat``),
@@ -169,12 +173,18 @@ class Arena:
                     self._apply(s, seat, player.fn(s.env, seat), None, None)
                     continue
                 user = s.feedback + s.env.observation(seat)
-                if player.explore and self._explore(s, seat, player, user):
-                    continue
+                legal = self._constraint(s.env, seat)
+                drawn = None  # an explored move's command word: the sampler writes the rest
+                rng = self._explores(s, seat, player) if player.explore else None
+                if rng is not None:
+                    if not isinstance(legal, ActionPrefixes):
+                        self._explore(s, seat, player, user, rng)
+                        continue
+                    drawn = ActionPrefixes([rng.choice(legal)]) if len(legal) > 1 else None
                 sp = player.sampling or self.sampling
                 rendered = self._builder(player).build(s.env.system_prompt(seat), s.hist[seat], user)
-                legal = self._constraint(s.env, seat)
-                s.req = dict(seat=seat, user=user, rendered=rendered, legal=legal)
+                s.req = dict(seat=seat, user=user, rendered=rendered, legal=drawn or legal,
+                             explored=legal if drawn else None)
                 calls.setdefault((id(player.policy), sp), []).append(s)
             for (_, sp), group in calls.items():
                 policy = group[0].players[group[0].req["seat"]].policy
@@ -187,24 +197,34 @@ class Arena:
                                        **kw)
                 answer = self._builder(group[0].players[group[0].req["seat"]]).cfg.answer
                 for s, gen in zip(group, gens):
-                    self._apply(s, s.req["seat"], answer(gen.text), gen, s.req["rendered"])
+                    seat, prefixes = s.req["seat"], s.req["explored"]
+                    if prefixes is not None:
+                        gen = _explored_generation(gen, prefixes, policy)
+                    self._apply(s, seat, answer(gen.text), gen, s.req["rendered"])
+                    if prefixes is not None and s.players[seat].train:
+                        s.ep.turns[s.last[seat]].extras["explored"] = 1.0
             active = [s for s in active if not s.done]
         return [s.ep for s in slots]
 
-    def _explore(self, s: _Slot, seat: int, player: ModelPlayer, user: str) -> bool:
-        """With probability ``player.explore``, play a uniformly random legal action for
-        ``seat`` (recorded in the seat's history as if sampled) and return True; never
-        after the player's first ``player.explore_turns`` turns of the episode (if > 0)."""
+    def _explores(self, s: _Slot, seat: int, player: ModelPlayer) -> random.Random | None:
+        """The turn's exploration draw: with probability ``player.explore`` (never after the
+        player's first ``player.explore_turns`` turns of the episode, if > 0) the random
+        stream the explored move is drawn from, else None."""
         own_turns = sum(t.agent == seat for t in s.ep.turns)
         if player.explore_turns and own_turns >= player.explore_turns:
-            return False
+            return None
         rng = random.Random(stable_seed(s.explore_seed, len(s.ep.turns)))
-        if rng.random() >= player.explore:
-            return False
+        return rng if rng.random() < player.explore else None
+
+    def _explore(self, s: _Slot, seat: int, player: ModelPlayer, user: str,
+                 rng: random.Random) -> None:
+        """Play a uniformly random legal action drawn from ``rng`` for ``seat`` (recorded in
+        the seat's history as if sampled)."""
         legal = s.env.legal_actions(seat)
         if not legal:
             raise ValueError(f"player {player.name!r} explores (explore={player.explore}), but "
-                             f"{s.env.name!r} lists no legal actions to draw from")
+                             f"{s.env.name!r} lists no legal actions to draw from (nor, under "
+                             "constrained decoding, action prefixes)")
         moves = tactical_actions(s.env, seat, legal) if player.explore_tactical else legal
         move = rng.choice(moves)
         builder = self._builder(player)
@@ -233,7 +253,6 @@ class Arena:
                          allowed_ids=allowed_ids)
         self._apply(s, seat, builder.cfg.answer(written), gen, rendered)
         s.ep.turns[s.last[seat]].extras["explored"] = 1.0
-        return True
 
     def _constraint(self, env: Env, seat: int) -> list[str] | ActionPrefixes | None:
         """What the sampler restricts ``seat``'s move to under constrained decoding: the
@@ -345,6 +364,18 @@ class Arena:
         s.ep.info["env_returns"] = [float(x) for x in s.env.returns()]
         if hasattr(s.env, "start_record"):  # a training start (RandomOpening): replayable
             s.ep.info["start"] = s.env.start_record()
+
+
+def _explored_generation(gen: Generation, prefixes: ActionPrefixes, policy: Any) -> Generation:
+    """A generation sampled with its command word drawn at random from ``prefixes``, as a
+    row for the learner: the allowed ids those of all the prefixes (where the word was
+    drawn, the learner weighs the choice among them), and no sampler log-probs (the
+    learner's own; `sparring.rollout.players`)."""
+    encode = policy.tokenizer.encode
+    trie = TokenTrie([list(encode(p, add_special_tokens=False)) for p in prefixes],
+                     open_ended=True)
+    return Generation(token_ids=gen.token_ids, logprobs=None, text=gen.text,
+                      finish_reason="explore", allowed_ids=trie.allowed_along(gen.token_ids))
 
 
 def _takes_seeds(policy: Any) -> bool:

@@ -8,7 +8,9 @@ or a bot.
   only, so `collate` makes no row for it. ``sampling``/``prompt``: per-player overrides
   of the arena's defaults. ``explore`` = epsilon: at each of its turns the player plays a
   uniformly random legal action with probability epsilon instead of its policy's (an
-  epsilon-greedy player, seeded per turn by the arena); ``explore_turns`` = N > 0 limits
+  epsilon-greedy player, seeded per turn by the arena; in a free-text env under
+  constrained decoding, a uniformly random one of the env's action prefixes, the model
+  writing the rest); ``explore_turns`` = N > 0 limits
   that to its first N turns of an episode; ``explore_tactical``: the random action is
   drawn among the moves a two-ply lookahead keeps (`sparring.envs.lookahead.
   tactical_actions`: a win if there is one, else no move that lets the next mover win at
