@@ -370,12 +370,11 @@ def _explored_generation(gen: Generation, prefixes: ActionPrefixes, policy: Any)
     """A generation sampled with its command word drawn at random from ``prefixes``, as a
     row for the learner: the allowed ids those of all the prefixes (where the word was
     drawn, the learner weighs the choice among them), and no sampler log-probs (the
-    learner's own; `sparring.rollout.players`)."""
-    encode = policy.tokenizer.encode
-    trie = TokenTrie([list(encode(p, add_special_tokens=False)) for p in prefixes],
-                     open_ended=True)
+    learner's own; `sparring.rollout.players`). The prefixes' trie is the one the sampler
+    restricts to (the policy's cached ``encode_actions``)."""
+    allowed = policy.encode_actions(prefixes).allowed_along(gen.token_ids)
     return Generation(token_ids=gen.token_ids, logprobs=None, text=gen.text,
-                      finish_reason="explore", allowed_ids=trie.allowed_along(gen.token_ids))
+                      finish_reason="explore", allowed_ids=allowed)
 
 
 def _takes_seeds(policy: Any) -> bool:
