@@ -2,6 +2,7 @@
 
     PYTHONPATH=src python bench/profile_step.py                      # configs/default.yaml, 8 steps
     PYTHONPATH=src python bench/profile_step.py leduc_selfplay --steps 4 --top 20
+    PYTHONPATH=src python bench/profile_step.py default --sort tottime   # time in each function alone
     PYTHONPATH=src python bench/profile_step.py default rollout.episodes_per_step=128
 
 Runs the recipe for a few steps (no evaluation, no checkpoints) in a temporary folder and
@@ -30,6 +31,8 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*", help="config overrides, key=value")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--top", type=int, default=30, help="rows of the profile to print")
+    ap.add_argument("--sort", default="cumulative", choices=["cumulative", "tottime"],
+                    help="order of the rows: time in and under a function, or in it alone")
     args = ap.parse_intermixed_args()
     cfg = load_config(find_recipe(args.recipe), [
         *args.overrides, f"train.steps={args.steps}", "eval.at_start=false", "eval.every=0",
@@ -46,7 +49,7 @@ def main() -> None:
     n = len(rows)
     print(f"{args.recipe}, {n} steps: rollout {sum(r['time/rollout'] for r in rows) / n:.3f} "
           f"s a step, update {sum(r['time/update'] for r in rows) / n:.3f} s a step")
-    pstats.Stats(profile).sort_stats("cumulative").print_stats(args.top)
+    pstats.Stats(profile).sort_stats(args.sort).print_stats(args.top)
 
 
 if __name__ == "__main__":

@@ -312,6 +312,27 @@ def test_canonical_views_by_hand_and_through_bots():
         CanonicalViews(make("kuhn_poker"))
 
 
+def test_canonical_views_share_a_memo_per_option_set_and_empty_it_when_full():
+    """Games made with the same options share the memo of views, games written otherwise
+    do not; a memo at its size is emptied and the views stay those computed afresh (the
+    smallest of the 8 texts)."""
+    import random
+
+    a, b = (make("tictactoe", compact=True, canonical=True) for _ in range(2))
+    other = make("tictactoe", numbered=True, canonical=True)
+    assert a.memo is b.memo and a.memo is not other.memo
+    env = CanonicalViews(make("tictactoe", compact=True), memo={})
+    env.MEMO_SIZE = 3
+    rng = random.Random(0)
+    for _ in range(5):
+        env.reset(0)
+        while env.current_seat() is not None:
+            seat = env.current_seat()
+            texts = [env.env.observation(seat, view=v) for v in range(8)]
+            assert env.observation(seat) == min(texts) and len(env.memo) <= 3
+            env.step(rng.choice(env.legal_actions(seat)))
+
+
 def make_c4_after(columns: list[str]) -> str:
     game = make("connect_four")
     for c in columns:

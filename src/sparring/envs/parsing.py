@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 
 from sparring.envs.base import ParseResult
@@ -33,6 +34,18 @@ def answer_span(text: str) -> str | None:
     return found[-1].strip() if found else None
 
 
+@functools.lru_cache(maxsize=256)
+def _mentions(vocab: tuple[str, ...]) -> tuple[re.Pattern[str], dict[str, str]]:
+    """One pattern that finds, at every position of a lower-cased text, the longest action
+    of ``vocab`` there as a whole word (a zero-width match, so mentions that overlap are all
+    found), and each lower-cased action's first spelling in ``vocab``."""
+    names: dict[str, str] = {}
+    for a in vocab:
+        names.setdefault(a.lower(), a)
+    alternatives = "|".join(re.escape(a) for a in sorted(names, key=len, reverse=True))
+    return re.compile(rf"(?=(?<![\w])({alternatives})(?![\w]))"), names
+
+
 def parse_choice(text: object, legal: list[str], all_actions: list[str] | None = None) -> ParseResult:
     """Classify ``text`` against ``legal`` actions (case-insensitive, whole words).
 
@@ -44,14 +57,12 @@ def parse_choice(text: object, legal: list[str], all_actions: list[str] | None =
     hay = (span if span is not None else t).strip()
     if not hay:
         return ParseResult("unparsable", error="empty answer")
-    vocab = list(dict.fromkeys((all_actions or []) + legal))
-    best: tuple[int, str] | None = None
-    low = hay.lower()
-    for a in vocab:
-        pat = r"(?<![\w])" + re.escape(a.lower()) + r"(?![\w])"
-        for m in re.finditer(pat, low):
-            if best is None or m.start() > best[0] or (m.start() == best[0] and len(a) > len(best[1])):
-                best = (m.start(), a)
+    vocab = tuple(dict.fromkeys((all_actions or []) + legal))
+    best: tuple[int, str] | None = None  # the last mention: its start and action
+    if vocab:
+        pattern, names = _mentions(vocab)
+        for m in pattern.finditer(hay.lower()):
+            best = (m.start(), names[m.group(1)])
     if best is None:
         return ParseResult("unparsable", error=f"no move found; legal moves: {', '.join(legal)}")
     if best[1] in legal:

@@ -453,20 +453,31 @@ class CanonicalViews(_Viewed):
     part of the game's observation: evaluation and bots play the same wrapped game (it is
     the game option ``canonical``). Rewards, values and ``state_key()`` are the inner
     game's. Needs what `_Viewed` needs.
+
+    ``memo``: ``{(state_key, seat): view}``, to share between the wrappers of games whose
+    observations are written alike (a game's factory keeps one per option set): a view
+    costs one observation per symmetry, and a rollout's episodes meet the same positions
+    again and again. It is emptied when it reaches `MEMO_SIZE` entries.
     """
 
-    # the last (state_key, seat) asked and its view: observation, legal_actions and step
-    # each ask for the view of one position, and it takes one observation per symmetry
-    _last: tuple[tuple[str, int] | None, int] = (None, 0)
+    MEMO_SIZE = 1 << 16
+
+    def __init__(self, env: Env, memo: dict[tuple[str, int], int] | None = None):
+        super().__init__(env)
+        self.memo = {} if memo is None else memo
 
     def view(self, seat: int) -> int:
         """``seat``'s canonical view of the current position (the position read from
         ``state_key()``, which the Env contract makes fix the observations)."""
         key = (self.env.state_key(), seat)
-        if self._last[0] != key:
+        view = self.memo.get(key)
+        if view is None:
             texts = [self.env.observation(seat, view=v) for v in range(self.env.symmetries())]
-            self._last = (key, min(range(len(texts)), key=lambda v: (texts[v], v)))
-        return self._last[1]
+            view = min(range(len(texts)), key=lambda v: (texts[v], v))
+            if len(self.memo) >= self.MEMO_SIZE:
+                self.memo.clear()
+            self.memo[key] = view
+        return view
 
     def reset(self, seed: int) -> None:
         self.env.reset(seed)

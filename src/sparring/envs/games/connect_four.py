@@ -112,10 +112,14 @@ class ConnectFour(TwoPlayerBoardGame):
         return "".join(self.grid)
 
 
+# the canonical views met so far (`CanonicalViews`), shared by every env made here
+_VIEW_MEMO: dict[tuple[str, int], int] = {}
+
+
 @register_env("connect_four", family="game", source="classic; rules as OpenSpiel connect_four")
 def make_connect_four(canonical: bool = False) -> Env:
     """Connect Four 7x6; ``canonical``: every seat sees the board as it is or mirrored,
     whichever text sorts first, and names its columns in it
     (`sparring.envs.wrappers.CanonicalViews`)."""
     game = ConnectFour()
-    return CanonicalViews(game) if canonical else game
+    return CanonicalViews(game, _VIEW_MEMO) if canonical else game

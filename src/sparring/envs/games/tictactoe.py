@@ -154,6 +154,11 @@ def _lines_text(shown: str) -> str:
     return " ".join(f"{name}: {', '.join(line(c) for c in group)}." for name, group in groups) + "\n"
 
 
+# the canonical views met so far, one memo per option set (compact, numbered, lines)
+# (`CanonicalViews`: every env made with those options shares it)
+_VIEW_MEMOS: dict[tuple[bool, ...], dict[tuple[str, int], int]] = {}
+
+
 @register_env("tictactoe", family="game", source="classic; rules as OpenSpiel tic_tac_toe",
               aliases=("tic_tac_toe",))
 def make_tictactoe(compact: bool = False, canonical: bool = False,
@@ -169,4 +174,6 @@ def make_tictactoe(compact: bool = False, canonical: bool = False,
     orientation of the square whose text sorts first, and names its cells in it
     (`sparring.envs.wrappers.CanonicalViews`: the four corner openings read as one)."""
     game = TicTacToe(compact=compact, numbered=numbered, lines=lines)
-    return CanonicalViews(game) if canonical else game
+    if not canonical:
+        return game
+    return CanonicalViews(game, _VIEW_MEMOS.setdefault((compact, numbered, lines), {}))
