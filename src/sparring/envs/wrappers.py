@@ -11,7 +11,6 @@ Learners that bootstrap values must not treat a truncated end as terminal.
 
 from __future__ import annotations
 
-import copy
 import random
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -406,8 +405,8 @@ class _Viewed:
         return self.env.returns()
 
     def clone(self) -> _Viewed:
-        twin = copy.copy(self)
-        twin.env = self.env.clone()
+        twin = object.__new__(type(self))  # what copy.copy makes, without its lookups
+        twin.__dict__ = {**self.__dict__, "env": self.env.clone()}
         return twin
 
 

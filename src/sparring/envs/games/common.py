@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-import copy
-
 from sparring.envs.base import ParseResult, StepResult
 from sparring.envs.parsing import parse_choice
+
+
+def _copied(value):
+    """A list copied, and one level of lists nested in it; anything else as it is."""
+    if not isinstance(value, list):
+        return value
+    return [list(x) if isinstance(x, list) else x for x in value]
 
 
 class ChoiceGame:
@@ -32,10 +37,8 @@ class ChoiceGame:
 
     def clone(self):
         """An independent copy of the current state (lists are copied, not shared)."""
-        new = copy.copy(self)
-        for k, v in self.__dict__.items():
-            if isinstance(v, list):  # one level of nested lists is copied too
-                setattr(new, k, [list(x) if isinstance(x, list) else x for x in v])
+        new = object.__new__(type(self))  # what copy.copy makes, without its protocol lookups
+        new.__dict__ = {k: _copied(v) for k, v in self.__dict__.items()}
         return new
 
     def _check_seat(self, seat: int) -> None:
