@@ -11,6 +11,7 @@ from sparring.envs.wrappers import (
     TurnBudget,
     check_openings,
 )
+from sparring.memo import BoundedMemo
 
 GYM_4X4 = ["SFFF", "FHFH", "FFFH", "HFFG"]
 
@@ -321,8 +322,7 @@ def test_canonical_views_share_a_memo_per_option_set_and_empty_it_when_full():
     a, b = (make("tictactoe", compact=True, canonical=True) for _ in range(2))
     other = make("tictactoe", numbered=True, canonical=True)
     assert a.memo is b.memo and a.memo is not other.memo
-    env = CanonicalViews(make("tictactoe", compact=True), memo={})
-    env.MEMO_SIZE = 3
+    env = CanonicalViews(make("tictactoe", compact=True), memo=BoundedMemo(3))
     rng = random.Random(0)
     for _ in range(5):
         env.reset(0)

@@ -17,6 +17,7 @@ from typing import Any
 
 from sparring.envs.base import Env, ParseResult, StepResult, action_prefixes
 from sparring.envs.parsing import parse_choice
+from sparring.memo import BoundedMemo
 
 
 class TryAgain:
@@ -456,27 +457,21 @@ class CanonicalViews(_Viewed):
     ``memo``: ``{(state_key, seat): view}``, to share between the wrappers of games whose
     observations are written alike (a game's factory keeps one per option set): a view
     costs one observation per symmetry, and a rollout's episodes meet the same positions
-    again and again. It is emptied when it reaches `MEMO_SIZE` entries.
+    again and again.
     """
 
-    MEMO_SIZE = 1 << 16
-
-    def __init__(self, env: Env, memo: dict[tuple[str, int], int] | None = None):
+    def __init__(self, env: Env, memo: BoundedMemo | None = None):
         super().__init__(env)
-        self.memo = {} if memo is None else memo
+        self.memo = BoundedMemo(1 << 16) if memo is None else memo
 
     def view(self, seat: int) -> int:
         """``seat``'s canonical view of the current position (the position read from
         ``state_key()``, which the Env contract makes fix the observations)."""
-        key = (self.env.state_key(), seat)
-        view = self.memo.get(key)
-        if view is None:
-            texts = [self.env.observation(seat, view=v) for v in range(self.env.symmetries())]
-            view = min(range(len(texts)), key=lambda v: (texts[v], v))
-            if len(self.memo) >= self.MEMO_SIZE:
-                self.memo.clear()
-            self.memo[key] = view
-        return view
+        return self.memo.get_or((self.env.state_key(), seat), lambda: self._smallest(seat))
+
+    def _smallest(self, seat: int) -> int:
+        texts = [self.env.observation(seat, view=v) for v in range(self.env.symmetries())]
+        return min(range(len(texts)), key=lambda v: (texts[v], v))
 
     def reset(self, seed: int) -> None:
         self.env.reset(seed)

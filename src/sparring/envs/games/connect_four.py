@@ -14,6 +14,7 @@ from sparring.envs import register_env
 from sparring.envs.base import Env, StepResult
 from sparring.envs.games.common import TwoPlayerBoardGame
 from sparring.envs.wrappers import CanonicalViews
+from sparring.memo import BoundedMemo
 
 COLS, ROWS = 7, 6
 MARKS = ("X", "O")
@@ -113,7 +114,7 @@ class ConnectFour(TwoPlayerBoardGame):
 
 
 # the canonical views met so far (`CanonicalViews`), shared by every env made here
-_VIEW_MEMO: dict[tuple[str, int], int] = {}
+_VIEW_MEMO = BoundedMemo(1 << 16)
 
 
 @register_env("connect_four", family="game", source="classic; rules as OpenSpiel connect_four")
