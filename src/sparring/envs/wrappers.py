@@ -444,6 +444,19 @@ class SymmetricViews(_Viewed):
         return twin
 
 
+VIEW_MEMO_SIZE = 1 << 16  # positions a memo of canonical views holds before it empties
+_VIEW_MEMOS: dict[tuple[Any, ...], BoundedMemo] = {}
+
+
+def shared_view_memo(key: tuple[Any, ...]) -> BoundedMemo:
+    """The memo of canonical views shared by every `CanonicalViews` made with ``key`` (a
+    game's name and the options that change how its observations are written)."""
+    memo = _VIEW_MEMOS.get(key)
+    if memo is None:
+        memo = _VIEW_MEMOS[key] = BoundedMemo(VIEW_MEMO_SIZE)
+    return memo
+
+
 class CanonicalViews(_Viewed):
     """Every seat sees the board in its canonical orientation: of the game's symmetries, the
     view whose observation text sorts first (the lowest view index on ties), recomputed at
@@ -455,14 +468,14 @@ class CanonicalViews(_Viewed):
     game's. Needs what `_Viewed` needs.
 
     ``memo``: ``{(state_key, seat): view}``, to share between the wrappers of games whose
-    observations are written alike (a game's factory keeps one per option set): a view
-    costs one observation per symmetry, and a rollout's episodes meet the same positions
-    again and again.
+    observations are written alike (a game's factory passes `shared_view_memo` of its
+    option set): a view costs one observation per symmetry, and a rollout's episodes meet
+    the same positions again and again.
     """
 
     def __init__(self, env: Env, memo: BoundedMemo | None = None):
         super().__init__(env)
-        self.memo = BoundedMemo(1 << 16) if memo is None else memo
+        self.memo = BoundedMemo(VIEW_MEMO_SIZE) if memo is None else memo
 
     def view(self, seat: int) -> int:
         """``seat``'s canonical view of the current position (the position read from
@@ -481,4 +494,4 @@ class CanonicalViews(_Viewed):
 
 
 __all__ = ["CanonicalViews", "RandomOpening", "SymmetricViews", "TryAgain", "TurnBudget",
-           "check_openings", "play_opening"]
+           "check_openings", "play_opening", "shared_view_memo"]

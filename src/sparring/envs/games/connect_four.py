@@ -13,8 +13,7 @@ from __future__ import annotations
 from sparring.envs import register_env
 from sparring.envs.base import Env, StepResult
 from sparring.envs.games.common import TwoPlayerBoardGame
-from sparring.envs.wrappers import CanonicalViews
-from sparring.memo import BoundedMemo
+from sparring.envs.wrappers import CanonicalViews, shared_view_memo
 
 COLS, ROWS = 7, 6
 MARKS = ("X", "O")
@@ -113,14 +112,10 @@ class ConnectFour(TwoPlayerBoardGame):
         return "".join(self.grid)
 
 
-# the canonical views met so far (`CanonicalViews`), shared by every env made here
-_VIEW_MEMO = BoundedMemo(1 << 16)
-
-
 @register_env("connect_four", family="game", source="classic; rules as OpenSpiel connect_four")
 def make_connect_four(canonical: bool = False) -> Env:
     """Connect Four 7x6; ``canonical``: every seat sees the board as it is or mirrored,
     whichever text sorts first, and names its columns in it
     (`sparring.envs.wrappers.CanonicalViews`)."""
     game = ConnectFour()
-    return CanonicalViews(game, _VIEW_MEMO) if canonical else game
+    return CanonicalViews(game, shared_view_memo(("connect_four",))) if canonical else game

@@ -15,8 +15,7 @@ from collections.abc import Sequence
 from sparring.envs import register_env
 from sparring.envs.base import Env, StepResult
 from sparring.envs.games.common import TwoPlayerBoardGame
-from sparring.envs.wrappers import CanonicalViews
-from sparring.memo import BoundedMemo
+from sparring.envs.wrappers import CanonicalViews, shared_view_memo
 
 LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
 _LINES_THROUGH = tuple(tuple(ln for ln in LINES if c in ln) for c in range(9))
@@ -155,11 +154,6 @@ def _lines_text(shown: str) -> str:
     return " ".join(f"{name}: {', '.join(line(c) for c in group)}." for name, group in groups) + "\n"
 
 
-# the canonical views met so far, one memo per option set (compact, numbered, lines)
-# (`CanonicalViews`: every env made with those options shares it)
-_VIEW_MEMOS: dict[tuple[bool, ...], BoundedMemo] = {}
-
-
 @register_env("tictactoe", family="game", source="classic; rules as OpenSpiel tic_tac_toe",
               aliases=("tic_tac_toe",))
 def make_tictactoe(compact: bool = False, canonical: bool = False,
@@ -177,4 +171,4 @@ def make_tictactoe(compact: bool = False, canonical: bool = False,
     game = TicTacToe(compact=compact, numbered=numbered, lines=lines)
     if not canonical:
         return game
-    return CanonicalViews(game, _VIEW_MEMOS.setdefault((compact, numbered, lines), BoundedMemo(1 << 16)))
+    return CanonicalViews(game, shared_view_memo(("tictactoe", compact, numbered, lines)))
