@@ -115,10 +115,11 @@ def build_parts(cfg: Config, run_dir: str | Path | None = None) -> RunParts:
     several, shared = bool(cfg.policies), bool(cfg.policies) and cfg.lora.shared_base
     names = list(cfg.policies) or [""]
     models, toks = _policy_models(cfg, names)
-    policies = {n: HFPolicy(models[n], toks[n], seed=cfg.train.seed, name=n or "learner",
-                            device=(policy_config(cfg, n) if n else cfg).model.device,
-                            adapter=n if shared else None)
-                for n in names}
+    policies = {}
+    for n in names:
+        m = (policy_config(cfg, n) if n else cfg).model
+        policies[n] = HFPolicy(models[n], toks[n], seed=cfg.train.seed, name=n or "learner",
+                               device=m.device, adapter=n if shared else None, decode=m.decode)
     rollouts = Rollouts(cfg, policies, Path(run_dir or "runs/unnamed"))
     rollout_fn: Any = rollouts
     if cfg.model.backend == "vllm":

@@ -103,7 +103,7 @@ def load_policy(path: str | Path, device: str | None = None, *, trust_remote_cod
     head = build_head(pcfg.model.head)
     if isinstance(head, FrozenFeatures) and head.transforms:
         load_feature_center(model, ckpt, head.cache, policy)
-    loaded = HFPolicy(model, tok, device=device, seed=cfg.train.seed,
+    loaded = HFPolicy(model, tok, device=device, seed=cfg.train.seed, decode=pcfg.model.decode,
                       name=f"{run.name}{'/' + policy if policy else ''}@{ckpt.name}"
                       f"{'/average' if average else ''}")
     return loaded, cfg, ckpt

@@ -202,6 +202,10 @@ def _head_check(cfg: Config, key: str) -> None:
         head = build_head(cfg.model.head)
     except (KeyError, ValueError) as e:
         raise component_error(key, e) from None
+    if cfg.model.decode == "compiled" and getattr(head, "cache", 0):
+        raise ConfigError(f"{key}: {head.name} with a cache decodes through its cached "
+                          "features, which model.decode='compiled' cannot; set "
+                          "model.decode=dynamic or the head's cache to 0")
     if head.body_lr_scale != 1 and cfg.lora.enabled:
         raise ConfigError(f"{key}: {head.name} (body_lr_scale {head.body_lr_scale}) trains "
                           "the output layer apart from the body, and with lora.enabled only "

@@ -59,6 +59,12 @@ class ModelConfig:
         "hf", "what samples the learner's rollouts: 'hf' (transformers, the learner's own model) "
         "or 'vllm' (a vLLM engine in this process, given the learner's weights before each "
         "rollout; install with SPARRING_EXTRAS=...,vllm). Evaluation and opponents stay on hf")
+    decode: Literal["dynamic", "compiled"] = opt(
+        "dynamic", "how the hf backend decodes: 'dynamic', over a KV cache that grows a "
+        "column a token and drops finished rows; 'compiled', over a preallocated (static) KV "
+        "cache with a decode step compiled by torch.compile (a CUDA graph on a GPU): the "
+        "same tokens with fewer kernel launches, after a compilation of tens of seconds per "
+        "new batch shape (sparring.policy.decode_cache; bench/decode.py)")
     vllm_options: dict[str, Any] = opt(
         {}, "more vllm.LLM arguments with backend=vllm, e.g. {enforce_eager: true} (skips the "
         "compile warm-up), kv_cache_memory_bytes (CPU, default 1 GiB), gpu_memory_utilization "

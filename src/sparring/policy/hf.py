@@ -13,6 +13,10 @@ the sampler then only follows token paths of a trie over ``encode(action) + [EOS
 (each action's canonical tokenization) and records, per token, the allowed ids, which
 ``Turn.allowed_ids`` carries to the learner (`sparring.policy.forward` re-applies them).
 
+Decoding: ``decode`` picks the KV cache the loop steps through
+(`sparring.policy.decode_cache`): ``"dynamic"`` grows the model's cache and drops finished
+rows; ``"compiled"`` preallocates it and replays a compiled decode step of fixed shapes.
+
 Precision: every forward runs under the model's `precision.autocast_for` context (bf16
 autocast for a ``bf16-mixed`` model, see `sparring.policy.precision`).
 
@@ -32,10 +36,11 @@ import torch
 from torch import Tensor
 
 from sparring.memo import BoundedMemo
+from sparring.policy.decode_cache import DECODE_KINDS, GrowingCache, StaticCache
 from sparring.policy.feature_cache import feature_cache_of
 from sparring.policy.hidden import capture_hidden, output_embedding
 from sparring.policy.precision import autocast_for
-from sparring.policy.prefix import cache_of, distinct, run_prompts, select_rows, with_cache
+from sparring.policy.prefix import distinct, run_prompts, select_rows
 from sparring.policy.sampling import (
     ActionPrefixes,
     Generation,
@@ -94,7 +99,9 @@ class HFPolicy:
 
     def __init__(self, model: Any, tokenizer: Any, *, device: str | torch.device = "cpu",
                  dtype: torch.dtype | str | None = None, seed: int = 0, name: str = "policy",
-                 adapter: str | None = None):
+                 adapter: str | None = None, decode: str = "dynamic"):
+        if decode not in DECODE_KINDS:
+            raise ValueError(f"unknown decode {decode!r}; known: {', '.join(DECODE_KINDS)}")
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
         device = resolve_device(device)
@@ -104,6 +111,7 @@ class HFPolicy:
         self.device = torch.device(device)
         self.name = name
         self.adapter = adapter
+        self.decode = decode
         self.eos_ids = eos_ids(tokenizer, getattr(model, "generation_config", None))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
@@ -179,6 +187,11 @@ class HFPolicy:
         cache, z_next, mask, next_pos = self._first_logits(prompts, tries)
         features = feature_cache_of(self.model)  # a transformed head: decode through it too
         transformed = features is not None and features.mean is not None
+        if features is not None and self.decode != "dynamic":
+            raise ValueError("model.decode='compiled' cannot decode through a head that reads "
+                             "cached features (frozen_features with a cache): use "
+                             "model.decode='dynamic'")
+        kv = None if cache is None else self._decode_cache(cache, mask, next_pos, sp)
 
         rows = list(range(B))  # original index of each live batch row
         toks: list[list[int]] = [[] for _ in range(B)]
@@ -237,29 +250,31 @@ class HFPolicy:
             if not live or step + 1 >= sp.max_new_tokens:
                 break
             if len(live) < len(rows):
-                sel = torch.as_tensor(live, device=self.device)
-                if cache is not None:
-                    cache = select_rows(cache, sel)
-                    mask, next_pos = mask[sel], next_pos[sel]
-                tok = tok[sel]
+                if kv is not None:
+                    kv.keep(live)
+                tok = tok[torch.as_tensor(live, device=self.device)]
                 rows = [rows[k] for k in live]
-            if cache is None:  # the first token came from cached features: run the prompts
+            if kv is None:  # the first token came from cached features: run the prompts
                 cache, _, mask, next_pos = self._prefill([prompts[r] for r in rows])
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+                kv = self._decode_cache(cache, mask, next_pos, sp)
             with capture_hidden(self.model) if transformed else nullcontext() as hs:
-                out = self.model(input_ids=tok[:, None], attention_mask=mask,
-                                 position_ids=next_pos[:, None], **with_cache(cache))
-            cache, z_next = cache_of(out), out.logits[:, -1]
+                z_next = kv.step(tok)
             if transformed:  # the head reads transformed features (feature_cache.head_logits)
                 z_next = features.head_logits(output_embedding(self.model),
                                               hs[-1][:, -1].float())
-            next_pos = next_pos + 1
 
         return [Generation(
             token_ids=toks[i], logprobs=lps[i],
             text=self.tokenizer.decode(toks[i], skip_special_tokens=True),
             finish_reason=finish[i], entropies=ents[i] if sp.with_entropy else None,
             allowed_ids=alw[i] if tries[i] is not None else None) for i in range(B)]
+
+    def _decode_cache(self, cache: Any, mask: Tensor, next_pos: Tensor,
+                      sp: SamplingParams) -> GrowingCache | StaticCache:
+        """The prompts' cache as `decode` steps through it (room for every new token)."""
+        if self.decode == "compiled":
+            return StaticCache(self.model, cache, mask, next_pos, sp.max_new_tokens)
+        return GrowingCache(self.model, cache, mask, next_pos)
 
     def _first_logits(self, prompts: Sequence[Sequence[int]],
                       tries: Sequence[TokenTrie | None]

@@ -125,7 +125,7 @@ class SnapshotStore:
         model = copy.deepcopy(policy.model)
         load_parameters(model, read_tensors(self.run_dir / path / TRAINED_FILE))
         p = HFPolicy(model, policy.tokenizer, device=policy.device, seed=self.seed(path),
-                     name=Path(path).name)
+                     name=Path(path).name, decode=policy.decode)
         attach_feature_cache(p.model, feature_cache_of(policy.model))
         return p
 
@@ -136,7 +136,7 @@ class SnapshotStore:
         training = model.training
         load_frozen_adapter(model, self.run_dir / path, name, policy.device)
         p = HFPolicy(model, policy.tokenizer, device=policy.device, seed=self.seed(path),
-                     name=Path(path).name, adapter=name)
+                     name=Path(path).name, adapter=name, decode=policy.decode)
         model.train(training)
         return p
 
