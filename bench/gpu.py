@@ -21,7 +21,11 @@ and no SmolLM2 file; throughput does not depend on the weights):
    ``2 N tokens/s`` (sampling) over the card's dense bf16 peak (`PEAK_BF16`; "-" where the
    device is not in the table). ``N`` counts every parameter but the embedding table (the
    tied head's product is counted).
-2. **Recipes**: the default recipe and ``kuhn_selfplay`` for ``--steps`` steps on the
+2. **Decoding** (`bench/decode.py`): the HF sampler's tokens a second with
+   ``model.decode: dynamic`` and ``compiled`` (a static KV cache and a compiled decode
+   step, a CUDA graph on a GPU) on the SmolLM2 shape, 64 prompts of 256 tokens and 128 new
+   tokens each, and the share of rows whose tokens agree.
+3. **Recipes**: the default recipe and ``kuhn_selfplay`` for ``--steps`` steps on the
    device (no evaluation, no checkpoints), steps/s; with ``--cpu-steps-per-s`` (measured on
    the CPU machine with ``--device cpu``) the device's speed-up over it.
 
@@ -29,7 +33,8 @@ Real-model training steps on the device are `bench/real_model.py --device cuda
 --random-weights DIR` (SmolLM2's config and tokenizer only); docs/benchmarks.md "GPU
 figures" has both scripts' tables from one H100.
 
-``--quick`` shrinks everything (a tiny model shape, 3 recipe steps, no device tests) so
+``--quick`` shrinks everything (a tiny model shape, 3 recipe steps, no device tests and no
+decoding part, which compiles) so
 the suite can run the whole script on a CPU in seconds (tests/test_bench_gpu.py);
 ``--parts`` picks the parts to run. A part that raises is recorded with its error and the
 others still run, so one broken path on the GPU costs no other figure.
@@ -67,7 +72,7 @@ QUICK_SHAPE = dict(kind="llama", vocab_size=512, hidden_size=64, num_hidden_laye
                    num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
                    tie_word_embeddings=True)
 RECIPES = ("default", "kuhn_selfplay")
-PARTS = ("tests", "throughput", "recipes")
+PARTS = ("tests", "throughput", "decode", "recipes")
 ROOT = Path(__file__).resolve().parents[1]
 DEVICE_TESTS = ("tests/test_on_device.py", "tests/test_train_learner.py",
                 "tests/test_policy_hf.py", "tests/test_precision.py", "tests/test_recipes.py")
@@ -206,6 +211,16 @@ def throughput_row(name: str, shape: dict[str, Any], device: str, quick: bool) -
             "sampling_batch": [sb, sp, sn], "learner_batch": [lb, ll]}
 
 
+def decode_row(shape: str, device: str, quick: bool) -> dict[str, Any]:
+    """`bench/decode.py` on ``shape``: 64 prompts of 256 tokens, 128 new (quick: 4 x 16, 8)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import decode
+
+    batch, prompt, new, repeats = (4, 16, 8, 1) if quick else (64, 256, 128, 3)
+    return decode.main(["--shape", shape, "--device", device, "--batch", str(batch),
+                        "--prompt", str(prompt), "--new", str(new), "--repeats", str(repeats)])
+
+
 def recipe_row(recipe: str, device: str, steps: int) -> dict[str, Any]:
     """``recipe`` for ``steps`` steps on ``device``: steps a second over the training loop
     (its first step included, the model's setup not), and the mean step's split after the
@@ -236,7 +251,8 @@ def _fmt(x: Any, spec: str) -> str:
 
 
 def markdown(device_name: str, rows: list[dict], recipes: list[dict],
-             tests: dict | None = None, errors: dict | None = None) -> str:
+             tests: dict | None = None, errors: dict | None = None,
+             decode: dict | None = None) -> str:
     out = [f"Device: {device_name}\n"]
     if tests is not None:
         out += [f"Device tests ({', '.join(DEVICE_TESTS)}): {tests['passed']} passed, "
@@ -250,6 +266,16 @@ def markdown(device_name: str, rows: list[dict], recipes: list[dict],
                    f"{r['sampling_tokens_per_s']:.0f} | {_fmt(r['sampling_mfu'], '.1%')} | "
                    f"{r['learner_tokens_per_s']:.0f} | {_fmt(r['learner_mfu'], '.1%')} | "
                    f"{r['peak_mib']:.0f} |")
+    if decode is not None:
+        rate = decode["tokens_per_s"]
+        out += ["", "| decoding (model.decode) | shape | batch | dynamic tok/s | compiled tok/s "
+                "| compiled / dynamic | compile s | rows with equal tokens |",
+                "|---|---|---|---|---|---|---|---|",
+                f"| {decode['precision']} | {decode['shape']} | {decode['batch']} x "
+                f"{decode['prompt']} + {decode['new']} | {rate['dynamic']:.0f} | "
+                f"{rate['compiled']:.0f} | {decode['compiled_over_dynamic']:.2f} | "
+                f"{decode['first_call_s']['compiled']:.0f} | "
+                f"{decode['rows_with_equal_tokens']:.2f} |"]
     out += ["", "| recipe | steps | steps/s | rollout s | update s | vs CPU |",
             "|---|---|---|---|---|---|"]
     for r in recipes:
@@ -288,7 +314,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = ap.parse_args(argv)
     cpu = _cpu_figures(args.cpu_steps_per_s)
     parts = (args.parts.split(",") if args.parts else
-             [p for p in PARTS if not (args.quick and p == "tests")])
+             [p for p in PARTS if not (args.quick and p in ("tests", "decode"))])
     if unknown := set(parts) - set(PARTS):
         raise SystemExit(f"--parts: unknown {', '.join(sorted(unknown))}; "
                          f"choose from {', '.join(PARTS)}")
@@ -301,7 +327,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         (args.out / "gpu.json").write_text(json.dumps(result, indent=1))
         (args.out / "gpu.md").write_text(markdown(name, result["throughput"],
                                                   result["recipes"], result.get("tests"),
-                                                  result["errors"]))
+                                                  result["errors"], result.get("decode")))
 
     def attempt(what: str, fn, *a) -> Any:
         try:
@@ -321,6 +347,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             row = attempt(shape_name, throughput_row, shape_name, shape, args.device, args.quick)
             if row is not None:
                 result["throughput"].append(row)
+    if "decode" in parts:
+        row = attempt("decode", decode_row, "quick" if args.quick else "smollm2-135m",
+                      args.device, args.quick)
+        if row is not None:
+            result["decode"] = row
     if "recipes" in parts:
         for recipe in RECIPES:
             row = attempt(recipe, recipe_row, recipe, args.device,

@@ -85,3 +85,17 @@ def test_compiled_decode_through_cached_features_is_a_config_error():
     cfg = load_config(find_recipe("default"), ["model.head={name: frozen_features, cache: 0}",
                                                "model.decode=compiled"])
     assert cfg.model.decode == "compiled"
+
+
+@pytest.mark.slow  # compiles
+def test_the_gpu_scripts_decoding_part_runs_on_a_cpu(tmp_path):
+    """bench/gpu.py's decoding part (bench/decode.py) on the quick shape in float32: both
+    arms sample the same tokens."""
+    from tests.helpers import load_bench
+
+    result = load_bench("gpu").main(["--device", "cpu", "--quick", "--parts", "decode",
+                                     "--out", str(tmp_path)])
+    row = result["decode"]
+    assert row["precision"] == "float32" and row["rows_with_equal_tokens"] == 1.0
+    assert min(row["tokens_per_s"].values()) > 0
+    assert "| float32 | quick | 4 x 16 + 8 |" in (tmp_path / "gpu.md").read_text()
