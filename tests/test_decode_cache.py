@@ -69,6 +69,25 @@ def test_compiled_decode_step_samples_as_the_dynamic_one(tiny):
     _assert_same(a, b)
 
 
+@pytest.mark.slow  # compiles
+def test_compiled_decode_through_lora_adapters_samples_as_the_dynamic_one(tiny):
+    import copy
+
+    from sparring.config.schema import LoraConfig
+    from sparring.policy.lora import apply_lora
+
+    model, tok = tiny
+    model = apply_lora(copy.deepcopy(model), LoraConfig(enabled=True, r=4, alpha=8,
+                                                        target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():  # adapters that change the logits (B starts at 0)
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5, generator=torch.Generator().manual_seed(0))
+    sp = SamplingParams(temperature=1.0, max_new_tokens=12)
+    _assert_same(_generate((model, tok), "compiled", sp, seeds=[1, 2, 3, 4]),
+                 _generate((model, tok), "dynamic", sp, seeds=[1, 2, 3, 4]))
+
+
 def test_unknown_decode_is_named(tiny):
     model, tok = tiny
     with pytest.raises(ValueError, match="unknown decode 'static'.*dynamic, compiled"):
