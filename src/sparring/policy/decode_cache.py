@@ -2,16 +2,16 @@
 
 Two kinds (``model.decode``):
 
-* `GrowingCache` (``"dynamic"``): the model's own cache, one column longer each step;
+* `GrowingKV` (``"dynamic"``): the model's own cache, one column longer each step;
   rows that finish are dropped from it, so later steps run only the live rows.
-* `StaticCache` (``"compiled"``): every layer's keys and values preallocated as
+* `StaticKV` (``"compiled"``): every layer's keys and values preallocated as
   ``[B, H, C, D]`` with ``C`` = prompt columns + new tokens rounded up to `COLUMN_BLOCK`
   (transformers' ``StaticCache``, filled from the prompts' cache), and a decode step of
   fixed shapes compiled with ``torch.compile`` (``mode="reduce-overhead"`` on CUDA:
   the step is captured as a CUDA graph and replayed, one launch instead of hundreds).
   Finished rows stay in the batch and their outputs are ignored, so shapes never change
   within a call; a row's keys only ever meet its own earlier columns, so its logits are
-  those of `GrowingCache` up to float rounding (the attention reduces over ``C`` columns,
+  those of `GrowingKV` up to float rounding (the attention reduces over ``C`` columns,
   masked ones contributing exact zeros). A new batch size or column count compiles once
   more (automatic dynamic shapes then keep one graph for all sizes).
 
@@ -34,7 +34,7 @@ DECODE_KINDS = ("dynamic", "compiled")
 COLUMN_BLOCK = 64  # a static cache's columns are a multiple of this: fewer distinct shapes
 
 
-class GrowingCache:
+class GrowingKV:
     """The model's dynamic KV cache; finished rows leave the batch (module docstring)."""
 
     def __init__(self, model: Any, cache: Any, mask: Tensor, next_pos: Tensor):
@@ -56,18 +56,18 @@ class GrowingCache:
         return out.logits[:, -1]
 
 
-class StaticCache:
+class StaticKV:
     """A preallocated KV cache and a compiled decode step of fixed shapes (module
     docstring). ``compile=False`` runs the same static step eagerly."""
 
     def __init__(self, model: Any, cache: Any, mask: Tensor, next_pos: Tensor,
                  new_tokens: int, *, compile: bool = True):
-        from transformers import StaticCache as HFStaticCache
+        from transformers import StaticCache
 
         B, L = mask.shape
         columns = -(-(L + new_tokens) // COLUMN_BLOCK) * COLUMN_BLOCK
         self.model = model
-        self.cache = HFStaticCache(config=model.config, max_cache_len=columns)
+        self.cache = StaticCache(config=model.config, max_cache_len=columns)
         layers = getattr(cache, "layers", None)
         if layers is None or len(layers) != len(self.cache.layers) or any(
                 type(t).__name__ != "StaticLayer" for t in self.cache.layers):

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from sparring.memo import BoundedMemo
-from sparring.policy.decode_cache import DECODE_KINDS, GrowingCache, StaticCache
+from sparring.policy.decode_cache import DECODE_KINDS, GrowingKV, StaticKV
 from sparring.policy.feature_cache import feature_cache_of
 from sparring.policy.hidden import capture_hidden, output_embedding
 from sparring.policy.precision import autocast_for
@@ -270,11 +270,11 @@ class HFPolicy:
             allowed_ids=alw[i] if tries[i] is not None else None) for i in range(B)]
 
     def _decode_cache(self, cache: Any, mask: Tensor, next_pos: Tensor,
-                      sp: SamplingParams) -> GrowingCache | StaticCache:
+                      sp: SamplingParams) -> GrowingKV | StaticKV:
         """The prompts' cache as `decode` steps through it (room for every new token)."""
         if self.decode == "compiled":
-            return StaticCache(self.model, cache, mask, next_pos, sp.max_new_tokens)
-        return GrowingCache(self.model, cache, mask, next_pos)
+            return StaticKV(self.model, cache, mask, next_pos, sp.max_new_tokens)
+        return GrowingKV(self.model, cache, mask, next_pos)
 
     def _first_logits(self, prompts: Sequence[Sequence[int]],
                       tries: Sequence[TokenTrie | None]
