@@ -127,6 +127,23 @@ def test_cosine_entropy_schedule_weights_the_bonus_of_each_update():
         torch.testing.assert_close(g, e, atol=2e-6, rtol=1e-4)
 
 
+@pytest.mark.parametrize("schedule, expected", [
+    # c(s) = 0.01 min(1, (s + 1) / 3), by hand for s = 0..4
+    ("constant", [0.01 / 3, 0.02 / 3, 0.01, 0.01, 0.01]),
+    # warm-up over 3, then the cosine over the 2 updates left (p = (s - 3) / 2, m = 0.2):
+    # 0.01 (0.2 + 0.8 (1 + cos(pi p)) / 2) is 0.01 at s = 3 and 0.006 at s = 4
+    ("cosine", [0.01 / 3, 0.02 / 3, 0.01, 0.01, 0.006]),
+])
+def test_entropy_warmup_raises_the_bonus_linearly_then_hands_over(schedule, expected):
+    cfg = make_cfg(algorithm__entropy_coef=0.01, algorithm__entropy_schedule=schedule,
+                   algorithm__entropy_final_ratio=0.2, algorithm__entropy_warmup_steps=3,
+                   train__steps=5)
+    batch, adv = ragged_batch()
+    learner = Learner(th.tiny_qwen(1), cfg)
+    got = [learner.update(batch, adv)["entropy_coef"] for _ in range(5)]
+    assert got == pytest.approx(expected, abs=1e-9)
+
+
 def test_entropy_target_moves_the_bonus_by_the_entropy_gap_and_resumes():
     # c_1 = c_0 exp(r (H* - H_0) / H*), with H_0 the first update's logged entropy, by hand
     cfg = make_cfg(algorithm__entropy_coef=0.01, algorithm__entropy_target=0.5,
@@ -163,7 +180,9 @@ def test_entropy_target_moves_the_bonus_by_the_entropy_gap_and_resumes():
 @pytest.mark.parametrize("over, message", [
     ({"algorithm__entropy_target": 0.2}, r"entropy_coef, which is 0"),
     ({"algorithm__entropy_target": 0.2, "algorithm__entropy_coef": 0.01,
-      "algorithm__entropy_schedule": "cosine"}, r"entropy_schedule='cosine' would be ignored"),
+      "algorithm__entropy_schedule": "cosine"}, r"entropy_schedule='cosine' and"),
+    ({"algorithm__entropy_target": 0.2, "algorithm__entropy_coef": 0.01,
+      "algorithm__entropy_warmup_steps": 3}, r"entropy_warmup_steps=3 would be ignored"),
     ({"algorithm__entropy_target": 0.0, "algorithm__entropy_coef": 0.01}, r"entropy_target"),
 ])
 def test_entropy_target_config_errors_name_the_key(over, message):

@@ -170,10 +170,11 @@ def _algorithm_check(a: AlgorithmConfig, envs: list[EnvSpec], key: str,
             raise ConfigError(f"{key}.entropy_target: {a.entropy_target} adapts the entropy "
                               f"bonus from its start {key}.entropy_coef, which is 0; set "
                               f"{key}.entropy_coef > 0 (e.g. 0.01)")
-        if a.entropy_schedule != "constant":
+        if a.entropy_schedule != "constant" or a.entropy_warmup_steps:
             raise ConfigError(f"{key}.entropy_target sets the bonus each update, so "
-                              f"{key}.entropy_schedule={a.entropy_schedule!r} would be "
-                              "ignored; leave it 'constant'")
+                              f"{key}.entropy_schedule={a.entropy_schedule!r} and "
+                              f"{key}.entropy_warmup_steps={a.entropy_warmup_steps} would be "
+                              "ignored; leave them 'constant' and 0")
     level = a.importance_correction.level
     if level not in ("off", "auto") and not a.recompute_old_logp and not stale:
         raise ConfigError(f"{key}.importance_correction.level: {level!r} compares the "

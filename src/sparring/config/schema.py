@@ -261,6 +261,11 @@ class AlgorithmConfig:
         "entropy_final_ratio * entropy_coef over train.steps (explore early, settle late)")
     entropy_final_ratio: float = opt(0.0, "final entropy bonus of the cosine schedule as a "
                                      "fraction of entropy_coef", ge=0, le=1)
+    entropy_warmup_steps: int = opt(
+        0, "updates over which the bonus rises linearly to entropy_coef (update s weighs it "
+        "by (s + 1) / W), before entropy_schedule takes over: a bonus on what the model "
+        "writes (allowed_mass) that waits until the rewards have shaped what it does; 0: "
+        "none", ge=0)
     entropy_target: float | None = opt(
         None, "hold the policy's token entropy (the logged `entropy`, nats per action token) "
         "near this value: the bonus starts at entropy_coef and after each update its log moves "

@@ -143,14 +143,19 @@ class Learner:
 
     def entropy_coef(self) -> float:
         """The entropy bonus of this update: ``algorithm.entropy_coef`` on the
-        ``entropy_schedule`` (`sparring.schedules.lr_at`'s cosine with
-        m = ``entropy_final_ratio``, no warm-up), counted in the lr schedule's updates; with
-        ``entropy_target``, the weight it has adapted to (`sparring.train.entropy_target`)."""
+        ``entropy_schedule`` after ``entropy_warmup_steps`` (`sparring.schedules.lr_at`: a
+        linear warm-up, then constant or its cosine with m = ``entropy_final_ratio``),
+        counted in the lr schedule's updates; with ``entropy_target``, the weight it has
+        adapted to (`sparring.train.entropy_target`)."""
         a = self.cfg.algorithm
         if self.entropy_target is not None:
             return self.entropy_target.coef
-        return lr_at(self.schedule.step_count, lr=a.entropy_coef, schedule=a.entropy_schedule,
-                     total_steps=self.cfg.train.steps, final_ratio=a.entropy_final_ratio)
+        schedule = a.entropy_schedule
+        if schedule == "constant" and a.entropy_warmup_steps:
+            schedule = "warmup"  # lr_at's constant has no warm-up
+        return lr_at(self.schedule.step_count, lr=a.entropy_coef, schedule=schedule,
+                     warmup_steps=a.entropy_warmup_steps, total_steps=self.cfg.train.steps,
+                     final_ratio=a.entropy_final_ratio)
 
     def _wants_values(self) -> bool:
         mode = self.cfg.critic.enabled
