@@ -63,6 +63,7 @@ class StaticKV:
     def __init__(self, model: Any, cache: Any, mask: Tensor, next_pos: Tensor,
                  new_tokens: int, *, compile: bool = True):
         from transformers import StaticCache
+        from transformers.cache_utils import StaticLayer
 
         B, L = mask.shape
         columns = -(-(L + new_tokens) // COLUMN_BLOCK) * COLUMN_BLOCK
@@ -70,7 +71,7 @@ class StaticKV:
         self.cache = StaticCache(config=model.config, max_cache_len=columns)
         layers = getattr(cache, "layers", None)
         if layers is None or len(layers) != len(self.cache.layers) or any(
-                type(t).__name__ != "StaticLayer" for t in self.cache.layers):
+                type(t) is not StaticLayer for t in self.cache.layers):
             raise ValueError(
                 "model.decode='compiled' needs a model whose every layer attends to all "
                 f"earlier tokens (transformers' StaticLayer); {type(model).__name__} has "
@@ -87,6 +88,8 @@ class StaticKV:
         self.next_pos = next_pos.clone()
         self.tokens = torch.zeros(B, dtype=torch.long, device=mask.device)
         self.live = torch.arange(B, device=mask.device)
+        self.on_cuda = model.device.type == "cuda"
+        self.cache_name = cache_argument()
         self.run = compiled_step(model.device.type) if compile else _last_logits
 
     def keep(self, live: Sequence[int]) -> None:
@@ -99,10 +102,10 @@ class StaticKV:
         self.tokens[self.live] = tokens
         self.mask[:, self.column] = 1
         self.column += 1
-        if self.model.device.type == "cuda":
+        if self.on_cuda:
             torch.compiler.cudagraph_mark_step_begin()
         z = self.run(self.model, self.tokens, self.mask, self.next_pos, self.cache,
-                     cache_argument())
+                     self.cache_name)
         self.next_pos += 1
         return z[self.live]
 
