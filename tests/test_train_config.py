@@ -228,6 +228,9 @@ ENV = {"envs": [{"name": "tictactoe"}]}
      r"envs.0.opponents: 'pool' .*league.bots is empty.*league.every is 0"),
     (["envs.0.opponents=[pool]", "league.bots=[]", "league.every=5"],
      r"envs.0.opponents: 'pool' .*nothing to sample before its first snapshot"),
+    (["optim.warmup_steps=5"], r"optim.warmup_steps=5: optim.schedule='constant' has no "
+                               r"warm-up; set schedule to 'warmup'"),
+    (["optim.betas=[0.9,1.0]"], r"optim.betas: expected two numbers in \[0, 1\)"),
     (["optim.lr=.inf"], r"optim.lr: expected a finite number, got inf"),
     (["optim.lr=nan"], r"optim.lr: expected a finite number, got nan"),
     (["rollout.invalid_penalty=-inf"], r"rollout.invalid_penalty: expected a finite number"),
