@@ -6,7 +6,7 @@ import pytest
 from sparring.envs import make
 from sparring.envs.bots import BOTS, make_bot
 from sparring.envs.lookahead import check_lookahead, tactical_actions
-from sparring.envs.wrappers import SymmetricViews
+from sparring.envs.views import SymmetricViews
 
 
 def _board(*moves, **options):

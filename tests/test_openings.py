@@ -97,7 +97,8 @@ def test_the_shipped_tactic_list_is_every_tactic_position_in_the_canonical_view(
     (found by its own walk over raw boards), each once as the canonical view shows it."""
     from sparring.envs import make
     from sparring.envs.games.tictactoe import TicTacToe
-    from sparring.envs.wrappers import CanonicalViews, play_opening
+    from sparring.envs.views import CanonicalViews
+    from sparring.envs.wrappers import play_opening
 
     must_block = load_bench("must_block")
     expected = {}

@@ -9,7 +9,8 @@ import pytest
 from sparring.config import ConfigError, commented_yaml, load_config
 from sparring.envs import make
 from sparring.envs.starts import STARTS, check_starts, parse_starts, start_env
-from sparring.envs.wrappers import RandomOpening, SymmetricViews
+from sparring.envs.views import SymmetricViews
+from sparring.envs.wrappers import RandomOpening
 
 CONFIGS = Path(__file__).parents[1] / "configs"
 TINY = ["model.options.hidden_size=32", "model.options.num_layers=1",

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparring.envs.base import Env
-from sparring.envs.wrappers import RandomOpening, SymmetricViews, check_openings
+from sparring.envs.views import SymmetricViews
+from sparring.envs.wrappers import RandomOpening, check_openings
 from sparring.registry import Registry, build_component, option
 
 STARTS = Registry("start")

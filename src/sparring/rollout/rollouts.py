@@ -30,7 +30,7 @@ An env named by an alias plays exactly as under its canonical name. With
 ``envs[].starts`` (`sparring.envs.starts`) a spec's episodes start as its components say,
 drawn from their reset seed, so a group shares its start: after a random or listed
 opening, from a position of the loss replay (`sparring.envs.wrappers.RandomOpening`), each
-seat through its own symmetric view (`sparring.envs.wrappers.SymmetricViews`); see
+seat through its own symmetric view (`sparring.envs.views.SymmetricViews`); see
 `training_env`.
 """
 

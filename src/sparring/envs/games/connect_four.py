@@ -4,7 +4,7 @@ A piece drops to the lowest empty cell of its column; four in a row (horizontal,
 or diagonal) wins (+1 / -1); a full board is a draw (0). No chance. Rules as OpenSpiel's
 ``connect_four`` (column k <-> action k-1).
 
-Symmetries (for `sparring.envs.wrappers.SymmetricViews`): the board as it is (view 0) and
+Symmetries (for `sparring.envs.views.SymmetricViews`): the board as it is (view 0) and
 its mirror image (view 1: column k shown as column 8 - k).
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 from sparring.envs import register_env
 from sparring.envs.base import Env, StepResult
 from sparring.envs.games.common import TwoPlayerBoardGame
-from sparring.envs.wrappers import CanonicalViews, shared_view_memo
+from sparring.envs.views import CanonicalViews, shared_view_memo
 
 COLS, ROWS = 7, 6
 MARKS = ("X", "O")
@@ -116,6 +116,6 @@ class ConnectFour(TwoPlayerBoardGame):
 def make_connect_four(canonical: bool = False) -> Env:
     """Connect Four 7x6; ``canonical``: every seat sees the board as it is or mirrored,
     whichever text sorts first, and names its columns in it
-    (`sparring.envs.wrappers.CanonicalViews`)."""
+    (`sparring.envs.views.CanonicalViews`)."""
     game = ConnectFour()
     return CanonicalViews(game, shared_view_memo(("connect_four",))) if canonical else game

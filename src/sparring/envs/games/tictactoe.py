@@ -3,7 +3,7 @@
 Rewards at the end only: +1 win, -1 loss, 0 draw. No chance: ``reset(seed)`` gives the
 empty board for every seed. Rules as in OpenSpiel's ``tic_tac_toe`` (cell k <-> action k-1).
 
-Symmetries (for `sparring.envs.wrappers.SymmetricViews`): the 8 of the square (dihedral
+Symmetries (for `sparring.envs.views.SymmetricViews`): the 8 of the square (dihedral
 group D4), each a permutation ``p`` of the cells; through view ``v`` the cell shown at
 index ``i`` is the board's cell ``VIEWS[v][i]`` (view 0 is the board as it is).
 """
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from sparring.envs import register_env
 from sparring.envs.base import Env, StepResult
 from sparring.envs.games.common import TwoPlayerBoardGame
-from sparring.envs.wrappers import CanonicalViews, shared_view_memo
+from sparring.envs.views import CanonicalViews, shared_view_memo
 
 LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
 _LINES_THROUGH = tuple(tuple(ln for ln in LINES if c in ln) for c in range(9))
@@ -167,7 +167,7 @@ def make_tictactoe(compact: bool = False, canonical: bool = False,
     to block along rows and not along columns: docs/benchmarks.md);
     ``canonical``: every seat sees the board in the
     orientation of the square whose text sorts first, and names its cells in it
-    (`sparring.envs.wrappers.CanonicalViews`: the four corner openings read as one)."""
+    (`sparring.envs.views.CanonicalViews`: the four corner openings read as one)."""
     game = TicTacToe(compact=compact, numbered=numbered, lines=lines)
     if not canonical:
         return game
