@@ -228,8 +228,6 @@ ENV = {"envs": [{"name": "tictactoe"}]}
      r"envs.0.opponents: 'pool' .*league.bots is empty.*league.every is 0"),
     (["envs.0.opponents=[pool]", "league.bots=[]", "league.every=5"],
      r"envs.0.opponents: 'pool' .*nothing to sample before its first snapshot"),
-    (["optim.warmup_steps=5"], r"optim.warmup_steps=5: optim.schedule='constant' has no "
-                               r"warm-up; set schedule to 'warmup'"),
     (["optim.betas=[0.9,1.0]"], r"optim.betas: expected two numbers in \[0, 1\)"),
     (["optim.lr=.inf"], r"optim.lr: expected a finite number, got inf"),
     (["optim.lr=nan"], r"optim.lr: expected a finite number, got nan"),
@@ -258,7 +256,7 @@ def test_on_and_off_are_choices_not_booleans(tmp_path):
         from_dict(ENV, ["lora.enabled=maybe"])  # a bool field is still a bool
 
 
-def test_warnings_for_rounded_episodes_idle_opponents_and_one_episode_groups():
+def test_warnings_for_ignored_warmup_rounded_episodes_idle_opponents_and_one_episode_groups():
     from sparring.config import config_warnings
 
     cfg = from_dict({"envs": [{"name": "tictactoe", "group_size": 16,
@@ -276,6 +274,15 @@ def test_warnings_for_rounded_episodes_idle_opponents_and_one_episode_groups():
     fine = from_dict({"envs": [{"name": "tictactoe", "group_size": 4}]},
                      ["algorithm.estimator=grpo", "rollout.episodes_per_step=8"])
     assert config_warnings(fine) == []
+    constant = from_dict({"envs": [{"name": "tictactoe", "group_size": 4}]},
+                         ["rollout.episodes_per_step=8", "optim.warmup_steps=5"])
+    assert config_warnings(constant) == [
+        "optim.warmup_steps=5 is ignored: optim.schedule='constant' has no warm-up "
+        "('warmup' is a warm-up, then constant)"]
+    warm = from_dict({"envs": [{"name": "tictactoe", "group_size": 4}]},
+                     ["rollout.episodes_per_step=8", "optim.warmup_steps=5",
+                      "optim.schedule=warmup"])
+    assert config_warnings(warm) == []
 
 
 def test_resume_overrides_that_change_the_model_are_refused():

@@ -85,7 +85,7 @@ def validate(cfg: Config) -> Config:
         for who, spec in cfg.exploration.items():
             if spec.tactical and (who == "learner" or "pool" in env.opponents):
                 _lookahead_check(i, game, who)
-    _optim_check(cfg.optim, "optim")
+    _betas_check(cfg.optim.betas, "optim.betas")
     _head_check(cfg, "model.head")
     if cfg.train.microbatch_size and cfg.train.minibatch_size \
             and cfg.train.microbatch_size > cfg.train.minibatch_size:
@@ -220,14 +220,17 @@ def _head_check(cfg: Config, key: str) -> None:
                           f"{cfg.lora.last_layers}: 0 puts adapters in every layer)")
 
 
-def _optim_check(o: OptimConfig, key: str) -> None:
-    """Two betas in [0, 1); a warm-up only where the schedule has one."""
-    if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
-        raise ConfigError(f"{key}.betas: expected two numbers in [0, 1), got {o.betas}")
+def _betas_check(betas: list[float], key: str) -> None:
+    if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+        raise ConfigError(f"{key}: expected two numbers in [0, 1), got {betas}")
+
+
+def _ignored_warmup(o: OptimConfig, key: str) -> list[str]:
+    """A warm-up the schedule does not have (``constant`` ignores ``warmup_steps``)."""
     if o.schedule == "constant" and o.warmup_steps:
-        raise ConfigError(f"{key}.warmup_steps={o.warmup_steps}: {key}.schedule='constant' "
-                          "has no warm-up; set schedule to 'warmup' (a warm-up, then "
-                          "constant) or 'cosine', or warmup_steps to 0")
+        return [f"{key}.warmup_steps={o.warmup_steps} is ignored: {key}.schedule='constant' "
+                "has no warm-up ('warmup' is a warm-up, then constant)"]
+    return []
 
 
 _POLICY_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
@@ -266,7 +269,7 @@ def _policies_check(cfg: Config) -> None:
                              cfg.distributed.mode == "async")
         if cfg.policies[n].algorithm or cfg.policies[n].critic:
             _critic_check(pc.critic, pc.algorithm.estimator, f"policies.{n}.critic")
-        _optim_check(pc.optim, f"policies.{n}.optim")
+        _betas_check(pc.optim.betas, f"policies.{n}.optim.betas")
         _head_check(pc, f"policies.{n}.model.head")
         if cfg.lora.shared_base and cfg.policies[n].model:
             raise ConfigError(f"policies.{n}.model: with lora.shared_base every policy is an "
@@ -512,12 +515,15 @@ def _minimax_check(cfg: Config) -> None:
 
 def config_warnings(cfg: Config) -> list[str]:
     """What a valid config does that its author may not expect (printed by ``sparring
-    train``): episode counts rounded to whole groups, opponents left without episodes,
-    a group-relative estimator with one episode per group."""
+    train``): a warm-up the lr schedule ignores, episode counts rounded to whole groups,
+    opponents left without episodes, a group-relative estimator with one episode per
+    group."""
     from sparring.advantages import ESTIMATORS
     from sparring.config.plan import episode_counts
 
-    out = []
+    out = _ignored_warmup(cfg.optim, "optim")
+    for n in cfg.policies:
+        out += _ignored_warmup(policy_config(cfg, n).optim, f"policies.{n}.optim")
     counts = episode_counts(cfg)
     if cfg.envs and sum(counts) != cfg.rollout.episodes_per_step:
         sizes = ", ".join(f"envs.{i}.group_size={s.group_size}" for i, s in enumerate(cfg.envs))
