@@ -283,6 +283,11 @@ def test_warnings_for_ignored_warmup_rounded_episodes_idle_opponents_and_one_epi
                      ["rollout.episodes_per_step=8", "optim.warmup_steps=5",
                       "optim.schedule=warmup"])
     assert config_warnings(warm) == []
+    two = from_dict({"envs": [{"name": "tictactoe", "group_size": 4, "seats": ["a", "b"]}],
+                     "policies": {"a": {}, "b": {"optim": {"warmup_steps": 3}}}},
+                    ["rollout.episodes_per_step=8", "optim.warmup_steps=5"])
+    assert [n.split(" is ")[0] for n in config_warnings(two)] == [
+        "optim.warmup_steps=5", "policies.b.optim.warmup_steps=3"]
 
 
 def test_resume_overrides_that_change_the_model_are_refused():

@@ -522,8 +522,9 @@ def config_warnings(cfg: Config) -> list[str]:
     from sparring.config.plan import episode_counts
 
     out = _ignored_warmup(cfg.optim, "optim")
-    for n in cfg.policies:
-        out += _ignored_warmup(policy_config(cfg, n).optim, f"policies.{n}.optim")
+    for n, spec in cfg.policies.items():  # a policy's own optim keys, once each
+        if spec.optim:
+            out += _ignored_warmup(policy_config(cfg, n).optim, f"policies.{n}.optim")
     counts = episode_counts(cfg)
     if cfg.envs and sum(counts) != cfg.rollout.episodes_per_step:
         sizes = ", ".join(f"envs.{i}.group_size={s.group_size}" for i, s in enumerate(cfg.envs))
