@@ -21,6 +21,9 @@ step 15-20x slower: OpenMP threads waiting on each other).
 process, one torch thread, then two) and on 2 (``torchrun --nproc-per-node=2``, gloo, one
 thread each): the same steps/s, ratio and seconds per step. Two ranks of one thread and
 one rank of two threads use the same cores: their ratio is what the ranks cost or gain.
+A last row repeats 2 ranks with ``distributed.sharding=optimizer``: a reduce and a
+broadcast of the gradients' size per optimizer step where the unsharded ranks all-reduce;
+the table's last column is the optimizer state rank 0 holds (``optimizer_state_mb``).
 
 With the vLLM backend installed (``sparring.policy.vllm`` and the ``vllm`` package), a
 ``model.backend=vllm`` row (0 workers) is added, next to an HF row on the same model (two
@@ -75,9 +78,10 @@ def run(overrides: list[str], warmup: int, steps: int, folder: Path,
 
 
 def run_ranks(ranks: int, warmup: int, steps: int, folder: Path, recipe: str,
-              threads: int = 1) -> dict[str, float]:
+              threads: int = 1, overrides: tuple[str, ...] = ()) -> dict[str, float]:
     """``sparring train RECIPE`` on ``ranks`` learner ranks (torchrun when more than one),
-    ``threads`` torch threads each; timings of the last ``steps`` of ``warmup + steps``."""
+    ``threads`` torch threads each, with ``overrides``; timings of the last ``steps`` of
+    ``warmup + steps``."""
     import socket
     import subprocess
 
@@ -89,7 +93,7 @@ def run_ranks(ranks: int, warmup: int, steps: int, folder: Path, recipe: str,
             else [sys.executable, "-m", "sparring"])
     cmd = [*head, "train", recipe, f"train.steps={warmup + steps}", "eval.at_start=false",
            "eval.every=0", "eval.games=10", "checkpoint.every=0", "logging.progress=false",
-           f"train.run_dir={folder}"]
+           f"train.run_dir={folder}", *overrides]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT / "src")}
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if done.returncode:
@@ -107,37 +111,44 @@ def timings(folder: Path, warmup: int) -> dict[str, float]:
     tokens = sum(r["throughput/tokens_per_s"] * r["time/rollout"] for r in timed)
     return {"steps_per_s": 1.0 / (rollout + update), "rollout_s": rollout, "update_s": update,
             "tokens_per_s": tokens / sum(r["time/rollout"] for r in timed),
-            "reward": timed[-1]["reward"]}
+            "reward": timed[-1]["reward"],
+            "optimizer_mb": timed[-1].get("optimizer_state_mb", float("nan"))}
 
 
 def learner_ranks(warmup: int, steps: int, recipe: str) -> None:
-    """The ``--learner-ranks`` table: 1 and 2 ranks."""
+    """The ``--learner-ranks`` table: 1 and 2 ranks, and 2 with a sharded optimizer."""
     tmp = Path(tempfile.mkdtemp(prefix="sparring-ranks-"))
+    shard = ("distributed.sharding=optimizer",)
     try:
         results = []
-        for k, (ranks, threads) in enumerate(((1, 1), (1, 2), (2, 1))):
-            name = f"{ranks} ({threads} thread{'s' if threads > 1 else ''} each)"
+        for k, (ranks, threads, over) in enumerate(((1, 1, ()), (1, 2, ()), (2, 1, ()),
+                                                     (2, 1, shard))):
+            name = (f"{ranks} ({threads} thread{'s' if threads > 1 else ''} each)"
+                    + (", sharded optimizer" if over else ""))
             t = time.perf_counter()
-            res = run_ranks(ranks, warmup, steps, tmp / str(k), recipe, threads)
+            res = run_ranks(ranks, warmup, steps, tmp / str(k), recipe, threads, over)
             print(f"  done: {name} ({time.perf_counter() - t:.0f} s with start-up)", flush=True)
             results.append((name, res))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print_table("learner ranks", "1 rank, 1 thread", results, tokens=False)
+    print_table("learner ranks", "1 rank, 1 thread", results, tokens=False, memory=True)
 
 
 def print_table(first: str, base: str, results: list[tuple[Any, dict[str, float]]],
-                tokens: bool = True) -> None:
+                tokens: bool = True, memory: bool = False) -> None:
     """The markdown table of ``results`` (``[(setting, timings)]``), steps/s as a ratio to
-    the first setting's (``base``), with the rollout tokens/s when ``tokens``."""
+    the first setting's (``base``), with the rollout tokens/s when ``tokens`` and the
+    optimizer state rank 0 holds when ``memory``."""
     cols = ["steps/s", f"vs {base}", "rollout s/step", "update s/step"]
     cols += ["rollout tokens/s"] if tokens else []
+    cols += ["optimizer state, rank 0 (MiB)"] if memory else []
     print(f"\n| {first} | " + " | ".join(cols) + " |\n|" + "---|" * (len(cols) + 1))
     b = results[0][1]["steps_per_s"]
     for name, r in results:
         cells = [f"{r['steps_per_s']:.3f}", f"{r['steps_per_s'] / b:.2f}x",
                  f"{r['rollout_s']:.3f}", f"{r['update_s']:.3f}"]
         cells += [f"{r['tokens_per_s']:.0f}"] if tokens else []
+        cells += [f"{r['optimizer_mb']:.2f}"] if memory else []
         print(f"| {name} | " + " | ".join(cells) + " |")
 
 

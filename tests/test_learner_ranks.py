@@ -25,6 +25,8 @@ from sparring.aggregation import count_seqs, count_tokens
 from sparring.config import from_dict
 from sparring.train import data_parallel as dp
 from sparring.train.learner import Learner
+from sparring.train.learner_ranks import torchrun_ranks
+from sparring.train.sharded_optimizer import owners
 from tests import train_helpers as th
 from tests.test_train_learner import ragged_batch
 
@@ -49,6 +51,18 @@ CASES = {
     "nan-on-one-rank": ({"algorithm": {"aggregation": "token-mean"}}, False),
     "token-mean-local-counts": ({"algorithm": {"aggregation": "token-mean"}}, True),
     "seq-mean-local-counts": ({"algorithm": {"aggregation": "seq-mean-token-mean"}}, True),
+    "token-mean-sharded": ({"algorithm": {"aggregation": "token-mean"},
+                            "distributed": {"sharding": "optimizer"}}, False),
+    "clipped": ({"algorithm": {"aggregation": "token-mean"},  # every step clipped
+                 "optim": {"max_grad_norm": 1e-3}, "train": {"minibatch_size": 4}}, False),
+    "clipped-sharded": ({"algorithm": {"aggregation": "token-mean"},
+                         "optim": {"max_grad_norm": 1e-3}, "train": {"minibatch_size": 4},
+                         "distributed": {"sharding": "optimizer"}}, False),
+    "seq-mean-micro-sharded": ({"algorithm": {"aggregation": "seq-mean-token-mean",
+                                              "entropy_coef": 0.01, "kl": {"coef": 0.1}},
+                                "train": {"minibatch_size": 5, "microbatch_size": 2,
+                                          "epochs": 2},
+                                "distributed": {"sharding": "optimizer"}}, False),
 }
 METRICS = ("loss", "policy_loss", "grad_norm", "approx_kl", "entropy", "optimizer_steps",
            "skipped_updates")
@@ -78,18 +92,24 @@ def nan_row_advantages(adv, mask):
 
 def one_update(name: str) -> dict:
     """Weights, AdamW first moments (zeros before any step) and metrics after one
-    `Learner.update` of case ``name``."""
+    `Learner.update` of case ``name``; with a sharded optimizer the moments are those of
+    the gathered state (whole on rank 0), and ``owned`` says which parameters' state this
+    rank kept."""
     model = th.tiny_qwen(0)
-    learner = Learner(model, make_cfg(CASES[name][0]))
+    cfg = make_cfg(CASES[name][0])
+    learner = Learner(model, cfg)
+    if cfg.distributed.sharding == "optimizer":
+        learner.shard_optimizer()
     batch, adv = ragged_batch(n=9, max_action=5)  # uneven token counts per rank
     if name == "nan-on-one-rank":
         adv = nan_row_advantages(adv, batch.action_mask)
     metrics = learner.update(batch, adv)
-    state = learner.optimizer.state
+    owned = [p in learner.optimizer.state for p in learner.params]
+    state = learner.state_dict()["optimizer"]["state"]  # by the parameter's index
     return {"weights": {k: v.detach().clone() for k, v in model.state_dict().items()},
-            "exp_avg": [state[p]["exp_avg"].clone() if p in state else torch.zeros_like(p)
-                        for p in learner.params],
-            "metrics": metrics}
+            "exp_avg": [state[i]["exp_avg"].clone() if i in state else torch.zeros_like(p)
+                        for i, p in enumerate(learner.params)],
+            "owned": owned, "sizes": [p.numel() for p in learner.params], "metrics": metrics}
 
 
 def _local_counts(mask):
@@ -152,7 +172,7 @@ def assert_same(a: dict, b: dict) -> None:
 
 
 @pytest.mark.parametrize("name", ["token-mean", "seq-mean", "token-mean-micro",
-                                  "seq-mean-micro", "one-row-minibatches"])
+                                  "seq-mean-micro", "one-row-minibatches", "clipped"])
 def test_two_ranks_match_one_process(ranked, name):
     single = one_update(name)
     for result in ranked[name]:
@@ -186,12 +206,74 @@ def test_non_finite_loss_on_one_rank_skips_the_step_on_all(ranked):
             assert torch.equal(result["weights"][k], w), k
 
 
+@pytest.mark.parametrize("name", ["token-mean-sharded", "seq-mean-micro-sharded",
+                                  "clipped-sharded"])
+def test_a_sharded_optimizer_matches_one_process(ranked, name):
+    """Rank 0's gathered optimizer state and both ranks' weights equal one unsharded
+    process's update (the weights on the two ranks bit for bit), and the unsharded ranks'
+    update bit for bit (gradient norms and clipping included)."""
+    base = name.removesuffix("-sharded")
+    single = one_update(base)
+    r0, r1 = ranked[name]
+    assert_same(single, r0)
+    if base == "clipped":
+        assert single["metrics"]["grad_norm"] > 100 * 1e-3  # the clip acts on every step
+    unsharded = ranked[base][0]
+    for k in r0["weights"]:
+        assert torch.equal(r0["weights"][k], r1["weights"][k]), k
+        assert torch.equal(r0["weights"][k], unsharded["weights"][k]), k
+    assert r0["metrics"]["grad_norm"] == unsharded["metrics"]["grad_norm"]
+
+
+def test_each_rank_keeps_the_optimizer_state_of_its_own_share(ranked):
+    r0, r1 = ranked["token-mean-sharded"]
+    assert not any(a and b for a, b in zip(r0["owned"], r1["owned"]))
+    assert all(a or b for a, b in zip(r0["owned"], r1["owned"]))  # every weight trained here
+    load = [sum(n for n, o in zip(r["sizes"], r["owned"]) if o) for r in (r0, r1)]
+    assert abs(load[0] - load[1]) <= max(r0["sizes"])
+    assert min(load) > 0
+
+
+def test_owners_balance_the_elements_largest_first():
+    # by hand, largest first: 10 -> rank 0 (loads 10, 0); 6 -> 1 (10, 6); 5 -> 1 (10, 11);
+    # 4 -> 0 (14, 11); 1 -> 1 (14, 12)
+    assert owners([5, 10, 1, 6, 4], 2) == [1, 0, 1, 1, 0]
+    assert owners([3, 3, 3], 4) == [0, 1, 2]  # one rank left without a parameter
+    assert owners([], 2) == []
+
+
 def test_rank_rows_are_a_contiguous_partition():
     rows = torch.arange(11)
     for size in (1, 2, 3, 4, 16):
         shares = [dp.rank_rows(rows, r, size) for r in range(size)]
         assert torch.equal(torch.cat(shares), rows)
         assert max(map(len, shares)) - min(map(len, shares)) <= 1
+
+
+def _torchrun_rank(rank: int, port: int, out: str) -> None:
+    """One rank as torchrun starts it (its place in the environment): what
+    `torchrun_ranks` gives, and whether a group is left joined after the block, when the
+    block started the group and when it found one already there."""
+    import os
+
+    os.environ.update(WORLD_SIZE=str(WORLD), RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    with torchrun_ranks() as r:
+        seen = (r.rank, r.size)
+    left = not dist.is_initialized()
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    with torchrun_ranks():
+        pass
+    kept = dist.is_initialized()
+    dist.destroy_process_group()
+    torch.save({"seen": seen, "left": left, "kept": kept}, f"{out}/torchrun.{rank}.pt")
+
+
+def test_torchrun_ranks_leave_the_group_they_started_and_only_that(tmp_path):
+    mp.start_processes(_torchrun_rank, args=(_free_port(), str(tmp_path)), nprocs=WORLD,
+                       join=True, start_method="fork")
+    got = [torch.load(tmp_path / f"torchrun.{r}.pt") for r in range(WORLD)]
+    assert got == [{"seen": (r, WORLD), "left": True, "kept": True} for r in range(WORLD)]
 
 
 def test_no_process_group_means_one_process():

@@ -25,8 +25,10 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from safetensors.torch import load_file
 
 from sparring.storage.folders import step_dirs
 from sparring.storage.metrics_file import read_metrics
@@ -44,9 +46,10 @@ WORLD = 2
 DIES_AFTER = 5  # rank 1's process exits after its update of this step
 
 
-def _rank(rank: int, port: int, run_dir: str, mode: str) -> None:
+def _rank(rank: int, port: int, run_dir: str, mode: str, shard: bool) -> None:
     """One rank of a 2-rank job: ``full`` (train), ``dies`` (rank 1 exits after step
-    ``DIES_AFTER``'s update; rank 0 records what it raised) or ``resume``."""
+    ``DIES_AFTER``'s update; rank 0 records what it raised) or ``resume``; ``shard``:
+    with `distributed.sharding: optimizer`."""
     th.register()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=WORLD, timeout=datetime.timedelta(seconds=60))
@@ -62,7 +65,8 @@ def _rank(rank: int, port: int, run_dir: str, mode: str) -> None:
 
         Learner.update = dying_update
     try:
-        run_job(run_dir, resume_run=mode == "resume")
+        run_job(run_dir, resume_run=mode == "resume",
+                sharding="optimizer" if shard else "none")
     except RankLostError as e:
         with open(f"{run_dir}.error", "w") as f:
             json.dump({"rank": rank, "error": str(e)}, f)
@@ -71,12 +75,13 @@ def _rank(rank: int, port: int, run_dir: str, mode: str) -> None:
             dist.destroy_process_group()
 
 
-def _on_ranks(run_dir, mode: str) -> list[int]:
+def _on_ranks(run_dir, mode: str, shard: bool = False) -> list[int]:
     """Run both ranks to their end (each left to finish on its own: a rank that dies does
     not stop the other); their exit codes."""
     ctx = mp.get_context("fork")
     port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, str(run_dir), mode)) for r in range(WORLD)]
+    procs = [ctx.Process(target=_rank, args=(r, port, str(run_dir), mode, shard))
+             for r in range(WORLD)]
     for p in procs:
         p.start()
     for p in procs:
@@ -129,6 +134,42 @@ def test_a_lost_rank_ends_the_run_with_an_exact_crash_checkpoint(two_rank_run, t
     assert _strip(read_metrics(run)) == _strip(read_metrics(two_rank_run))
 
 
+@pytest.fixture(scope="module")
+def sharded_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("sharded") / "full"
+    assert _on_ranks(run, "full", shard=True) == [0, 0]
+    return run
+
+
+def test_a_sharded_optimizer_repeats_the_unsharded_run(two_rank_run, sharded_run):
+    """The same weights and moments (AdamW's arithmetic per element is unchanged), so the
+    same metrics bit for bit, but for the optimizer state rank 0 holds: about half; its
+    checkpoints hold the whole optimizer state."""
+    held = "optimizer_state_mb"
+    sharded, full = _strip(read_metrics(sharded_run)), _strip(read_metrics(two_rank_run))
+    for row_s, row_f in zip(sharded[1:], full[1:]):  # row 0: the evaluation before training
+        assert 0.3 * row_f[held] < row_s.pop(held) < 0.7 * row_f.pop(held)
+    assert sharded == full
+    (_, full_ckpt), (_, sharded_ckpt) = step_dirs(two_rank_run)[-1], step_dirs(sharded_run)[-1]
+    full, sharded = (load_file(c / "state.safetensors") for c in (full_ckpt, sharded_ckpt))
+    assert any(".exp_avg_sq" in k for k in full)
+    assert sharded.keys() == full.keys()
+    for k, t in full.items():
+        assert torch.equal(sharded[k], t), k
+
+
+def test_a_lost_rank_with_a_sharded_optimizer_resumes_from_the_last_checkpoint(
+        sharded_run, tmp_path):
+    """Rank 1's shard of the optimizer state is lost with it: no crash checkpoint; the
+    run resumes from the last periodic one and repeats the uninterrupted run."""
+    run = tmp_path / "dies"
+    assert _on_ranks(run, "dies", shard=True) == [0, 3]
+    assert [s for s, _ in step_dirs(run)] == [2, 4]
+    assert [r["step"] for r in read_metrics(run)] == list(range(DIES_AFTER + 1))
+    assert _on_ranks(run, "resume", shard=True) == [0, 0]
+    assert _strip(read_metrics(run)) == _strip(read_metrics(sharded_run))
+
+
 def _torchrun(*args, ranks=WORLD):
     """``sparring train ARGS`` under torchrun on ``ranks`` CPU ranks (one thread each)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}",
@@ -141,7 +182,7 @@ def _torchrun(*args, ranks=WORLD):
 def test_torchrun_runs_and_resumes_sparring_train_on_two_ranks(tmp_path):
     """The command line under torchrun: 2 steps, then ``--resume`` to 4, on 2 ranks, logs
     the metrics of the same in one process (to float32 summation order); ``--print-config``
-    leaves the other rank nothing to take part in."""
+    leaves the other rank nothing to take part in, and every rank exits cleanly."""
     args = [a for a in cli.ARGS if not a.startswith(("train.steps=", "eval.every="))]
     args.append("eval.every=2")
     one, two = tmp_path / "one", tmp_path / "two"
@@ -155,9 +196,10 @@ def test_torchrun_runs_and_resumes_sparring_train_on_two_ranks(tmp_path):
     a, b = cli._metrics(one), cli._metrics(two)
     assert [r["step"] for r in b] == list(range(5))
     assert_rows_close(a, b)
-    printed = _torchrun(*args, "--print-config")
-    assert printed.returncode == 0, printed.stderr[-3000:]
-    assert printed.stdout.count("\nplugins:") == 1  # printed by rank 0 only
+    for _ in range(3):  # the ranks end at once: a group left to the teardown could abort
+        printed = _torchrun(*args, "--print-config")
+        assert printed.returncode == 0, printed.stderr[-3000:]
+        assert printed.stdout.count("\nplugins:") == 1  # printed by rank 0 only
 
 
 @pytest.mark.slow

@@ -476,12 +476,12 @@ def test_a_shared_base_snapshot_is_the_adapter_alone_and_plays_as_the_adapter_di
     seen = []  # per optimizer step: its adapter, what requires and has a gradient, its norm
     guarded = Learner._guarded_step
 
-    def step_and_look(self, grad_norm):
+    def step_and_look(self, grad_norm, stepped):
         params = dict(self.model.named_parameters())
         seen.append((self.adapter, {n for n, p in params.items() if p.requires_grad},
                      {n for n, p in params.items() if p.grad is not None}, grad_norm,
                      any(a.startswith("pool-") for a in self.model.peft_config)))
-        return guarded(self, grad_norm)
+        return guarded(self, grad_norm, stepped)
 
     monkeypatch.setattr(Learner, "_guarded_step", step_and_look)
     train(cfg, parts.model, rollouts, None, parts.stateful, run_dir=tmp_path / "run",

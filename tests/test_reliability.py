@@ -404,6 +404,37 @@ def test_a_step_that_makes_weights_non_finite_is_undone_bit_for_bit():
     assert unchanged()
 
 
+def test_a_step_another_rank_cannot_keep_is_undone_here_and_a_raise_waits_for_the_vote():
+    """`guarded_step` with ``agree`` (a sharded optimizer's vote over the ranks): a finite
+    step is undone bit for bit when another rank votes it down; a step that raises here
+    votes no, is put back, and raises after the vote."""
+    from sparring.train.guarded_step import guarded_step
+
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(4, 3))
+    opt = torch.optim.AdamW([p], lr=1e-2)
+    p.grad = torch.randn(4, 3)
+    opt.step()  # AdamW state exists
+    before = (p.detach().clone(), {k: v.clone() for k, v in opt.state[p].items()})
+    votes = []
+
+    def another_rank_says_no(ok):
+        votes.append(ok)
+        return False
+
+    p.grad = torch.randn(4, 3)
+    assert not guarded_step(opt, float(p.grad.norm()), agree=another_rank_says_no)
+    assert votes == [True, True]  # this rank could prove it and did keep it
+    assert torch.equal(p, before[0])
+    assert all(torch.equal(opt.state[p][k], v) for k, v in before[1].items())
+    votes.clear()
+    opt.param_groups[0]["lr"] = 1e39  # torch raises part-way through the step
+    with pytest.raises(RuntimeError, match="overflow"):
+        guarded_step(opt, float(p.grad.norm()), agree=lambda ok: votes.append(ok) or ok)
+    assert votes == [False, False]
+    assert torch.equal(p, before[0])
+
+
 def test_a_run_with_a_huge_lr_stops_with_its_weights_untouched(tmp_path):
     model = th.tiny_qwen(0)
     initial = {k: v.clone() for k, v in model.state_dict().items()}

@@ -715,3 +715,15 @@ def test_the_output_layer_is_the_tied_embedding_and_a_head_apart_from_lora_is_re
     with pytest.raises(ConfigError, match=r"^model.head: head 'lm_head' option 'body_lr_scale': "
                                           r"0 is out of range \(must be > 0\)"):
         make_cfg(model__head={"name": "lm_head", "body_lr_scale": 0})
+
+
+def test_optimizer_state_mb_counts_adamw_moments_and_steps_by_hand():
+    from sparring.train.learner import state_megabytes
+
+    p = torch.nn.Parameter(torch.zeros(10, 3))
+    opt = torch.optim.AdamW([p], lr=1e-3)
+    assert state_megabytes(opt) == 0.0  # no state before the first step
+    p.grad = torch.ones(10, 3)
+    opt.step()
+    # exp_avg and exp_avg_sq: 2 x 30 float32; step: one float32 scalar
+    assert state_megabytes(opt) * 2**20 == 2 * 30 * 4 + 4

@@ -36,16 +36,20 @@ CONFIG = {
 }
 
 
-def run_job(run_dir, *, block_at: int | None = None, resume_run: bool = False):
+def run_job(run_dir, *, block_at: int | None = None, resume_run: bool = False,
+            sharding: str = "none"):
+    """The job in ``run_dir`` (``sharding``: `distributed.sharding`, for a
+    fresh run; a resume reads it from the run folder's config)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(THREADS)
     try:
-        return _run_job(run_dir, block_at=block_at, resume_run=resume_run)
+        return _run_job(run_dir, block_at=block_at, resume_run=resume_run,
+                        sharding=sharding)
     finally:
         torch.set_num_threads(threads)
 
 
-def _run_job(run_dir, *, block_at: int | None, resume_run: bool):
+def _run_job(run_dir, *, block_at: int | None, resume_run: bool, sharding: str):
     th.register()
     model = th.tiny_qwen(0)
     sampler = th.Sampler(123)
@@ -62,7 +66,8 @@ def _run_job(run_dir, *, block_at: int | None, resume_run: bool):
 
     if resume_run:
         return resume(run_dir, model, rollout_fn, eval_fn, {"sampler": sampler})
-    return train(from_dict(CONFIG), model, rollout_fn, eval_fn, {"sampler": sampler},
+    cfg = {**CONFIG, "distributed": {"sharding": sharding}}
+    return train(from_dict(cfg), model, rollout_fn, eval_fn, {"sampler": sampler},
                  run_dir=run_dir)
 
 

@@ -105,26 +105,27 @@ def cmd_train(args: argparse.Namespace) -> int:
     sends the other learner ranks its config (None when there is no run to take part in),
     and they take part in its updates (`sparring.train.learner_ranks`)."""
     from sparring.config import commented_yaml
-    from sparring.train.learner_ranks import LEADER, share, start_learner_ranks
+    from sparring.train.learner_ranks import LEADER, share, torchrun_ranks
 
     console = Console(stderr=True, soft_wrap=True)
     if args.print_defaults:
         print(commented_yaml())
         return 0
-    ranks = start_learner_ranks()
-    if ranks is not None and ranks.rank != LEADER:
-        return _follow_leader(args)
-    cfg = None
-    try:
-        cfg = _train_config(args, console)
-        if cfg is not None and ranks is not None and cfg.distributed.learner_ranks > 1:
-            raise CommandError(f"distributed.learner_ranks={cfg.distributed.learner_ranks} "
-                               f"under torchrun, which started {ranks.size} ranks already: "
-                               "leave it at 1 (torchrun's ranks are the learner ranks)")
-    finally:
-        if ranks is not None:
-            share(cfg if sys.exc_info()[0] is None else None)
-    return 0 if cfg is None else _train_run(args, cfg, console)
+    with torchrun_ranks() as ranks:
+        if ranks is not None and ranks.rank != LEADER:
+            return _follow_leader(args)
+        cfg = None
+        try:
+            cfg = _train_config(args, console)
+            if cfg is not None and ranks is not None and cfg.distributed.learner_ranks > 1:
+                raise CommandError(f"distributed.learner_ranks="
+                                   f"{cfg.distributed.learner_ranks} under torchrun, which "
+                                   f"started {ranks.size} ranks already: leave it at 1 "
+                                   "(torchrun's ranks are the learner ranks)")
+        finally:
+            if ranks is not None:
+                share(cfg if sys.exc_info()[0] is None else None)
+        return 0 if cfg is None else _train_run(args, cfg, console)
 
 
 def _follow_leader(args: argparse.Namespace) -> int:

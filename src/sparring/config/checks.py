@@ -309,9 +309,11 @@ def _policies_check(cfg: Config) -> None:
 
 def _distributed_check(d: DistributedConfig) -> None:
     """Any ``distributed.*`` away from its default needs Ray (the error gives the install
-    command); async needs workers and a staleness bound of at least one update."""
+    command), except ``sharding`` (torchrun's ranks shard too); async needs
+    workers and a staleness bound of at least one update."""
     default = type(d)()
-    changed = [f.name for f in fields(d) if getattr(d, f.name) != getattr(default, f.name)]
+    changed = [f.name for f in fields(d) if getattr(d, f.name) != getattr(default, f.name)
+               and f.name != "sharding"]
     if not changed:
         return
     import importlib.util

@@ -20,12 +20,14 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from sparring.aggregation import count_seqs, count_tokens
+from sparring.data import TurnBatch
 
 
 @dataclass(frozen=True)
@@ -69,21 +71,27 @@ def all_ranks(flag: bool, device: torch.device) -> bool:
     return bool(t.item())
 
 
-def all_reduce_grads(params: Iterable[Tensor]) -> None:
-    """``p.grad <- sum_r p.grad_r`` for every parameter some rank has a gradient for (a rank
-    without one, e.g. with no rows, adds zeros); a parameter no rank has a gradient for
-    keeps ``grad = None``, as in one process."""
+def agreed_grads(params: Iterable[Tensor]) -> list[Tensor]:
+    """The parameters of ``params`` (in their order) that some rank has a gradient for; a
+    rank without one for such a parameter (e.g. with no rows) gets zeros, so that every
+    rank then holds a gradient for the same parameters. A parameter no rank has a gradient
+    for keeps ``grad = None``, as in one process."""
     params = list(params)
     if not params:
-        return
+        return []
     has = torch.tensor([p.grad is not None for p in params], dtype=torch.int32,
                        device=params[0].device)
     dist.all_reduce(has, op=dist.ReduceOp.MAX)
-    for p, h in zip(params, has.tolist()):
-        if not h:
-            continue
+    out = [p for p, h in zip(params, has.tolist()) if h]
+    for p in out:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
+    return out
+
+
+def all_reduce_grads(params: Iterable[Tensor]) -> None:
+    """``p.grad <- sum_r p.grad_r`` on every rank, for the parameters of `agreed_grads`."""
+    for p in agreed_grads(params):
         dist.all_reduce(p.grad)
 
 
@@ -97,3 +105,17 @@ def reduce_stats(stats: dict[str, float]) -> defaultdict[str, float]:
         for k, v in (part or {}).items():
             out[k] = max(out[k], v) if k.startswith("_max/") and k in out else out[k] + v
     return out
+
+
+def to_cpu(x: Any) -> Any:
+    """``x`` with its tensors on the CPU, through dicts, lists, tuples and `TurnBatch`es
+    (what one rank sends is unpickled on another's device)."""
+    if isinstance(x, Tensor):
+        return x.cpu()
+    if isinstance(x, TurnBatch):
+        return x.to("cpu")
+    if isinstance(x, dict):
+        return {k: to_cpu(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return type(x)(to_cpu(v) for v in x)
+    return x

@@ -10,6 +10,7 @@ proves it safe from a few maxima first.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -65,13 +66,19 @@ def step_stays_finite(optimizer: torch.optim.Optimizer, grad_norm: float) -> boo
     return True
 
 
-def guarded_step(optimizer: torch.optim.Optimizer, grad_norm: float) -> bool:
+def guarded_step(optimizer: torch.optim.Optimizer, grad_norm: float,
+                 agree: Callable[[bool], bool] | None = None) -> bool:
     """``optimizer.step()``, unless it makes a weight or a moment non-finite: then the
     weights and the optimizer are put back bit for bit and the result is False. When
     `step_stays_finite` proves the step safe (any sane learning rate) no copy is made;
     otherwise the parameters and their optimizer state are copied first (and put back
-    too if the step raises, e.g. torch's overflow error for a step size beyond float32)."""
-    if step_stays_finite(optimizer, grad_norm):
+    too if the step raises, e.g. torch's overflow error for a step size beyond float32).
+    ``agree(ok)``: True when ``ok`` holds on every learner rank, where each rank steps
+    its own share of the parameters (`sparring.train.sharded_optimizer`); the proof and
+    the finiteness check are then agreed, so every rank keeps the step or none does (a
+    rank whose step raised puts it back and raises after the others have agreed)."""
+    agree = agree or (lambda ok: ok)
+    if agree(step_stays_finite(optimizer, grad_norm)):
         optimizer.step()
         return True
     params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
@@ -88,14 +95,20 @@ def guarded_step(optimizer: torch.optim.Optimizer, grad_norm: float) -> bool:
                 else:  # its first step: AdamW had no state for it
                     optimizer.state.pop(p, None)
 
+    raised: Exception | None = None
     try:
         optimizer.step()
+    except Exception as e:
+        raised = e
     except BaseException:
         put_back()
         raise
-    after = [t for p in params for t in (p, *optimizer.state[p].values())
-             if isinstance(t, Tensor) and t.is_floating_point()]
-    if all(bool(torch.isfinite(t).all()) for t in after):
+    ok = raised is None and all(
+        bool(torch.isfinite(t).all()) for p in params for t in (p, *optimizer.state[p].values())
+        if isinstance(t, Tensor) and t.is_floating_point())
+    if agree(ok):
         return True
     put_back()
+    if raised is not None:
+        raise raised
     return False

@@ -32,7 +32,10 @@ after ``max_skipped_updates`` consecutive skips `NonFiniteError` is raised.
 With a process group of W > 1 learner ranks (`sparring.train.data_parallel`), each rank
 trains on a contiguous share of every mini-batch's rows with the whole mini-batch's token
 and sequence counts, the gradients are summed over the ranks before the optimizer step
-(every rank then holds the same weights), and the metrics are those of the whole batch.
+(every rank then holds the same weights), and the metrics are those of the whole batch;
+after `shard_optimizer`, each rank keeps and steps the optimizer state of its own share of
+the weights only (`sparring.train.sharded_optimizer`). ``optimizer_state_mb`` reports the
+optimizer state this process holds.
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ from sparring.train.loss import micro_loss
 from sparring.train.param_groups import param_groups
 from sparring.train.reference import Reference
 from sparring.train.row_sparse_adamw import RowSparseAdamW
+from sparring.train.sharded_optimizer import OptimizerShard
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +81,13 @@ def sampler_correction_level(cfg: Config) -> str:
     return sampler_level(cfg.algorithm.importance_correction.level,
                          vllm=cfg.model.backend == "vllm",
                          recomputed=cfg.algorithm.recompute_old_logp)
+
+
+def state_megabytes(optimizer: torch.optim.Optimizer) -> float:
+    """The memory of the tensors ``optimizer`` keeps (AdamW's moments and steps), in MiB:
+    this rank's share with a sharded optimizer."""
+    return sum(t.numel() * t.element_size() for st in optimizer.state.values()
+               for t in st.values() if isinstance(t, Tensor)) / 2**20
 
 
 class Learner:
@@ -136,6 +147,7 @@ class Learner:
                                              a.entropy_target_rate)
                                if a.entropy_target is not None else None)
         self.gen = torch.Generator().manual_seed(cfg.train.seed)
+        self.shard: OptimizerShard | None = None  # see shard_optimizer
         self.consecutive_skips = 0
         self.total_skips = 0
 
@@ -239,10 +251,37 @@ class Learner:
                 f"stopping (limit train.max_skipped_updates={limit}). Lower optim.lr, check "
                 f"rewards/advantages for NaN or inf, or raise optim.max_grad_norm clipping.")
 
-    def _guarded_step(self, grad_norm: float) -> bool:
+    def shard_optimizer(self) -> None:
+        """From now on keep and step only this rank's share of the optimizer state
+        (`sparring.train.sharded_optimizer`); in one process, nothing changes. Every rank
+        calls it once, after every rank has loaded the run's start state."""
+        ranks = dp.ranks()
+        if ranks is not None and self.shard is None:
+            self.shard = OptimizerShard(self.optimizer, ranks)
+            self.shard.keep_own_state()
+
+    def _sum_and_clip_grads(self, ranked: bool) -> tuple[float, list[Tensor]]:
+        """The gradients summed over the learner ranks (``ranked``; onto their owners with a
+        sharded optimizer) and clipped to ``optim.max_grad_norm``: their norm before
+        clipping, and the parameters about to step (a sharded optimizer's; else [])."""
+        max_norm = self.cfg.optim.max_grad_norm or math.inf
+        if self.shard is not None:
+            stepped = self.shard.reduce_grads()
+            return self.shard.clip_grads(stepped, max_norm), stepped
+        if ranked:
+            dp.all_reduce_grads(self.params)
+        return float(torch.nn.utils.clip_grad_norm_(self.params, max_norm)), []
+
+    def _guarded_step(self, grad_norm: float, stepped: list[Tensor]) -> bool:
         """The optimizer step, undone if it leaves a weight non-finite
-        (`sparring.train.guarded_step`)."""
-        return guarded_step(self.optimizer, grad_norm)
+        (`sparring.train.guarded_step`); with a sharded optimizer, this rank's share of
+        it, then every weight of ``stepped`` from its owner."""
+        if self.shard is None:
+            return guarded_step(self.optimizer, grad_norm)
+        kept = guarded_step(self.optimizer, grad_norm, agree=self.shard.agree)
+        if kept:
+            self.shard.share_weights(stepped)
+        return kept
 
     def update(self, batch: TurnBatch, advantages: Tensor, keep: Tensor | None = None
                ) -> dict[str, float]:
@@ -300,21 +339,18 @@ class Learner:
                         finite = False
                         break
                     loss.backward()
-                if ranks is not None:  # all ranks skip together, or sum their gradients
+                if ranks is not None:  # all ranks skip together
                     finite = dp.all_ranks(finite, self.device)
-                    if finite:
-                        dp.all_reduce_grads(self.params)
                 if not finite:
                     skips += 1
                     self._skip("non-finite loss")
                     continue
-                max_norm = cfg.optim.max_grad_norm or math.inf
-                gn = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+                gn, stepped = self._sum_and_clip_grads(ranks is not None)
                 if not math.isfinite(gn):
                     skips += 1
                     self._skip("non-finite gradient")
                     continue
-                if not self._guarded_step(gn):
+                if not self._guarded_step(gn, stepped):
                     skips += 1
                     self._skip("non-finite weight after the optimizer step (step undone)")
                     continue
@@ -342,14 +378,19 @@ class Learner:
         if self.entropy_target is not None and steps > 0:
             self.entropy_target.observe(out["entropy"])
         out.update(grad_norm=sum(grad_norms) / max(len(grad_norms), 1), optimizer_steps=steps,
-                   skipped_updates=skips, total_skipped_updates=self.total_skips)
+                   skipped_updates=skips, total_skipped_updates=self.total_skips,
+                   optimizer_state_mb=state_megabytes(self.optimizer))
         return out
 
     # ------------------------------------------------------------ checkpoint state
 
     def state_dict(self) -> dict[str, Any]:
+        """The learner's state; with a sharded optimizer a collective of every rank, whose
+        optimizer state is whole on rank 0 only (`OptimizerShard.full_state_dict`)."""
+        optimizer = (self.optimizer.state_dict() if self.shard is None
+                     else self.shard.full_state_dict())
         st: dict[str, Any] = {
-            "optimizer": self.optimizer.state_dict(), "schedule": self.schedule.state_dict(),
+            "optimizer": optimizer, "schedule": self.schedule.state_dict(),
             "gen": self.gen.get_state(), "consecutive_skips": self.consecutive_skips,
             "total_skips": self.total_skips}
         if self.critic is not None:
@@ -367,6 +408,8 @@ class Learner:
 
     def load_state_dict(self, st: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(st["optimizer"])
+        if self.shard is not None:
+            self.shard.keep_own_state()
         self.schedule.load_state_dict(st["schedule"])
         self.gen.set_state(st["gen"])
         self.consecutive_skips = int(st["consecutive_skips"])

@@ -17,7 +17,12 @@ group (`broadcast_object_list`):
    found here, before anything changes the policies, and the leader's crash checkpoint
    of the last finished step is exact;
 3. then each policy's rows: ``[(batch, advantages, keep)]``, in the run's policy order;
-4. at the end, or when the leader stops between two updates, ``("stop", why)``.
+4. with ``distributed.sharding: optimizer`` (each rank keeps its own share of the optimizer
+   state from the start state on: `sparring.train.sharded_optimizer`), before each
+   checkpoint a header ``("state", step)``, and every rank joins the gathering of each
+   policy's learner state in policy order (`gather_learner_states`); a rank lost between
+   two steps then leaves no crash checkpoint;
+5. at the end, or when the leader stops between two updates, ``("stop", why)``.
 
 A rank lost part-way through an update ends the run at the leader's next collective with
 the error (no crash checkpoint: it would mix two steps; the last periodic one stands).
@@ -43,6 +48,7 @@ from torch import Tensor
 from sparring.config import Config
 from sparring.data import TurnBatch
 from sparring.train import data_parallel as dp
+from sparring.train.checkpoint import FrozenState
 from sparring.train.policies import Models, TrainedPolicy, trained_policies
 
 log = logging.getLogger(__name__)
@@ -73,6 +79,28 @@ def start_learner_ranks() -> dp.Ranks | None:
     return dp.ranks()
 
 
+@contextlib.contextmanager
+def torchrun_ranks() -> Iterator[dp.Ranks | None]:
+    """`start_learner_ranks` for the length of the block; a group it started is left at the
+    end, by every rank. When the block ended without an error the ranks wait for each other
+    first: a gloo group torn down while a peer is still in it, or left to the interpreter's
+    teardown, can abort the process ("terminate called without an active exception")."""
+    started = not (dist.is_available() and dist.is_initialized())
+    ranks = start_learner_ranks()
+    if ranks is None or not started:
+        yield ranks
+        return
+    together = False
+    try:
+        yield ranks
+        together = True
+    finally:
+        if together:
+            with contextlib.suppress(RuntimeError):  # a peer that ended with its own error
+                dist.barrier()
+        dist.destroy_process_group()
+
+
 def is_follower() -> bool:
     """True on ranks 1..N-1 of a group of learner ranks."""
     r = dp.ranks()
@@ -84,19 +112,6 @@ def share(obj: Any = None) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, src=LEADER)
     return box[0]
-
-
-def _cpu(x: Any) -> Any:
-    """``x`` with its tensors on the CPU (what is sent is unpickled on other devices)."""
-    if isinstance(x, Tensor):
-        return x.cpu()
-    if isinstance(x, TurnBatch):
-        return x.to("cpu")
-    if isinstance(x, dict):
-        return {k: _cpu(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return type(x)(_cpu(v) for v in x)
-    return x
 
 
 def start_state(policies: Sequence[TrainedPolicy]) -> list[dict[str, Any]]:
@@ -121,12 +136,13 @@ class Leader:
     step's header until every policy's update is done: the ranks are then inside the same
     collectives, and no stop message can be sent."""
 
-    def __init__(self, ranks: dp.Ranks):
+    def __init__(self, ranks: dp.Ranks, sharding: str = "none"):
         self.ranks = ranks
+        self.sharded = sharding == "optimizer"
         self.mid_update = False
 
     @classmethod
-    def of_process_group(cls) -> Leader | None:
+    def of_process_group(cls, sharding: str = "none") -> Leader | None:
         """The leader of the current group of learner ranks; None in one process. A
         follower must not run the leader's loop (`ValueError`)."""
         r = dp.ranks()
@@ -135,7 +151,7 @@ class Leader:
         if r.rank != LEADER:
             raise ValueError(f"rank {r.rank} of {r.size}: followers take part in updates "
                              "only (`sparring.train.learner_ranks.follow`)")
-        return cls(r)
+        return cls(r, sharding)
 
     def _send(self, what: str, obj: Any) -> None:
         try:
@@ -145,7 +161,26 @@ class Leader:
                                 f"ranks): {e}") from e
 
     def send_start(self, policies: Sequence[TrainedPolicy]) -> None:
-        self._send("the run's start state", _cpu(start_state(policies)))
+        """The run's start state to every rank; then, with a sharded optimizer, each rank
+        keeps its own share of it."""
+        self._send("the run's start state", dp.to_cpu(start_state(policies)))
+        if self.sharded:
+            for p in policies:
+                p.learner.shard_optimizer()
+
+    def learner_states(self, step: int, policies: Sequence[TrainedPolicy]
+                       ) -> dict[str, FrozenState]:
+        """With a sharded optimizer: each policy's whole learner state for step ``step``'s
+        checkpoint, gathered from every rank (by `TrainedPolicy.key`); else {} (rank 0
+        holds it whole)."""
+        if not self.sharded:
+            return {}
+        self._send(f"step {step}'s checkpoint header", ("state", step))
+        try:
+            return gather_learner_states(policies)
+        except RuntimeError as e:
+            raise RankLostError(f"a learner rank did not send its optimizer state for step "
+                                f"{step}'s checkpoint: {e}") from e
 
     def begin_update(self, step: int) -> None:
         """Step ``step``'s header (0-based), before anything changes the policies."""
@@ -153,7 +188,7 @@ class Leader:
         self.mid_update = True
 
     def send_rows(self, rows: Sequence[tuple[TurnBatch, Tensor, Tensor]]) -> None:
-        self._send("the step's rows", _cpu(list(rows)))
+        self._send("the step's rows", dp.to_cpu(list(rows)))
 
     def end_update(self) -> None:
         self.mid_update = False
@@ -181,6 +216,12 @@ def stops_followers(leader: Leader | None) -> Iterator[None]:
         raise
 
 
+def gather_learner_states(policies: Sequence[TrainedPolicy]) -> dict[str, FrozenState]:
+    """Each policy's learner state, in policy order: a collective of every rank (the
+    sharded optimizer's state is whole on rank 0 only)."""
+    return {p.key("learner"): FrozenState(p.learner) for p in policies}
+
+
 def follow(cfg: Config, model: Models) -> None:
     """A follower's run: the start state, then every step's update, until the leader stops
     (`Leader`). ``model`` as `sparring.train.loop.train` takes it (LoRA is attached here
@@ -194,11 +235,17 @@ def follow(cfg: Config, model: Models) -> None:
         log.info("rank %d: the run ended before its first step (%s)", r.rank, state[1])
         return
     load_start_state(policies, state)
+    if cfg.distributed.sharding == "optimizer":
+        for p in policies:
+            p.learner.shard_optimizer()
     while True:
         kind, arg = share()
         if kind == "stop":
             log.info("rank %d: the run ended (%s)", r.rank, arg)
             return
+        if kind == "state":
+            gather_learner_states(policies)
+            continue
         rows = share()
         if len(rows) != len(policies):
             raise RankLostError(f"step {arg + 1}: rows for {len(rows)} policies, this rank "

@@ -140,7 +140,7 @@ def _train(cfg: Config, model: Models, rollout_fn: RolloutSource, eval_fn: EvalF
            on_row: OnRow | None = None) -> Path:
     """`_train_steps`; with other learner ranks (`sparring.train.learner_ranks`) this
     process leads them and tells them when the run ends."""
-    leader = Leader.of_process_group()
+    leader = Leader.of_process_group(cfg.distributed.sharding)
     with stops_followers(leader):
         out = _train_steps(cfg, model, rollout_fn, eval_fn, stateful, run, pad_id, resume,
                            on_row, leader)
@@ -210,7 +210,7 @@ class _Run:
                  stateful: Mapping[str, Any] | None, pad_id: int, on_row: OnRow | None,
                  leader: Leader | None = None):
         self.cfg, self.run, self.policies = cfg, run, policies
-        self.eval_fn, self.on_row = eval_fn, on_row
+        self.eval_fn, self.on_row, self.leader = eval_fn, on_row, leader
         self.own = {p.key(k) for p in policies for k in ("learner", "stage")}
         self.objects: dict[str, Any] = {p.key(k): getattr(p, k) for p in policies
                                         for k in ("learner", "stage")}
@@ -330,9 +330,12 @@ class _Run:
 
     def checkpoint(self, step: int, stateful: Mapping[str, Any] | None = None,
                    meta: dict[str, Any] | None = None) -> None:
+        objects = self.objects if stateful is None else stateful
+        if self.leader is not None:  # a sharded optimizer's state, gathered from the ranks
+            objects = {**objects, **self.leader.learner_states(step, self.policies)}
         save_checkpoint(self.run, step,
                         weights={p.weights_name: p.weights() for p in self.policies},
-                        stateful=self.objects if stateful is None else stateful,
+                        stateful=objects,
                         meta={**self.ref_sha256, **(meta or {})}, keep=self.cfg.checkpoint.keep,
                         protect=self.best and self.best.step)
 
