@@ -40,7 +40,8 @@ def main() -> None:
     ap.add_argument("--digits", type=int, default=3)
     ap.add_argument("--max-calls", type=int, default=3)
     ap.add_argument("--max-turns", type=int, default=4)
-    ap.add_argument("--max-new-tokens", type=int, default=24)
+    ap.add_argument("--max-new-tokens", type=int, default=40,
+                    help="tokens a turn at most (the recipe's 40)")
     ap.add_argument("--sample", action="store_true")
     ap.add_argument("--free", action="store_true",
                     help="no constrained command word: the whole turn is free text")

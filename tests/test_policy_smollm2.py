@@ -147,7 +147,7 @@ def test_the_calculator_reads_what_smollm2_writes():
     from sparring.rollout.arena import Arena
     from sparring.rollout.prompts import PromptConfig
 
-    arena = Arena(SamplingParams(greedy=True, max_new_tokens=24, stop=("\n",)),
+    arena = Arena(SamplingParams(greedy=True, max_new_tokens=40, stop=("\n",)),
                   PromptConfig("state"), InvalidActionPolicy("constrained"))
     eps = arena.run_episodes(lambda: make("calculator", digits=3, max_calls=2),
                              seeds=range(HELD_OUT_SEED, HELD_OUT_SEED + 8),
