@@ -29,6 +29,8 @@ from torch import Tensor
 from sparring.aggregation import count_seqs, count_tokens
 from sparring.data import TurnBatch
 
+LEADER = 0  # the rank that samples, evaluates and owns the run folder
+
 
 @dataclass(frozen=True)
 class Ranks:

@@ -49,12 +49,12 @@ from sparring.config import Config
 from sparring.data import TurnBatch
 from sparring.train import data_parallel as dp
 from sparring.train.checkpoint import FrozenState
+from sparring.train.data_parallel import LEADER
 from sparring.train.policies import Models, TrainedPolicy, trained_policies
 
 log = logging.getLogger(__name__)
 
 RANK_TIMEOUT = datetime.timedelta(hours=1)
-LEADER = 0
 
 
 class RankLostError(RuntimeError):

@@ -42,8 +42,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from sparring.train import data_parallel as dp
-
-LEADER = 0
+from sparring.train.data_parallel import LEADER
 
 
 def owners(sizes: list[int], world: int) -> list[int]:
@@ -137,7 +136,8 @@ class OptimizerShard:
         the format of one process (every parameter's state, by its index in the
         optimizer); on the other ranks: their own shard's."""
         local = self.optimizer.state_dict()
-        parts: list[Any] | None = [None] * self.ranks.size if self.ranks.rank == LEADER else None
+        parts: list[Any] | None = ([None] * self.ranks.size if self.ranks.rank == LEADER
+                                   else None)
         dist.gather_object(dp.to_cpu(local["state"]), parts, dst=LEADER)
         if parts is None:
             return local
