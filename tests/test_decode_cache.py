@@ -20,9 +20,9 @@ def tiny():
                              "intermediate_size": 64})
 
 
-def _generate(tiny, decode, sampling, allowed=None, seeds=None):
+def _generate(tiny, decode, sampling, allowed=None, seeds=None, device="cpu"):
     model, tok = tiny
-    pol = HFPolicy(model, tok, seed=5, decode=decode)
+    pol = HFPolicy(model, tok, seed=5, decode=decode, device=device)
     prompts = [tok.encode(p, add_special_tokens=False) for p in PROMPTS]
     return pol.generate(prompts, sampling, allowed=allowed, seeds=seeds)
 
@@ -56,36 +56,37 @@ def test_static_cache_decodes_as_the_growing_cache(tiny, case, monkeypatch):
 
 
 @pytest.mark.slow  # two compilations, about 30 s of CPU
-def test_compiled_decode_step_samples_as_the_dynamic_one(tiny):
-    """torch.compile'd (CPU: inductor) against eager, over two batch shapes."""
+def test_compiled_decode_step_samples_as_the_dynamic_one(tiny, device):
+    """torch.compile'd (CPU: inductor; CUDA: a CUDA graph) against eager, over two batch
+    shapes, on the device under test."""
     sampling, allowed, seeds = CASES["sampled, per-prompt seeds, constrained"]
-    _assert_same(_generate(tiny, "compiled", sampling, allowed, seeds),
-                 _generate(tiny, "dynamic", sampling, allowed, seeds))
+    _assert_same(_generate(tiny, "compiled", sampling, allowed, seeds, device),
+                 _generate(tiny, "dynamic", sampling, allowed, seeds, device))
     model, tok = tiny
     prompts = [tok.encode(p, add_special_tokens=False) for p in PROMPTS[:2]]
     sp = SamplingParams(temperature=1.0, max_new_tokens=8)
-    a = HFPolicy(model, tok, seed=2, decode="compiled").generate(prompts, sp)
-    b = HFPolicy(model, tok, seed=2, decode="dynamic").generate(prompts, sp)
+    a = HFPolicy(model, tok, seed=2, decode="compiled", device=device).generate(prompts, sp)
+    b = HFPolicy(model, tok, seed=2, decode="dynamic", device=device).generate(prompts, sp)
     _assert_same(a, b)
 
 
 @pytest.mark.slow  # compiles
-def test_compiled_decode_through_lora_adapters_samples_as_the_dynamic_one(tiny):
+def test_compiled_decode_through_lora_adapters_samples_as_the_dynamic_one(tiny, device):
     import copy
 
     from sparring.config.schema import LoraConfig
     from sparring.policy.lora import apply_lora
 
     model, tok = tiny
-    model = apply_lora(copy.deepcopy(model), LoraConfig(enabled=True, r=4, alpha=8,
+    model = apply_lora(copy.deepcopy(model).cpu(), LoraConfig(enabled=True, r=4, alpha=8,
                                                         target_modules=["q_proj", "v_proj"]))
     with torch.no_grad():  # adapters that change the logits (B starts at 0)
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.5, generator=torch.Generator().manual_seed(0))
     sp = SamplingParams(temperature=1.0, max_new_tokens=12)
-    _assert_same(_generate((model, tok), "compiled", sp, seeds=[1, 2, 3, 4]),
-                 _generate((model, tok), "dynamic", sp, seeds=[1, 2, 3, 4]))
+    _assert_same(_generate((model, tok), "compiled", sp, seeds=[1, 2, 3, 4], device=device),
+                 _generate((model, tok), "dynamic", sp, seeds=[1, 2, 3, 4], device=device))
 
 
 def test_unknown_decode_is_named(tiny):
