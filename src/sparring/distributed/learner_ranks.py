@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from sparring.config import Config, DistributedConfig
 from sparring.distributed.rollouts import require_ray
-from sparring.train.learner_ranks import RANK_TIMEOUT
+from sparring.train.learner_ranks import init_group
 
 PLACE_TIMEOUT_S = 300  # how long Ray may take to start the actors before the run gives up
 
@@ -57,8 +57,8 @@ class LearnerRankActor:
         from sparring.train.learner_ranks import follow
 
         torch.set_num_threads(1)
-        dist.init_process_group(self.backend, init_method=f"tcp://{self.address}",
-                                rank=self.rank, world_size=self.world, timeout=RANK_TIMEOUT)
+        init_group(self.backend, init_method=f"tcp://{self.address}", rank=self.rank,
+                   world_size=self.world)
         try:
             follow(self.cfg, self.build_models(self.cfg))
         finally:
@@ -101,8 +101,7 @@ class RayLearnerRanks:
         device = torch.device(cfg.model.device)
         if device.type == "cuda" and device.index is not None:  # NCCL's buffers on this
             torch.cuda.set_device(device)  # rank's own GPU (model.device), not on GPU 0
-        dist.init_process_group(_backend(cfg), init_method=f"tcp://{address}", rank=0,
-                                world_size=world, timeout=RANK_TIMEOUT)
+        init_group(_backend(cfg), init_method=f"tcp://{address}", rank=0, world_size=world)
 
     def close(self) -> None:
         """After the run (rank 0 has told the others it ended): wait for the actors to

@@ -61,6 +61,17 @@ class RankLostError(RuntimeError):
     """A learner rank stopped answering (its process died, or a collective timed out)."""
 
 
+def init_group(backend: str, **kwargs: Any) -> None:
+    """`dist.init_process_group` with `RANK_TIMEOUT`, after importing `torch.distributed.nn`.
+    That module's functions take ``group=group.WORLD`` as a default argument: imported once
+    the group exists (transformers' ``modeling_utils`` imports it), it keeps the group alive
+    for the life of the interpreter, its gloo threads outlive `dist.destroy_process_group`,
+    and the process can abort at exit ("terminate called without an active exception")."""
+    import torch.distributed.nn  # noqa: F401  (its defaults capture no group yet)
+
+    dist.init_process_group(backend, timeout=RANK_TIMEOUT, **kwargs)
+
+
 def start_learner_ranks() -> dp.Ranks | None:
     """The default process group of the ranks `torchrun` started (``WORLD_SIZE`` > 1 in
     the environment; NCCL on each rank's own GPU, ``LOCAL_RANK``, when CUDA is available,
@@ -75,7 +86,7 @@ def start_learner_ranks() -> dp.Ranks | None:
         backend = "nccl"
     else:
         backend = "gloo"
-    dist.init_process_group(backend, timeout=RANK_TIMEOUT)
+    init_group(backend)
     return dp.ranks()
 
 
@@ -84,7 +95,8 @@ def torchrun_ranks() -> Iterator[dp.Ranks | None]:
     """`start_learner_ranks` for the length of the block; a group it started is left at the
     end, by every rank. When the block ended without an error the ranks wait for each other
     first: a gloo group torn down while a peer is still in it, or left to the interpreter's
-    teardown, can abort the process ("terminate called without an active exception")."""
+    teardown, can abort the process ("terminate called without an active exception");
+    `init_group` keeps anything else from holding it past `dist.destroy_process_group`."""
     started = not (dist.is_available() and dist.is_initialized())
     ranks = start_learner_ranks()
     if ranks is None or not started:
