@@ -364,10 +364,9 @@ def test_lora_last_layers_adapts_the_top_layers_and_backward_stops_there():
         {f"self_attn.{m}" for m in ("q_proj", "k_proj", "v_proj", "o_proj")}
     needs_grad = {}
     layers = model.get_base_model().model.layers
-    for i, layer in enumerate(layers):
-        layer.register_forward_hook(
-            lambda _m, _i, out, i=i: needs_grad.setdefault(i, set()).add(
-                (out[0] if isinstance(out, tuple) else out).requires_grad))
+    for i, layer in enumerate(layers):  # each layer's MLP output, on every forward path
+        layer.mlp.register_forward_hook(
+            lambda _m, _i, out, i=i: needs_grad.setdefault(i, set()).add(out.requires_grad))
     before = {k: v.clone() for k, v in model.named_parameters()}
     Learner(model, cfg).update(batch, adv)
     assert True not in needs_grad[0] and True in needs_grad[1]
@@ -589,11 +588,8 @@ def test_shared_prompts_give_the_hand_loss_gradient(micro, start, samples):
         cfg = make_cfg(algorithm__entropy_coef=0.01, train__microbatch_size=micro,
                        train__share_prefix=share)
         learner = Learner(model, cfg)
-        calls = []
-        hook = model.register_forward_pre_hook(
-            lambda _m, _a, k, seen=calls: seen.append(k["input_ids"].shape), with_kwargs=True)
-        learner.update(batch, adv)
-        hook.remove()
+        with th.forward_shapes(model) as calls:
+            learner.update(batch, adv)
         for g, e in zip(first_step_grads(learner), expected):
             torch.testing.assert_close(g, e, atol=2e-6, rtol=1e-4)
         if start:  # all 6 prompts distinct: the 10-token common start runs alone first
@@ -617,11 +613,8 @@ def test_value_head_shares_prompts_and_rows_with_the_same_values_and_gradients()
         torch.manual_seed(0)  # the same value head
         learner = Learner(model, cfg)
         values = learner.values(batch)
-        calls = []
-        hook = model.register_forward_pre_hook(
-            lambda _m, _a, k, seen=calls: seen.append(k["input_ids"].shape), with_kwargs=True)
-        learner.update(batch, adv)
-        hook.remove()
+        with th.forward_shapes(model) as calls:
+            learner.update(batch, adv)
         got.append((values, first_step_grads(learner), calls))
     (v0, g0, c0), (v1, g1, c1) = got
     assert v0.abs().sum() > 0
@@ -652,14 +645,11 @@ def test_share_rows_runs_each_distinct_row_once_with_the_same_logprobs_and_gradi
         cfg = from_dict({"algorithm": {"estimator": "test_centered"},
                          "train": {"steps": 1, "share_rows": share, "share_prefix": False}})
         learner = Learner(model, cfg)
-        seen = []
-        hook = model.register_forward_pre_hook(
-            lambda _m, _a, kw, seen=seen: seen.append(kw["input_ids"].shape[0]),
-            with_kwargs=True)
-        logp, ent, _ = learner.passes.forward(batch.input_ids, batch.attention_mask,
-                                              with_values=False, allowed=batch.allowed,
-                                              amask=batch.action_mask)
-        hook.remove()
+        with th.forward_shapes(model) as shapes:
+            logp, ent, _ = learner.passes.forward(batch.input_ids, batch.attention_mask,
+                                                  with_values=False, allowed=batch.allowed,
+                                                  amask=batch.action_mask)
+        seen = [s[0] for s in shapes]
         ((logp * w + 0.1 * ent) * batch.action_mask).sum().backward()
         got.append((logp.detach(), ent.detach(), [p.grad.clone() for p in model.parameters()
                                                   if p.grad is not None], seen))

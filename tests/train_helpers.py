@@ -9,6 +9,8 @@ The estimator / objective registered here are test doubles written out in full
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -29,6 +31,20 @@ def tiny_qwen(seed: int = 0) -> Qwen2ForCausalLM:
                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                       max_position_embeddings=64, tie_word_embeddings=False)
     return Qwen2ForCausalLM(cfg)
+
+
+@contextmanager
+def forward_shapes(model) -> Iterator[list[torch.Size]]:
+    """The shape of the token ids of each forward of ``model`` inside the block, read at
+    its input embedding (which every forward path calls: the model's own and
+    `sparring.policy.scored_forward`'s)."""
+    shapes: list[torch.Size] = []
+    hook = model.get_input_embeddings().register_forward_hook(
+        lambda _m, args, _out: shapes.append(args[0].shape))
+    try:
+        yield shapes
+    finally:
+        hook.remove()
 
 
 def _centered(batch, scale=1.0, **_):

@@ -34,6 +34,10 @@ games leave their partial-pooling traps (docs/benchmarks.md, "Two-policy signall
 A value head (`sparring.critic.value_head`) reads the same forward's last hidden states
 (`token_logprobs_and_hidden`), so a critic on the policy costs no second pass and shares its
 prompts as the log-probs do.
+
+``scored``: where only some tokens' values are needed (the learner's action tokens), a
+Llama-family model runs its top layer, LM head and log-softmax at those tokens alone
+(`sparring.policy.scored_forward`); the other positions then hold 0.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from torch import Tensor
 from sparring.policy.feature_cache import cached_prefix_logits, feature_cache_of
 from sparring.policy.hidden import capture_hidden, shift_right
 from sparring.policy.prefix import Prefixes, shared_prefix_logits, to_rows
+from sparring.policy.scored_forward import scored_logits, scored_positions, supports
 
 Allowed = Sequence[dict[int, list[int]] | None]
 
@@ -129,34 +134,50 @@ def _restrict(lg: Tensor, ids: Tensor, allowed: Allowed, lp: Tensor, ent: Tensor
 def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor,
                    temperature: float = 1.0, with_entropy: bool = False,
                    allowed: Allowed | None = None, prefixes: Prefixes | None = None,
-                   bonus: str = "entropy") -> tuple[Tensor, Tensor | None]:
+                   bonus: str = "entropy", scored: Tensor | None = None
+                   ) -> tuple[Tensor, Tensor | None]:
     """Forward ``model`` on right-padded ``input_ids [n, T]``; returns log-probs ``[n, T]``
     (and, ``with_entropy``, the ``bonus`` per token, module docstring).
 
     ``allowed``: per row ``{position: allowed token ids}`` from constrained decoding
     (``TurnBatch.allowed``), or None. ``prefixes``: `prefix.find_prefixes` of the rows to run
     each distinct prefix once (`prefix.shared_prefix_logits`); positions before a row's
-    prefix end then get 0 (they are never action tokens)."""
+    prefix end then get 0 (they are never action tokens). ``scored [n, T]`` (bool): the
+    only positions whose values are needed, or None (module docstring)."""
     lp, ent, _ = _forward(model, input_ids, attention_mask, temperature, with_entropy,
-                          allowed, prefixes, keep_hidden=False, bonus=bonus)
+                          allowed, prefixes, keep_hidden=False, bonus=bonus, scored=scored)
     return lp, ent
 
 
 def token_logprobs_and_hidden(model: torch.nn.Module, input_ids: Tensor,
                               attention_mask: Tensor, temperature: float = 1.0,
                               with_entropy: bool = False, allowed: Allowed | None = None,
-                              prefixes: Prefixes | None = None, bonus: str = "entropy"
+                              prefixes: Prefixes | None = None, bonus: str = "entropy",
+                              scored: Tensor | None = None
                               ) -> tuple[Tensor, Tensor | None, Tensor]:
     """`token_logprobs` and the hidden states ``[n, T, H]`` they were computed from:
     ``hidden[:, t]`` is the last hidden state of the context ``ids[<t]`` (the state in which
-    token ``t`` is predicted; 0 at t = 0 and, with ``prefixes``, before the row's prefix end)."""
+    token ``t`` is predicted; 0 at t = 0 and, with ``prefixes``, before the row's prefix end,
+    and with ``scored``, off the scored positions)."""
     return _forward(model, input_ids, attention_mask, temperature, with_entropy, allowed,
-                    prefixes, keep_hidden=True, bonus=bonus)
+                    prefixes, keep_hidden=True, bonus=bonus, scored=scored)
 
 
 def _forward(model, input_ids, attention_mask, temperature, with_entropy, allowed, prefixes,
-             keep_hidden: bool, bonus: str = "entropy"
+             keep_hidden: bool, bonus: str = "entropy", scored: Tensor | None = None
              ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    if prefixes is None and scored is not None and supports(model):
+        pos = scored_positions(scored.bool())
+        logits, targets, h = scored_logits(model, input_ids, pos, keep_hidden)
+        slot = None
+        if allowed is not None:  # position t of row i -> 1 + its index among the scored
+            slot = [{t: 1 + j for j, t in enumerate(row) if t < input_ids.shape[1]}
+                    for row in pos.tolist()]
+            allowed = [None if d is None else {slot[i][t]: a for t, a in d.items()
+                                               if t in slot[i]}  # unscored: unused
+                       for i, d in enumerate(allowed)]
+        return _to_rows(logits, targets, pos, h, input_ids.shape[1], temperature,
+                        with_entropy, allowed, bonus)
     if prefixes is None:
         with capture_hidden(model) if keep_hidden else nullcontext([]) as hs:
             out = model(input_ids=input_ids, attention_mask=attention_mask.long(),
@@ -178,9 +199,17 @@ def _forward(model, input_ids, attention_mask, temperature, with_entropy, allowe
             model, cache, input_ids, attention_mask, prefixes, keep_hidden=keep_hidden,
             allowed=shifted,  # the allowed mass needs the whole vocabulary's logits
             restrict_head=not (with_entropy and bonus == "allowed_mass"))
-    lp, ent = logprobs_from_logits(logits, targets, temperature, with_entropy, shifted, bonus)
-    T = input_ids.shape[1]
+    return _to_rows(logits, targets, pos, h, input_ids.shape[1], temperature, with_entropy,
+                    shifted, bonus)
+
+
+def _to_rows(logits: Tensor, targets: Tensor, pos: Tensor, h: Tensor | None, T: int,
+             temperature: float, with_entropy: bool, allowed: Allowed | None, bonus: str
+             ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """Log-probs, the ``bonus`` and hidden states ``[n, T]`` of the rows from logits in
+    `shared_prefix_logits`' layout (``allowed`` already in that layout's positions)."""
+    lp, ent = logprobs_from_logits(logits, targets, temperature, with_entropy, allowed, bonus)
     hidden = None
-    if h is not None:  # h[:, s] predicts the token at plen + s, i.e. logits' layout shifted
+    if h is not None:  # h[:, s] predicts targets[:, s + 1], i.e. logits' layout shifted
         hidden = to_rows(shift_right(h), pos, T)
     return (to_rows(lp, pos, T), None if ent is None else to_rows(ent, pos, T), hidden)

@@ -9,7 +9,9 @@ What a forward saves, with the same result to float tolerance
   (indexing is differentiable: its gradient is the sum over the rows that repeat it);
 * ``train.share_prefix``: the rows' distinct prompts, and the start they all share, run
   once each (`sparring.policy.prefix`) when that pays (`BatchForward.prefixes`);
-* a value head reads the policy forward's own hidden states (no second pass).
+* a value head reads the policy forward's own hidden states (no second pass);
+* a Llama-family model runs its top layer and LM head at the action tokens alone
+  (`sparring.policy.scored_forward`).
 
 Every forward runs under the model's precision context (`sparring.policy.precision`:
 bf16 autocast over float32 weights for a ``bf16-mixed`` model).
@@ -98,17 +100,18 @@ class BatchForward:
                 # index_select: a fixed order of the repeated rows' gradients
                 return tuple(None if x is None else x.index_select(0, inv) for x in out)
         pre = self.prefixes(ids, att, amask)
+        scored = None if amask is None else amask > 0
         values = None
         with autocast_for(self.model):
             if head:  # the value head reads this forward's hidden states
                 logp, ent, hidden = token_logprobs_and_hidden(
                     self.model, ids, att, self.temperature, with_entropy=True,
-                    allowed=allowed, prefixes=pre, bonus=bonus)
+                    allowed=allowed, prefixes=pre, bonus=bonus, scored=scored)
                 values = self.critic.values_from_hidden(hidden)
             else:
                 logp, ent = token_logprobs(self.model, ids, att, self.temperature,
                                            with_entropy=True, allowed=allowed, prefixes=pre,
-                                           bonus=bonus)
+                                           bonus=bonus, scored=scored)
                 if with_values and self.critic is not None:
                     values = self.critic.separate_values(ids, att)
         return logp, ent, values
@@ -134,11 +137,12 @@ class BatchForward:
                 ids, att, L = row_slices(batch, rows)
                 if what == "ref":
                     model = self.reference.model
+                    amask = batch.action_mask[rows, :L]
                     with self.reference.context(), autocast_for(model):
                         out[rows, :L] = token_logprobs(
                             model, ids, att, self.temperature,
                             allowed=allowed_of(batch, rows),
-                            prefixes=self.prefixes(ids, att, batch.action_mask[rows, :L])
+                            prefixes=self.prefixes(ids, att, amask), scored=amask > 0
                         )[0].float()
                 else:
                     logp, ent, values = self.forward(
