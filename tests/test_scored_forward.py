@@ -101,3 +101,14 @@ def test_scored_positions_are_each_rows_in_order_padded_with_the_length():
     with pytest.raises(ValueError, match="position 0"):
         scored_positions(torch.tensor([[1, 0]], dtype=torch.bool))
 
+
+
+def test_rows_without_a_scored_token_or_scored_at_position_0_take_the_full_forward():
+    model = _llama()
+    ids, att, _, _ = _rows(model.config.vocab_size)
+    nothing = torch.zeros(ids.shape, dtype=torch.bool)
+    first = nothing.clone()
+    first[0, 0] = first[1, 2] = True
+    for scored in (nothing, first):
+        torch.testing.assert_close(token_logprobs(model, ids, att, scored=scored)[0],
+                                   token_logprobs(model, ids, att)[0])

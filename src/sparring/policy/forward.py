@@ -166,7 +166,7 @@ def token_logprobs_and_hidden(model: torch.nn.Module, input_ids: Tensor,
 def _forward(model, input_ids, attention_mask, temperature, with_entropy, allowed, prefixes,
              keep_hidden: bool, bonus: str = "entropy", scored: Tensor | None = None
              ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    if prefixes is None and scored is not None and supports(model):
+    if prefixes is None and scored is not None and _scores_some(scored) and supports(model):
         pos = scored_positions(scored.bool())
         logits, targets, h = scored_logits(model, input_ids, pos, keep_hidden)
         slot = None
@@ -201,6 +201,12 @@ def _forward(model, input_ids, attention_mask, temperature, with_entropy, allowe
             restrict_head=not (with_entropy and bonus == "allowed_mass"))
     return _to_rows(logits, targets, pos, h, input_ids.shape[1], temperature, with_entropy,
                     shifted, bonus)
+
+
+def _scores_some(scored: Tensor) -> bool:
+    """Some token is scored, and none at position 0 (which nothing predicts: the full
+    forward gives it 0)."""
+    return bool(scored.any()) and not bool(scored[:, :1].any())
 
 
 def _to_rows(logits: Tensor, targets: Tensor, pos: Tensor, h: Tensor | None, T: int,
