@@ -156,7 +156,7 @@ def test_ppo_update_moves_the_weights_as_the_learner_does(ex, played, tmp_path, 
     sharing, no top layer at the action tokens alone): AdamW's first steps are about
     lr * g / |g|, so where a gradient is near 0 rounding alone can flip a step of size lr
     (with either on: up to 4e-4 apart on 4% of the embedding's weights)."""
-    monkeypatch.setattr(forward, "supports", lambda _model: False)
+    monkeypatch.setattr(forward, "applies", lambda _model, _scored: False)
     policy, batch = played
     minibatch = (batch.n_rows + 1) // 2
     adv = ex.advantages(batch)

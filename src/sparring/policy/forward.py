@@ -52,7 +52,12 @@ from torch import Tensor
 from sparring.policy.feature_cache import cached_prefix_logits, feature_cache_of
 from sparring.policy.hidden import capture_hidden, shift_right
 from sparring.policy.prefix import Prefixes, shared_prefix_logits, to_rows
-from sparring.policy.scored_forward import scored_logits, scored_positions, supports
+from sparring.policy.scored_forward import (
+    allowed_at_slots,
+    applies,
+    scored_logits,
+    scored_positions,
+)
 
 Allowed = Sequence[dict[int, list[int]] | None]
 
@@ -166,18 +171,12 @@ def token_logprobs_and_hidden(model: torch.nn.Module, input_ids: Tensor,
 def _forward(model, input_ids, attention_mask, temperature, with_entropy, allowed, prefixes,
              keep_hidden: bool, bonus: str = "entropy", scored: Tensor | None = None
              ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    if prefixes is None and scored is not None and _scores_some(scored) and supports(model):
+    if prefixes is None and scored is not None and applies(model, scored):
         pos = scored_positions(scored.bool())
         logits, targets, h = scored_logits(model, input_ids, pos, keep_hidden)
-        slot = None
-        if allowed is not None:  # position t of row i -> 1 + its index among the scored
-            slot = [{t: 1 + j for j, t in enumerate(row) if t < input_ids.shape[1]}
-                    for row in pos.tolist()]
-            allowed = [None if d is None else {slot[i][t]: a for t, a in d.items()
-                                               if t in slot[i]}  # unscored: unused
-                       for i, d in enumerate(allowed)]
         return _to_rows(logits, targets, pos, h, input_ids.shape[1], temperature,
-                        with_entropy, allowed, bonus)
+                        with_entropy, None if allowed is None else allowed_at_slots(allowed, pos),
+                        bonus)
     if prefixes is None:
         with capture_hidden(model) if keep_hidden else nullcontext([]) as hs:
             out = model(input_ids=input_ids, attention_mask=attention_mask.long(),
@@ -201,12 +200,6 @@ def _forward(model, input_ids, attention_mask, temperature, with_entropy, allowe
             restrict_head=not (with_entropy and bonus == "allowed_mass"))
     return _to_rows(logits, targets, pos, h, input_ids.shape[1], temperature, with_entropy,
                     shifted, bonus)
-
-
-def _scores_some(scored: Tensor) -> bool:
-    """Some token is scored, and none at position 0 (which nothing predicts: the full
-    forward gives it 0)."""
-    return bool(scored.any()) and not bool(scored[:, :1].any())
 
 
 def _to_rows(logits: Tensor, targets: Tensor, pos: Tensor, h: Tensor | None, T: int,

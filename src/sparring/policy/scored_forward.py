@@ -38,6 +38,13 @@ from sparring.policy.top_layers import _attend, _keys_values, _queries, decoder_
 FAMILIES = ("llama", "qwen2", "qwen3")
 
 
+def applies(model: nn.Module, scored: Tensor) -> bool:
+    """Whether `scored_logits` runs for ``model`` on rows scored at ``scored [n, T]``: the
+    model `supports` it and some token is scored, none at position 0 (which nothing
+    predicts; the full forward gives it 0)."""
+    return bool(scored.any()) and not bool(scored[:, :1].any()) and supports(model)
+
+
 def supports(model: nn.Module) -> bool:
     """Whether `scored_logits` computes ``model``'s own forward: a Llama, Qwen2 or Qwen3
     causal LM without sliding-window attention, attention dropout while training, or a
@@ -57,10 +64,21 @@ def scored_positions(scored: Tensor) -> Tensor:
     scored positions in order, ``[n, K]``, padded with ``T``."""
     n, T = scored.shape
     if T and bool(scored[:, 0].any()):
-        raise ValueError("position 0 of a row has no context to be predicted from")
+        raise ValueError("position 0 of a row has no context to be predicted from (`applies`)")
     at = torch.where(scored, torch.arange(T, device=scored.device), T)
     K = int(scored.sum(1).max()) if n else 0
     return at.sort(1).values[:, :K]
+
+
+def allowed_at_slots(allowed: list, positions: Tensor) -> list:
+    """Constrained-decoding restrictions ``{row position t: ids}`` moved to the layout's
+    ``{1 + index of t among the row's positions: ids}``; positions not scored are dropped
+    (nothing reads them; the padding position ``T`` is never a restriction's)."""
+    out = []
+    for row, d in zip(positions.tolist(), allowed, strict=True):
+        slot = {t: 1 + j for j, t in enumerate(row)}
+        out.append(None if d is None else {slot[t]: a for t, a in d.items() if t in slot})
+    return out
 
 
 def scored_logits(model: nn.Module, ids: Tensor, positions: Tensor, keep_hidden: bool = False
@@ -98,4 +116,5 @@ def scored_logits(model: nn.Module, ids: Tensor, positions: Tensor, keep_hidden:
     return logits, targets, y if keep_hidden else None
 
 
-__all__ = ["FAMILIES", "scored_logits", "scored_positions", "supports"]
+__all__ = ["FAMILIES", "allowed_at_slots", "applies", "scored_logits", "scored_positions",
+           "supports"]
