@@ -102,7 +102,6 @@ def test_scored_positions_are_each_rows_in_order_padded_with_the_length():
         scored_positions(torch.tensor([[1, 0]], dtype=torch.bool))
 
 
-
 def test_rows_without_a_scored_token_or_scored_at_position_0_take_the_full_forward():
     model = _llama()
     ids, att, _, _ = _rows(model.config.vocab_size)
