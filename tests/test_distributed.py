@@ -88,16 +88,20 @@ def test_any_split_of_a_step_plays_the_same_episodes(tmp_path):
 
 
 def test_seeded_sampling_follows_the_distribution_and_ignores_the_batch():
-    from sparring.policy.hf import HFPolicy, _sample_rows
+    from sparring.policy.hf import HFPolicy, _sample_rows, _uniforms
     from sparring.policy.sampling import SamplingParams
     from sparring.policy.tiny import build_tiny_model
 
     # inverse-CDF draws: frequencies within 4 standard errors, a zero-probability token never
     p = torch.tensor([[0.1, 0.0, 0.6, 0.3]]).expand(20000, 4)
     gens = [torch.Generator().manual_seed(i) for i in range(20000)]
-    counts = torch.bincount(_sample_rows(p, gens), minlength=4).float() / 20000
+    counts = torch.bincount(_sample_rows(p, _uniforms(gens, 20000)), minlength=4).float() / 20000
     se = (p[0] * (1 - p[0]) / 20000).sqrt()
     assert counts[1] == 0 and ((counts - p[0]).abs() <= 4 * se + 1e-9).all()
+    # u = 1 puts u times the total on the total: the row's last token with p > 0, by hand
+    edge = torch.tensor([[0.5, 0.5, 0.0, 0.0], [0.25, 0.0, 0.75, 0.0]])
+    assert _sample_rows(edge, torch.tensor([1.0, 1.0])).tolist() == [1, 2]
+    assert _sample_rows(edge, torch.tensor([0.49, 0.3])).tolist() == [0, 2]
     # a prompt's completion depends on its seed, not on what else is in the batch
     model, tok = build_tiny_model({"seed": 1})
     pol = HFPolicy(model, tok, seed=0)

@@ -221,10 +221,9 @@ class HFPolicy:
             logp = torch.log_softmax(z, dim=-1)
             if sp.greedy:
                 tok = z.argmax(-1)
-            elif gens is None:
-                tok = torch.multinomial(logp.exp(), 1, generator=self.generator).squeeze(-1)
             else:
-                tok = _sample_rows(logp.exp(), [gens[r] for r in rows])
+                tok = _sample_rows(logp.exp(), _uniforms(
+                    [self.generator] if gens is None else [gens[r] for r in rows], len(rows)))
             lp = logp.gather(-1, tok[:, None]).squeeze(-1).tolist()
             ent = None
             if sp.with_entropy:
@@ -344,16 +343,25 @@ class HFPolicy:
         return tail[-1]
 
 
-def _sample_rows(p: Tensor, gens: Sequence[torch.Generator]) -> Tensor:
-    """One token per row of ``p [B, V]``, row ``k`` drawing its uniform ``u`` from
-    ``gens[k]``: the first token whose cumulative probability exceeds ``u`` times the row's
-    total (inverse-CDF sampling; zero-probability tokens are never chosen, also when
-    rounding puts ``u`` times the total on the total itself)."""
-    u = torch.cat([torch.rand(1, generator=g, device=p.device) for g in gens])
+def _uniforms(gens: Sequence[torch.Generator], n: int) -> Tensor:
+    """``n`` uniforms in [0, 1): all from ``gens[0]`` when it is the only generator (the
+    policy's own stream, in batch order), else one from each ``gens[k]``."""
+    if len(gens) == 1:
+        return torch.rand(n, generator=gens[0], device=gens[0].device)
+    return torch.cat([torch.rand(1, generator=g, device=g.device) for g in gens])
+
+
+def _sample_rows(p: Tensor, u: Tensor) -> Tensor:
+    """One token per row of ``p [B, V]`` by inverse-CDF sampling: the first token whose
+    cumulative probability exceeds ``u[k]`` times the row's total. Zero-probability tokens
+    are never chosen, also when rounding puts ``u[k]`` times the total on the total itself
+    (no token exceeds it: the row's last token with p > 0 is taken)."""
     cdf = p.cumsum(-1)
     tok = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(-1)
-    last = (p > 0).long().cumsum(-1).argmax(-1)  # the row's last token with p > 0
-    return torch.minimum(tok, last)
+    past = tok >= p.shape[-1]
+    if past.any():
+        tok[past] = (p[past] > 0).long().cumsum(-1).argmax(-1)
+    return tok
 
 
 def _hit_stop(tokenizer: Any, toks: list[int], stop: Sequence[str]) -> bool:
