@@ -10,8 +10,8 @@ tenth of each row's tokens set to probability 0 (as constrained decoding does), 
 ``--repeats`` times after one untimed call. Prints each arm's median milliseconds a draw and
 its ratio to multinomial. The clamped arm finds every row's last token of p > 0 (a pass over
 the whole ``[rows, vocab]``) where `_sample_rows` looks it up only for a row whose draw fell
-past the end. The uniforms of the inverse-CDF arm come from one generator (`_uniforms`), as when
-`HFPolicy.generate` is given no per-prompt seeds.
+past the end. The uniforms come from one generator, as when `HFPolicy.generate` is given no
+per-prompt seeds.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from sparring.policy.hf import _sample_rows, _uniforms
+from sparring.policy.hf import _sample_rows
 
 
 def clamped(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -50,8 +50,8 @@ def main(argv: list[str] | None = None) -> None:
         z[torch.rand(rows, a.vocab, generator=g) < 0.1] = float("-inf")
         probs = torch.softmax(z, -1)
         arms = {"multinomial": lambda q, n: torch.multinomial(q, 1, generator=g).squeeze(-1),
-                "clamped": lambda q, n: clamped(q, _uniforms([g], n)),
-                "inverse-CDF": lambda q, n: _sample_rows(q, _uniforms([g], n))}
+                "clamped": lambda q, n: clamped(q, torch.rand(n, generator=g)),
+                "inverse-CDF": lambda q, n: _sample_rows(q, torch.rand(n, generator=g))}
         times: dict[str, list[float]] = {k: [] for k in arms}
         for f in arms.values():
             f(probs, rows)

@@ -95,7 +95,7 @@ def test_seeded_sampling_follows_the_distribution_and_ignores_the_batch():
     # inverse-CDF draws: frequencies within 4 standard errors, a zero-probability token never
     p = torch.tensor([[0.1, 0.0, 0.6, 0.3]]).expand(20000, 4)
     gens = [torch.Generator().manual_seed(i) for i in range(20000)]
-    counts = torch.bincount(_sample_rows(p, _uniforms(gens, 20000)), minlength=4).float() / 20000
+    counts = torch.bincount(_sample_rows(p, _uniforms(gens)), minlength=4).float() / 20000
     se = (p[0] * (1 - p[0]) / 20000).sqrt()
     assert counts[1] == 0 and ((counts - p[0]).abs() <= 4 * se + 1e-9).all()
     # u = 1 puts u times the total on the total: the row's last token with p > 0, by hand

@@ -222,8 +222,9 @@ class HFPolicy:
             if sp.greedy:
                 tok = z.argmax(-1)
             else:
-                tok = _sample_rows(logp.exp(), _uniforms(
-                    [self.generator] if gens is None else [gens[r] for r in rows], len(rows)))
+                u = (torch.rand(len(rows), generator=self.generator, device=self.device)
+                     if gens is None else _uniforms([gens[r] for r in rows]))
+                tok = _sample_rows(logp.exp(), u)
             lp = logp.gather(-1, tok[:, None]).squeeze(-1).tolist()
             ent = None
             if sp.with_entropy:
@@ -343,11 +344,8 @@ class HFPolicy:
         return tail[-1]
 
 
-def _uniforms(gens: Sequence[torch.Generator], n: int) -> Tensor:
-    """``n`` uniforms in [0, 1): all from ``gens[0]`` when it is the only generator (the
-    policy's own stream, in batch order), else one from each ``gens[k]``."""
-    if len(gens) == 1:
-        return torch.rand(n, generator=gens[0], device=gens[0].device)
+def _uniforms(gens: Sequence[torch.Generator]) -> Tensor:
+    """One uniform in [0, 1) from each of ``gens`` (a row's own stream)."""
     return torch.cat([torch.rand(1, generator=g, device=g.device) for g in gens])
 
 
