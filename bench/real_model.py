@@ -32,7 +32,9 @@ Rows (all at the old Kuhn recipe's batch, 32 episodes a step, where the ratio is
   positions (take ``--steps`` well past the first few to see where it settles);
 - ``tictactoe top layer`` / ``... cached``: configs/smollm2_tictactoe_top.yaml (the top
   layer trains, ``model.head={name: top_layers}``) without and with its layer cache
-  (`sparring.policy.layer_cache`), the same way.
+  (`sparring.policy.layer_cache`), the same way; ``tictactoe top 2 layers cached``: its
+  top two layers train (keys and values too), the lower one at every position of a
+  context, the prompts' common start (the rules) once a forward.
 
 ``--random-weights DIR``: where SmolLM2's weights are not available (a GPU machine without
 network), DIR holds its ``config.json`` and tokenizer files only, and every row runs a model
@@ -89,6 +91,8 @@ ROWS = {
     "tictactoe frozen network cached": ("smollm2_tictactoe", [BATCH, *FROZEN]),
     "tictactoe top layer": ("smollm2_tictactoe_top", [BATCH, "model.head.cache=0"]),
     "tictactoe top layer cached": ("smollm2_tictactoe_top", [BATCH]),
+    "tictactoe top 2 layers cached": ("smollm2_tictactoe_top", [
+        BATCH, "model.head={name: top_layers, layers: 2, keys_values: true}"]),
 }
 
 

@@ -28,6 +28,9 @@ SMALL = {"hidden_size": 32, "num_layers": 3, "num_heads": 4, "num_kv_heads": 2,
          "intermediate_size": 64}
 CONTEXTS = [([5, 8, 13, 21, 34], ()), ([5, 8, 13, 21, 34], (40,)),
             ([5, 8, 13, 21, 34], (40, 3)), ([7, 7, 9], (41, 42, 43)), ([6], ())]
+# prompts with a common start (a system turn), one of them ending where another goes on
+SHARED_START = [([5, 8, 13, 21, 34], (40,)), ([5, 8, 13, 2, 9, 9], ()),
+                ([5, 8, 13, 2, 9, 9], (41, 42)), ([5, 8, 13], (40, 3))]
 
 
 def tiny(seed: int = 0):
@@ -46,15 +49,16 @@ def plain_hidden(model, contexts):
     return torch.stack(out)
 
 
+@pytest.mark.parametrize("contexts", [CONTEXTS, SHARED_START], ids=["apart", "shared_start"])
 @pytest.mark.parametrize("layers,keys_values", [(1, True), (1, False), (2, True), (3, True)])
 def test_top_layers_on_cached_states_give_the_forwards_hidden_states_and_gradients(
-        layers, keys_values):
+        layers, keys_values, contexts):
     model, _ = tiny()
     TopLayers(layers=layers, keys_values=keys_values).freeze(model)
     cache = LayerCache(model, layers, 100, fixed_keys=not keys_values)
-    probe = torch.randn(len(CONTEXTS), SMALL["hidden_size"])
+    probe = torch.randn(len(contexts), SMALL["hidden_size"])
     grads = []
-    for run in (lambda: plain_hidden(model, CONTEXTS), lambda: cache.features(CONTEXTS)):
+    for run in (lambda: plain_hidden(model, contexts), lambda: cache.features(contexts)):
         model.zero_grad()
         h = run()
         (h * probe).sum().backward()
@@ -65,7 +69,8 @@ def test_top_layers_on_cached_states_give_the_forwards_hidden_states_and_gradien
     assert want_grads.keys() == got_grads.keys() == top_layer_names(model, layers, keys_values)
     for n in want_grads:
         torch.testing.assert_close(got_grads[n], want_grads[n], atol=1e-5, rtol=1e-4)
-    assert cache.prompt_passes == 3  # each distinct prompt ran the lower layers once
+    # each distinct prompt ran the lower layers once
+    assert cache.prompt_passes == len({tuple(p) for p, _ in contexts})
 
 
 def test_a_contexts_states_do_not_depend_on_its_batch():

@@ -40,7 +40,7 @@ from sparring.policy.feature_cache import (
     head_rows_logits,
 )
 from sparring.policy.precision import autocast_for
-from sparring.policy.prefix import select_rows, with_cache
+from sparring.policy.prefix import common_prefix_len, select_rows, with_cache
 from sparring.policy.top_layers import decoder_parts, prompt_keys_values, top_hidden
 
 TOKENS_PER_PROMPT = 32  # continuations' states kept per prompt (the bound's ratio)
@@ -88,16 +88,16 @@ class LayerCache:
         (``model``'s by default), differentiable in them when grad is on."""
         reader = self.model if reader is None else reader
         prompts, index, conts = self._states(contexts)
+        first: dict[int, int] = {}  # prompt index -> its first context
+        for j, i in enumerate(index):
+            first.setdefault(i, j)
+        tokens = [_ints(contexts[first[i]][0]) for i in range(len(prompts))]
         final_keys = None
         if self.fixed_keys:
-            first = {}
-            for j, i in enumerate(index):
-                first.setdefault(i, j)
-            final_keys = [self._prompt_keys(contexts[first[i]][0], s)
-                          for i, s in enumerate(prompts)]
+            final_keys = [self._prompt_keys(t, s) for t, s in zip(tokens, prompts)]
         with autocast_for(reader):
             return top_hidden(reader, self.start, prompts, list(zip(index, conts)),
-                              final_keys).float()
+                              final_keys, shared=common_prefix_len(tokens)).float()
 
     @torch.no_grad()
     def _prompt_keys(self, prompt, states: Tensor) -> tuple[Tensor, Tensor]:

@@ -64,13 +64,17 @@ def decoder_parts(model: nn.Module) -> DecoderParts:
 
 def top_hidden(model: nn.Module, start: int, prompts: Sequence[Tensor],
                contexts: Sequence[tuple[int, Tensor]],
-               final_keys: Sequence[tuple[Tensor, Tensor]] | None = None) -> Tensor:
+               final_keys: Sequence[tuple[Tensor, Tensor]] | None = None,
+               shared: int = 0) -> Tensor:
     """The last hidden state ``[k, H]`` (the LM head's input) of each context, from the
     input states of layer ``start`` (module docstring), running layers ``start..`` of
     ``model``. Differentiable in those layers' weights and in the final norm's.
     ``final_keys``: per prompt the top layer's keys and values (`prompt_keys_values`),
     given when that layer's key and value projections are frozen (then they are the same
-    for every model that shares them, and a caller keeps them)."""
+    for every model that shares them, and a caller keeps them). ``shared``: the number of
+    leading positions at which every prompt holds the same tokens (a common system turn);
+    the trained layers run those positions once, from ``prompts[0]``'s states, and every
+    prompt's later positions attend to them."""
     parts = decoder_parts(model)
     top = list(parts.layers)[start:]
     if not top:
@@ -80,34 +84,68 @@ def top_hidden(model: nn.Module, start: int, prompts: Sequence[Tensor],
     plen = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=dev)
     which = torch.tensor([i for i, _ in contexts], dtype=torch.long, device=dev)
     conts = [s for _, s in contexts]
-    x = None  # the prompts' states [m, P, H], padded, where every position is needed
-    if len(top) > 1 or final_keys is None:
-        x, _ = _pad(prompts)
-    if len(top) > 1:  # the layers under the top one run at every position
-        x, conts = _lower_trained(parts, top[:-1], x, plen, which, conts)
-    return parts.norm(_final_layer(parts, top[-1], prompts, x, plen, which, conts,
-                                   final_keys))
+    if final_keys is not None and len(top) == 1:
+        kp, vp = (_pad_heads([kv[i] for kv in final_keys]) for i in (0, 1))
+        ends = torch.stack([p[-1] for p in prompts]).to(kp.dtype)
+    else:
+        # every prompt keeps at least its last position apart from the shared start
+        C = max(0, min(shared, int(plen.min()) - 1))
+        head = prompts[0][None, :C]  # [1, C, H], run once for every prompt
+        rest, rlen = _pad([p[C:] for p in prompts])  # [m, R, H]
+        if len(top) > 1:  # the layers under the top one run at every position
+            head, rest, conts = _lower_trained(parts, top[:-1], head, rest, rlen, which,
+                                               conts)
+        kp, vp = _split_keys_values(parts, top[-1], head, rest)
+        ends = rest[torch.arange(len(prompts), device=dev), rlen - 1]
+    return parts.norm(_final_layer(parts, top[-1], kp, vp, ends, plen, which, conts))
 
 
-def _lower_trained(parts: DecoderParts, layers: Sequence[nn.Module], x: Tensor, plen: Tensor,
-                   which: Tensor, conts: Sequence[Tensor]) -> tuple[Tensor, list[Tensor]]:
-    """Trained layers below the top one, at every position: the prompts' states ``x
-    [m, P, H]`` (causal within each prompt) and each continuation's ``[L_j, H]`` (over its
+def _split_keys_values(parts: DecoderParts, layer: nn.Module, head: Tensor, rest: Tensor
+                       ) -> tuple[Tensor, Tensor]:
+    """``layer``'s keys and values ``[m, kv, C + R, d]`` at every position of ``m`` prompts
+    whose first ``C`` positions share the states ``head [1, C, H]`` and whose later ones
+    are ``rest [m, R, H]``; the shared part's projections run once."""
+    C, R = head.shape[1], rest.shape[1]
+    dev = rest.device
+    attn = layer.self_attn
+    kr, vr = _keys_values(attn, layer.input_layernorm(rest),
+                          parts.rotary(rest, C + torch.arange(R, device=dev)[None]))
+    if not C:
+        return kr, vr
+    ks, vs = _keys_values(attn, layer.input_layernorm(head),
+                          parts.rotary(head, torch.arange(C, device=dev)[None]))
+    m = len(rest)
+    return (torch.cat([ks.expand(m, -1, -1, -1), kr], 2),
+            torch.cat([vs.expand(m, -1, -1, -1), vr], 2))
+
+
+def _lower_trained(parts: DecoderParts, layers: Sequence[nn.Module], head: Tensor,
+                   rest: Tensor, rlen: Tensor, which: Tensor, conts: Sequence[Tensor]
+                   ) -> tuple[Tensor, Tensor, list[Tensor]]:
+    """Trained layers below the top one, at every position: the prompts' shared start
+    ``head [1, C, H]`` (causal, once), their later positions ``rest [m, R, H]`` (over the
+    start, then causal within each prompt) and each continuation's ``[L_j, H]`` (over its
     prompt's keys and values, then causal within itself)."""
-    dev = x.device
-    m, P, _ = x.shape
-    c, clen = _pad(conts, width=x.shape[-1], like=x)  # [k, L, H]
+    dev = rest.device
+    C = head.shape[1]
+    m, R, _ = rest.shape
+    c, clen = _pad(conts, width=rest.shape[-1], like=rest)  # [k, L, H]
     k, L = c.shape[:2]
-    rope_p = parts.rotary(x, torch.arange(P, device=dev)[None])
-    rope_c = parts.rotary(x, plen[which][:, None] + torch.arange(L, device=dev)[None])
-    prompt_keys = torch.arange(P, device=dev)[None] < plen[which][:, None]  # [k, P]
+    rope_h = parts.rotary(rest, torch.arange(C, device=dev)[None])
+    rope_r = parts.rotary(rest, C + torch.arange(R, device=dev)[None])
+    rope_c = parts.rotary(rest, C + rlen[which][:, None] + torch.arange(L, device=dev)[None])
+    start_keys = torch.ones(C, dtype=torch.bool, device=dev)
+    rest_keys = torch.arange(R, device=dev)[None] < rlen[which][:, None]  # [k, R]
     causal = torch.ones(L, L, dtype=torch.bool, device=dev).tril()
-    cont_mask = torch.cat([prompt_keys[:, None].expand(k, L, P), causal.expand(k, L, L)], -1)
-    causal_p = torch.ones(P, P, dtype=torch.bool, device=dev).tril()
+    cont_mask = torch.cat([start_keys.expand(k, L, C), rest_keys[:, None].expand(k, L, R),
+                           causal.expand(k, L, L)], -1)
+    rest_mask = torch.cat([start_keys.expand(R, C),
+                           torch.ones(R, R, dtype=torch.bool, device=dev).tril()], -1)
+    causal_h = torch.ones(C, C, dtype=torch.bool, device=dev).tril()
     for layer in layers:
         attn = layer.self_attn
-        hp = layer.input_layernorm(x)
-        kp, vp = _keys_values(attn, hp, rope_p)  # [m, kv, P, d]
+        hh, hr = layer.input_layernorm(head), layer.input_layernorm(rest)
+        kp, vp = _split_keys_values(parts, layer, head, rest)  # [m, kv, C + R, d]
         if k and L:
             hc = layer.input_layernorm(c)
             kc, vc = _keys_values(attn, hc, rope_c)
@@ -116,33 +154,30 @@ def _lower_trained(parts: DecoderParts, layers: Sequence[nn.Module], x: Tensor, 
             c = c + attn.o_proj(_attend(attn, _queries(attn, hc, rope_c), keys, values,
                                         cont_mask[:, None]))
             c = c + layer.mlp(layer.post_attention_layernorm(c))
-        x = x + attn.o_proj(_attend(attn, _queries(attn, hp, rope_p), kp, vp,
-                                    causal_p[None, None]))
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
-    return x, [c[j, :n] for j, n in enumerate(clen.tolist())]
+        rest = rest + attn.o_proj(_attend(attn, _queries(attn, hr, rope_r), kp, vp,
+                                          rest_mask[None, None]))
+        rest = rest + layer.mlp(layer.post_attention_layernorm(rest))
+        if C:
+            head = head + attn.o_proj(_attend(attn, _queries(attn, hh, rope_h),
+                                              kp[:1, :, :C], vp[:1, :, :C],
+                                              causal_h[None, None]))
+            head = head + layer.mlp(layer.post_attention_layernorm(head))
+    return head, rest, [c[j, :n] for j, n in enumerate(clen.tolist())]
 
 
-def _final_layer(parts: DecoderParts, layer: nn.Module, prompts: Sequence[Tensor],
-                 x: Tensor | None, plen: Tensor, which: Tensor, conts: Sequence[Tensor],
-                 final_keys: Sequence[tuple[Tensor, Tensor]] | None) -> Tensor:
+def _final_layer(parts: DecoderParts, layer: nn.Module, kp: Tensor, vp: Tensor,
+                 ends_p: Tensor, plen: Tensor, which: Tensor, conts: Sequence[Tensor]
+                 ) -> Tensor:
     """The top layer's output ``[k, H]`` at each context's last position, one attention per
-    prompt: its queries are the prompt's last position and the last token of each of its
-    continuations; its keys, the prompt's positions and every continuation token, each
-    query seeing the prompt and its own continuation (a tree over the shared prompt)."""
+    prompt: its queries are the prompt's last position (input state ``ends_p [m, H]``) and
+    the last token of each of its continuations; its keys, the prompt's positions (``kp``,
+    ``vp`` ``[m, kv, P, d]``) and every continuation token, each query seeing the prompt
+    and its own continuation (a tree over the shared prompt)."""
     dev = plen.device
     attn = layer.self_attn
     m = len(plen)
     rows = torch.arange(m, device=dev)
     last = plen - 1
-    if final_keys is not None:
-        kp, vp = (_pad_heads([kv[i] for kv in final_keys]) for i in (0, 1))
-        ends_p = (x[rows, last] if x is not None
-                  else torch.stack([p[-1] for p in prompts]).to(kp.dtype))
-    else:
-        P = x.shape[1]
-        kp, vp = _keys_values(attn, layer.input_layernorm(x),
-                              parts.rotary(x, torch.arange(P, device=dev)[None]))
-        ends_p = x[rows, last]
     Pm = kp.shape[2]
     # the continuation tokens, flattened: prompt, context, offset among its prompt's
     lens = [len(s) for s in conts]
