@@ -11,7 +11,7 @@ from sparring.train.loop import train
 
 CONFIGS = Path(__file__).parents[1] / "configs"
 RECIPES = sorted(p.stem for p in CONFIGS.glob("*.yaml") if p.stem != "reference")
-SMALL = ["model.name=tiny", "model.options={hidden_size: 32, num_layers: 1, num_heads: 2, "
+SMALL = ["model.name=tiny", "model.options={hidden_size: 32, num_layers: 2, num_heads: 2, "
          "num_kv_heads: 2, intermediate_size: 64}", "rollout.episodes_per_step=8",
          "train.steps=2", "train.epochs=1", "eval.games=4", "eval.every=0",
          "checkpoint.every=0", "logging.progress=false", "lora.r=2", "lora.last_layers=0"]
