@@ -11,7 +11,8 @@ stored states (`sparring.policy.top_layers.top_hidden`), so the sampler's first 
 learner, the KL reference, the pool's snapshots and the evaluations run N layers instead
 of the network once a context has been met, and the backward stops there. With the top
 layer's key and value projections frozen (``fixed_keys``, N = 1) its keys and values at a
-prompt's positions are kept too, and the top layer runs at each context's last position.
+prompt's positions are kept too, and the top layer runs at each context's last position;
+otherwise the start the prompts of a forward share runs once through the trained layers.
 
 The reader is whichever model scores: the policy, the magnet's copy, a snapshot's copy.
 They share the frozen lower layers, hence the states, but each runs its own top layers.

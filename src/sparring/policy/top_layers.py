@@ -12,7 +12,8 @@ apply as they do there; tests/test_layer_cache.py checks it against the full for
 Cost: the top layer needs its keys and values at every position but its output at one, so
 it runs its attention query and MLP at the context's last position only; the layers under
 it (N > 1) run at every position. Contexts share their prompt's positions: each distinct
-prompt runs once, and a continuation's tokens attend to its prompt's keys and values.
+prompt runs once, and a continuation's tokens attend to its prompt's keys and values; the
+start every prompt holds alike (``shared``, a common system turn) runs once for them all.
 
 Shapes: ``prompts`` a list of ``[P_i, H]`` states, ``contexts`` ``(prompt index,
 continuation states [L_j, H])`` pairs (``L_j`` may be 0); the result ``[k, H]``.
