@@ -96,26 +96,34 @@ def top_hidden(model: nn.Module, start: int, prompts: Sequence[Tensor],
         if len(top) > 1:  # the layers under the top one run at every position
             head, rest, conts = _lower_trained(parts, top[:-1], head, rest, rlen, which,
                                                conts)
-        kp, vp = _split_keys_values(parts, top[-1], head, rest)
+        layer = top[-1]
+        kp, vp = _split_keys_values(layer.self_attn, layer.input_layernorm(head),
+                                    layer.input_layernorm(rest), *_split_ropes(parts, head, rest))
         ends = rest[torch.arange(len(prompts), device=dev), rlen - 1]
     return parts.norm(_final_layer(parts, top[-1], kp, vp, ends, plen, which, conts))
 
 
-def _split_keys_values(parts: DecoderParts, layer: nn.Module, head: Tensor, rest: Tensor
-                       ) -> tuple[Tensor, Tensor]:
-    """``layer``'s keys and values ``[m, kv, C + R, d]`` at every position of ``m`` prompts
-    whose first ``C`` positions share the states ``head [1, C, H]`` and whose later ones
-    are ``rest [m, R, H]``; the shared part's projections run once."""
+def _split_ropes(parts: DecoderParts, head: Tensor, rest: Tensor
+                 ) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+    """The rotary tables of a shared start ``head [1, C, H]`` (positions ``0..C-1``) and of
+    the later positions ``rest [m, R, H]`` (``C..C+R-1``)."""
     C, R = head.shape[1], rest.shape[1]
     dev = rest.device
-    attn = layer.self_attn
-    kr, vr = _keys_values(attn, layer.input_layernorm(rest),
-                          parts.rotary(rest, C + torch.arange(R, device=dev)[None]))
-    if not C:
+    return (parts.rotary(rest, torch.arange(C, device=dev)[None]),
+            parts.rotary(rest, C + torch.arange(R, device=dev)[None]))
+
+
+def _split_keys_values(attn: nn.Module, hh: Tensor, hr: Tensor, rope_h: tuple[Tensor, Tensor],
+                       rope_r: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+    """``attn``'s keys and values ``[m, kv, C + R, d]`` at every position of ``m`` prompts
+    whose first ``C`` positions share the normed states ``hh [1, C, H]`` and whose later
+    ones are ``hr [m, R, H]`` (rotary tables: `_split_ropes`); the shared part's
+    projections run once."""
+    kr, vr = _keys_values(attn, hr, rope_r)
+    if not hh.shape[1]:
         return kr, vr
-    ks, vs = _keys_values(attn, layer.input_layernorm(head),
-                          parts.rotary(head, torch.arange(C, device=dev)[None]))
-    m = len(rest)
+    ks, vs = _keys_values(attn, hh, rope_h)
+    m = len(hr)
     return (torch.cat([ks.expand(m, -1, -1, -1), kr], 2),
             torch.cat([vs.expand(m, -1, -1, -1), vr], 2))
 
@@ -132,8 +140,7 @@ def _lower_trained(parts: DecoderParts, layers: Sequence[nn.Module], head: Tenso
     m, R, _ = rest.shape
     c, clen = _pad(conts, width=rest.shape[-1], like=rest)  # [k, L, H]
     k, L = c.shape[:2]
-    rope_h = parts.rotary(rest, torch.arange(C, device=dev)[None])
-    rope_r = parts.rotary(rest, C + torch.arange(R, device=dev)[None])
+    rope_h, rope_r = _split_ropes(parts, head, rest)
     rope_c = parts.rotary(rest, C + rlen[which][:, None] + torch.arange(L, device=dev)[None])
     start_keys = torch.ones(C, dtype=torch.bool, device=dev)
     rest_keys = torch.arange(R, device=dev)[None] < rlen[which][:, None]  # [k, R]
@@ -146,7 +153,7 @@ def _lower_trained(parts: DecoderParts, layers: Sequence[nn.Module], head: Tenso
     for layer in layers:
         attn = layer.self_attn
         hh, hr = layer.input_layernorm(head), layer.input_layernorm(rest)
-        kp, vp = _split_keys_values(parts, layer, head, rest)  # [m, kv, C + R, d]
+        kp, vp = _split_keys_values(attn, hh, hr, rope_h, rope_r)  # [m, kv, C + R, d]
         if k and L:
             hc = layer.input_layernorm(c)
             kc, vc = _keys_values(attn, hc, rope_c)
