@@ -93,12 +93,13 @@ def top_hidden(model: nn.Module, start: int, prompts: Sequence[Tensor],
         C = max(0, min(shared, int(plen.min()) - 1))
         head = prompts[0][None, :C]  # [1, C, H], run once for every prompt
         rest, rlen = _pad([p[C:] for p in prompts])  # [m, R, H]
+        ropes = _split_ropes(parts, head, rest)  # the same for every trained layer
         if len(top) > 1:  # the layers under the top one run at every position
             head, rest, conts = _lower_trained(parts, top[:-1], head, rest, rlen, which,
-                                               conts)
+                                               conts, ropes)
         layer = top[-1]
         kp, vp = _split_keys_values(layer.self_attn, layer.input_layernorm(head),
-                                    layer.input_layernorm(rest), *_split_ropes(parts, head, rest))
+                                    layer.input_layernorm(rest), *ropes)
         ends = rest[torch.arange(len(prompts), device=dev), rlen - 1]
     return parts.norm(_final_layer(parts, top[-1], kp, vp, ends, plen, which, conts))
 
@@ -129,18 +130,20 @@ def _split_keys_values(attn: nn.Module, hh: Tensor, hr: Tensor, rope_h: tuple[Te
 
 
 def _lower_trained(parts: DecoderParts, layers: Sequence[nn.Module], head: Tensor,
-                   rest: Tensor, rlen: Tensor, which: Tensor, conts: Sequence[Tensor]
+                   rest: Tensor, rlen: Tensor, which: Tensor, conts: Sequence[Tensor],
+                   ropes: tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]
                    ) -> tuple[Tensor, Tensor, list[Tensor]]:
     """Trained layers below the top one, at every position: the prompts' shared start
     ``head [1, C, H]`` (causal, once), their later positions ``rest [m, R, H]`` (over the
     start, then causal within each prompt) and each continuation's ``[L_j, H]`` (over its
-    prompt's keys and values, then causal within itself)."""
+    prompt's keys and values, then causal within itself). ``ropes``: `_split_ropes` of
+    ``head`` and ``rest``."""
     dev = rest.device
     C = head.shape[1]
     m, R, _ = rest.shape
     c, clen = _pad(conts, width=rest.shape[-1], like=rest)  # [k, L, H]
     k, L = c.shape[:2]
-    rope_h, rope_r = _split_ropes(parts, head, rest)
+    rope_h, rope_r = ropes
     rope_c = parts.rotary(rest, C + rlen[which][:, None] + torch.arange(L, device=dev)[None])
     start_keys = torch.ones(C, dtype=torch.bool, device=dev)
     rest_keys = torch.arange(R, device=dev)[None] < rlen[which][:, None]  # [k, R]
