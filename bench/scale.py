@@ -21,9 +21,12 @@ step 15-20x slower: OpenMP threads waiting on each other).
 process, one torch thread, then two) and on 2 (``torchrun --nproc-per-node=2``, gloo, one
 thread each): the same steps/s, ratio and seconds per step. Two ranks of one thread and
 one rank of two threads use the same cores: their ratio is what the ranks cost or gain.
-A last row repeats 2 ranks with ``distributed.sharding=optimizer``: a reduce and a
-broadcast of the gradients' size per optimizer step where the unsharded ranks all-reduce;
-the table's last column is the optimizer state rank 0 holds (``optimizer_state_mb``).
+Two last rows repeat 2 ranks with ``distributed.sharding=optimizer`` (a reduce and a
+broadcast of the gradients' size per optimizer step where the unsharded ranks all-reduce)
+and ``distributed.sharding=full`` (FSDP2: the weights gathered for every forward and
+backward, the gradients reduce-scattered, the trained weights gathered whole after each
+update); the table's last column is the optimizer state rank 0 holds
+(``optimizer_state_mb``).
 
 With the vLLM backend installed (``sparring.policy.vllm`` and the ``vllm`` package), a
 ``model.backend=vllm`` row (0 workers) is added, next to an HF row on the same model (two
@@ -116,15 +119,17 @@ def timings(folder: Path, warmup: int) -> dict[str, float]:
 
 
 def learner_ranks(warmup: int, steps: int, recipe: str) -> None:
-    """The ``--learner-ranks`` table: 1 and 2 ranks, and 2 with a sharded optimizer."""
+    """The ``--learner-ranks`` table: 1 and 2 ranks, and 2 with the optimizer state, then
+    the weights, gradients and optimizer state sharded."""
     tmp = Path(tempfile.mkdtemp(prefix="sparring-ranks-"))
-    shard = ("distributed.sharding=optimizer",)
     try:
         results = []
-        for k, (ranks, threads, over) in enumerate(((1, 1, ()), (1, 2, ()), (2, 1, ()),
-                                                     (2, 1, shard))):
+        for k, (ranks, threads, sharding) in enumerate((
+                (1, 1, "none"), (1, 2, "none"), (2, 1, "none"), (2, 1, "optimizer"),
+                (2, 1, "full"))):
+            over = () if sharding == "none" else (f"distributed.sharding={sharding}",)
             name = (f"{ranks} ({threads} thread{'s' if threads > 1 else ''} each)"
-                    + (", sharded optimizer" if over else ""))
+                    + ("" if sharding == "none" else f", `distributed.sharding={sharding}`"))
             t = time.perf_counter()
             res = run_ranks(ranks, warmup, steps, tmp / str(k), recipe, threads, over)
             print(f"  done: {name} ({time.perf_counter() - t:.0f} s with start-up)", flush=True)

@@ -36,7 +36,7 @@ from sparring.train.learner import Learner
 from sparring.train.learner_ranks import RankLostError
 from tests import test_train_resume_cli as cli
 from tests import train_helpers as th
-from tests.test_learner_ranks import _free_port
+from tests.test_learner_ranks import _free_port, plain_forward
 from tests.train_resume_job import STEPS, run_job
 
 pytestmark = pytest.mark.usefixtures("train_doubles")
@@ -46,10 +46,10 @@ WORLD = 2
 DIES_AFTER = 5  # rank 1's process exits after its update of this step
 
 
-def _rank(rank: int, port: int, run_dir: str, mode: str, shard: bool) -> None:
+def _rank(rank: int, port: int, run_dir: str, mode: str, sharding: str) -> None:
     """One rank of a 2-rank job: ``full`` (train), ``dies`` (rank 1 exits after step
-    ``DIES_AFTER``'s update; rank 0 records what it raised) or ``resume``; ``shard``:
-    with `distributed.sharding: optimizer`."""
+    ``DIES_AFTER``'s update; rank 0 records what it raised) or ``resume``, with
+    ``distributed.sharding: <sharding>``."""
     th.register()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=WORLD, timeout=datetime.timedelta(seconds=60))
@@ -65,8 +65,7 @@ def _rank(rank: int, port: int, run_dir: str, mode: str, shard: bool) -> None:
 
         Learner.update = dying_update
     try:
-        run_job(run_dir, resume_run=mode == "resume",
-                sharding="optimizer" if shard else "none")
+        run_job(run_dir, resume_run=mode == "resume", sharding=sharding)
     except RankLostError as e:
         with open(f"{run_dir}.error", "w") as f:
             json.dump({"rank": rank, "error": str(e)}, f)
@@ -75,12 +74,12 @@ def _rank(rank: int, port: int, run_dir: str, mode: str, shard: bool) -> None:
             dist.destroy_process_group()
 
 
-def _on_ranks(run_dir, mode: str, shard: bool = False) -> list[int]:
+def _on_ranks(run_dir, mode: str, sharding: str = "none") -> list[int]:
     """Run both ranks to their end (each left to finish on its own: a rank that dies does
     not stop the other); their exit codes."""
     ctx = mp.get_context("fork")
     port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, str(run_dir), mode, shard))
+    procs = [ctx.Process(target=_rank, args=(r, port, str(run_dir), mode, sharding))
              for r in range(WORLD)]
     for p in procs:
         p.start()
@@ -137,7 +136,7 @@ def test_a_lost_rank_ends_the_run_with_an_exact_crash_checkpoint(two_rank_run, t
 @pytest.fixture(scope="module")
 def sharded_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("sharded") / "full"
-    assert _on_ranks(run, "full", shard=True) == [0, 0]
+    assert _on_ranks(run, "full", sharding="optimizer") == [0, 0]
     return run
 
 
@@ -163,11 +162,50 @@ def test_a_lost_rank_with_a_sharded_optimizer_resumes_from_the_last_checkpoint(
     """Rank 1's shard of the optimizer state is lost with it: no crash checkpoint; the
     run resumes from the last periodic one and repeats the uninterrupted run."""
     run = tmp_path / "dies"
-    assert _on_ranks(run, "dies", shard=True) == [0, 3]
+    assert _on_ranks(run, "dies", sharding="optimizer") == [0, 3]
     assert [s for s, _ in step_dirs(run)] == [2, 4]
     assert [r["step"] for r in read_metrics(run)] == list(range(DIES_AFTER + 1))
-    assert _on_ranks(run, "resume", shard=True) == [0, 0]
+    assert _on_ranks(run, "resume", sharding="optimizer") == [0, 0]
     assert _strip(read_metrics(run)) == _strip(read_metrics(sharded_run))
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("fsdp") / "full"
+    assert _on_ranks(run, "full", sharding="full") == [0, 0]
+    return run
+
+
+def test_sharded_weights_match_one_process(fsdp_run, tmp_path):
+    """Weights, gradients and optimizer state sharded (FSDP2): one process's metrics, its
+    learner on the plain forward the sharded model runs (rel 1e-5), with rank 0 holding
+    about half of the optimizer state; the checkpoint holds it whole."""
+    with plain_forward():
+        one = run_job(tmp_path / "one")
+    a, b = _strip(read_metrics(one)), _strip(read_metrics(fsdp_run))
+    held = "optimizer_state_mb"
+    for ra, rb in zip(a[1:], b[1:]):
+        assert 0.3 * ra[held] < rb.pop(held) < 0.7 * ra.pop(held)
+    assert_rows_close(a, b)
+    (_, ckpt_one), (_, ckpt_two) = step_dirs(one)[-1], step_dirs(fsdp_run)[-1]
+    whole, gathered = (load_file(c / "state.safetensors") for c in (ckpt_one, ckpt_two))
+    assert any(".exp_avg_sq" in k for k in whole)
+    assert gathered.keys() == whole.keys()
+    for k, t in whole.items():
+        # atol 1e-5: a key's bias has a gradient of rounding noise alone (the softmax over
+        # the keys ignores what is added to all of them), which Adam scales up to a step
+        torch.testing.assert_close(gathered[k], t, rtol=1e-4, atol=1e-5,
+                                   msg=lambda m, k=k: f"{k}: {m}")
+
+
+def test_a_lost_rank_with_sharded_weights_resumes_exactly(fsdp_run, tmp_path):
+    """Rank 1 takes its shards with it: no crash checkpoint; resumed on 2 ranks from the
+    last periodic one, the run repeats the uninterrupted sharded run bit for bit."""
+    run = tmp_path / "dies"
+    assert _on_ranks(run, "dies", sharding="full") == [0, 3]
+    assert [s for s, _ in step_dirs(run)] == [2, 4]
+    assert _on_ranks(run, "resume", sharding="full") == [0, 0]
+    assert _strip(read_metrics(run)) == _strip(read_metrics(fsdp_run))
 
 
 def _torchrun(*args, ranks=WORLD):

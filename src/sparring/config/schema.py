@@ -450,12 +450,14 @@ class DistributedConfig:
         1, "data-parallel learner ranks: this process (rank 0: rollouts, evaluation, the run "
         "folder) and N-1 Ray actors that take part in every update; 1: this process alone "
         "(under torchrun the ranks are torchrun's: leave it at 1)", ge=1)
-    sharding: Literal["none", "optimizer"] = opt(
+    sharding: Literal["none", "optimizer", "full"] = opt(
         "none", "what the learner ranks shard rather than each hold whole: 'none'; "
         "'optimizer': each rank keeps and steps the optimizer state of its own share of the "
-        "weights only (about 1/N of AdamW's memory a rank; ZeRO stage 1), a checkpoint "
-        "gathers the shards on rank 0, and a rank lost between two steps leaves no crash "
-        "checkpoint (the last periodic one stands)")
+        "weights only (about 1/N of AdamW's memory a rank; ZeRO stage 1); 'full': the "
+        "update trains a copy of the model whose weights, gradients and optimizer state are "
+        "sharded (FSDP2, ZeRO stage 3), rank 0 keeping the weights whole for sampling. "
+        "Sharded, a checkpoint gathers the shards on rank 0, and a rank lost between two "
+        "steps leaves no crash checkpoint (the last periodic one stands)")
 
 
 @dataclass

@@ -64,8 +64,12 @@ class BatchForward:
 
     def __init__(self, model: nn.Module, cfg: Config, temperature: float, *,
                  adapter: str | None = None, critic: Critic | None = None,
-                 reference: Reference | None = None):
+                 reference: Reference | None = None, sharded: bool = False):
+        """``sharded``: ``model`` is sharded over the learner ranks
+        (`sparring.train.sharded_weights`), so only its plain forward runs: the shared
+        prompts and the scored positions call its blocks' parts directly."""
         self.model, self.cfg, self.temperature = model, cfg, temperature
+        self.sharded = sharded
         self.adapter, self.critic, self.reference = adapter, critic, reference
         self.device = next(model.parameters()).device
 
@@ -74,7 +78,8 @@ class BatchForward:
         that pays (`train.share_prefix`): at most half of the rows' prompts are distinct, or
         they all start with the same `SHARED_PREFIX_MIN` or more tokens (a system prompt, a
         chat-template header). Else None (a plain forward)."""
-        if amask is None or not self.cfg.train.share_prefix or ids.shape[0] < 2:
+        if (amask is None or not self.cfg.train.share_prefix or ids.shape[0] < 2
+                or self.sharded):
             return None
         pre = find_prefixes(ids, first_action_positions(amask, att.sum(1)))
         pays = 2 * pre.count <= ids.shape[0] or pre.common >= SHARED_PREFIX_MIN
@@ -100,7 +105,7 @@ class BatchForward:
                 # index_select: a fixed order of the repeated rows' gradients
                 return tuple(None if x is None else x.index_select(0, inv) for x in out)
         pre = self.prefixes(ids, att, amask)
-        scored = None if amask is None else amask > 0
+        scored = None if amask is None or self.sharded else amask > 0
         values = None
         with autocast_for(self.model):
             if head:  # the value head reads this forward's hidden states
@@ -142,7 +147,8 @@ class BatchForward:
                         out[rows, :L] = token_logprobs(
                             model, ids, att, self.temperature,
                             allowed=allowed_of(batch, rows),
-                            prefixes=self.prefixes(ids, att, amask), scored=amask > 0
+                            prefixes=self.prefixes(ids, att, amask),
+                            scored=None if self.sharded else amask > 0
                         )[0].float()
                 else:
                     logp, ent, values = self.forward(
@@ -151,4 +157,8 @@ class BatchForward:
                     out[rows, :L] = {"values": values, "entropy": ent, "policy": logp}[what].float()
         finally:
             self.model.train(was_training)
+            if self.sharded:  # no backward follows to free the root's gathered weights
+                from sparring.train.sharded_weights import reshard
+
+                reshard(self.reference.model if what == "ref" else self.model)
         return out * batch.action_mask

@@ -15,15 +15,19 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from sparring.train.sharded_weights import local
+
 
 class NonFiniteError(RuntimeError):
     """Too many consecutive updates had a non-finite loss, gradient or updated weight."""
 
 
 def amax(ts: list[Tensor]) -> float:
-    """``max |x|`` over all the tensors ``ts`` (NaN if one holds a NaN), one device sync."""
+    """``max |x|`` over all the tensors ``ts`` (NaN if one holds a NaN), one device sync;
+    over this rank's shard of a sharded tensor (`sparring.train.sharded_weights`)."""
     if not ts:
         return 0.0
+    ts = [local(t) for t in ts]
     if ts[0].is_cuda and hasattr(torch.nn.utils, "get_total_norm"):  # fused, torch >= 2.6
         return float(torch.nn.utils.get_total_norm(ts, math.inf))
     # on CPU the inf-norm is ~10x slower than aminmax
@@ -104,7 +108,8 @@ def guarded_step(optimizer: torch.optim.Optimizer, grad_norm: float,
         put_back()
         raise
     ok = raised is None and all(
-        bool(torch.isfinite(t).all()) for p in params for t in (p, *optimizer.state[p].values())
+        bool(torch.isfinite(local(t)).all()) for p in params
+        for t in (p, *optimizer.state[p].values())
         if isinstance(t, Tensor) and t.is_floating_point())
     if agree(ok):
         return True

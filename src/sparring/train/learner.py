@@ -34,8 +34,11 @@ trains on a contiguous share of every mini-batch's rows with the whole mini-batc
 and sequence counts, the gradients are summed over the ranks before the optimizer step
 (every rank then holds the same weights), and the metrics are those of the whole batch;
 after `shard_optimizer`, each rank keeps and steps the optimizer state of its own share of
-the weights only (`sparring.train.sharded_optimizer`). ``optimizer_state_mb`` reports the
-optimizer state this process holds.
+the weights only (`sparring.train.sharded_optimizer`); after `shard_weights`, the update
+trains a copy of the model whose weights, gradients and optimizer state are sharded over
+the ranks (FSDP2: `sparring.train.sharded_weights`), and the model itself gets the trained
+weights back whole after each update. ``optimizer_state_mb`` reports the optimizer state
+this process holds.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ from sparring.objectives import OBJECTIVES
 from sparring.objectives import _load_families as _load_objectives
 from sparring.policy.heads import build_head
 from sparring.policy.hidden import output_embedding
-from sparring.policy.lora import is_adapter_weight, use_adapter
+from sparring.policy.lora import is_adapter_weight, load_parameters, use_adapter
 from sparring.schedules import LRSchedule, lr_at
 from sparring.train import data_parallel as dp
 from sparring.train.batch_forward import BatchForward, allowed_of, row_slices
@@ -70,6 +73,17 @@ from sparring.train.param_groups import param_groups
 from sparring.train.reference import Reference
 from sparring.train.row_sparse_adamw import RowSparseAdamW
 from sparring.train.sharded_optimizer import OptimizerShard
+from sparring.train.sharded_weights import (
+    clip_grads,
+    distribute_like,
+    filler_rows,
+    gather_trained,
+    is_sharded,
+    local,
+    shard_copy,
+    total_grad_norm,
+    whole,
+)
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +100,7 @@ def sampler_correction_level(cfg: Config) -> str:
 def state_megabytes(optimizer: torch.optim.Optimizer) -> float:
     """The memory of the tensors ``optimizer`` keeps (AdamW's moments and steps), in MiB:
     this rank's share with a sharded optimizer."""
-    return sum(t.numel() * t.element_size() for st in optimizer.state.values()
+    return sum(local(t).numel() * t.element_size() for st in optimizer.state.values()
                for t in st.values() if isinstance(t, Tensor)) / 2**20
 
 
@@ -148,6 +162,9 @@ class Learner:
                                if a.entropy_target is not None else None)
         self.gen = torch.Generator().manual_seed(cfg.train.seed)
         self.shard: OptimizerShard | None = None  # see shard_optimizer
+        # distributed.sharding: full: the sharded copy the update trains (shard_weights)
+        self.sharded_model: nn.Module | None = None
+        self.train_passes = self.passes
         self.consecutive_skips = 0
         self.total_skips = 0
 
@@ -177,7 +194,7 @@ class Learner:
     def ref_model(self) -> nn.Module | None:
         """The reference's own copy (a magnet, or a full model's frozen start), else None
         (no KL reference, or the LoRA model's base with its adapters disabled)."""
-        return None if self.reference is None else self.reference.copy
+        return None if self.reference is None else self.reference.whole_model
 
     def values(self, batch: TurnBatch) -> Tensor:
         """Critic values on the action tokens ``[n, T]`` (for estimators that need them)."""
@@ -224,13 +241,14 @@ class Learner:
 
     # ------------------------------------------------------------ the update
 
-    def _micro_loss(self, batch: TurnBatch, rows: Tensor, adv: Tensor, old: Tensor | None,
+    def _micro_loss(self, passes: BatchForward, batch: TurnBatch, rows: Tensor, adv: Tensor,
+                    old: Tensor | None,
                     ref: Tensor | None, mask: Tensor, counts: dict[str, Any],
                     stats: dict[str, float]) -> Tensor:
         """The loss of ``rows`` (`sparring.train.loss.micro_loss`) on their forward; ``old``
         None: the old log-probs are this forward's own, detached (`update`)."""
         ids, att, L = row_slices(batch, rows)
-        logp, ent, values = self.passes.forward(ids, att, with_values=self.critic is not None,
+        logp, ent, values = passes.forward(ids, att, with_values=self.critic is not None,
                                                 allowed=allowed_of(batch, rows),
                                                 amask=batch.action_mask[rows, :L],
                                                 bonus=self.cfg.algorithm.entropy_bonus)
@@ -260,11 +278,63 @@ class Learner:
             self.shard = OptimizerShard(self.optimizer, ranks)
             self.shard.keep_own_state()
 
+    def shard_weights(self) -> None:
+        """From now on train a copy of the model sharded over the learner ranks (weights,
+        gradients and optimizer state: `sparring.train.sharded_weights`), the optimizer
+        state carried over; the model keeps the whole weights, copied back after each
+        update. In one process, nothing changes. Every rank calls it once, after every
+        rank has loaded the run's start state."""
+        ranks = dp.ranks()
+        if ranks is None or self.sharded_model is not None:
+            return
+        why = ("a frozen network's feature or layer cache" if self.features is not None
+               or self.head.body_lr_scale == 0 else
+               "ArCHer's utterance critic" if self.archer is not None else
+               "several LoRA adapters on one base" if self.adapter is not None else
+               "an estimator that reads reference log-probs" if "ref_logp" in self.needs
+               else None)
+        if why is not None:
+            raise ValueError(f"distributed.sharding: full does not support {why}; use "
+                             "distributed.sharding: optimizer")
+        before = self.optimizer.state_dict()
+        self.sharded_model = shard_copy(self.model)
+        if self.reference is not None:
+            self.reference.follow(self.sharded_model, shard=self.reference.kind == "magnet")
+        critic = [] if self.critic is None else [p for p in self.critic.parameters()
+                                                 if p.requires_grad]
+        groups = param_groups(self.sharded_model, self.trained, self.head.body_lr_scale,
+                              full_lr=critic)
+        self.params = [p for g in groups for p in g["params"]]
+        o = self.cfg.optim
+        self.optimizer = RowSparseAdamW(groups, sparse=[], lr=o.lr, betas=tuple(o.betas),
+                                        eps=o.eps, weight_decay=o.weight_decay, foreach=False)
+        for g, old in zip(self.optimizer.param_groups, before["param_groups"]):
+            g.update({k: v for k, v in old.items() if k != "params"})
+        for i, p in enumerate(self.params):
+            if i in before["state"]:
+                self.optimizer.state[p] = {k: distribute_like(v, p) if isinstance(v, Tensor)
+                                           else v for k, v in before["state"][i].items()}
+        self.schedule.optimizer = self.optimizer
+        self.train_passes = BatchForward(self.sharded_model, self.cfg, self.temperature,
+                                         critic=self.critic, reference=self.reference,
+                                         sharded=True)
+
     def _sum_and_clip_grads(self, ranked: bool) -> tuple[float, list[Tensor]]:
         """The gradients summed over the learner ranks (``ranked``; onto their owners with a
         sharded optimizer) and clipped to ``optim.max_grad_norm``: their norm before
         clipping, and the parameters about to step (a sharded optimizer's; else [])."""
         max_norm = self.cfg.optim.max_grad_norm or math.inf
+        if self.sharded_model is not None:  # FSDP summed the sharded ones; the critic's
+            size = dp.ranks().size
+            whole_params = [p for p in self.params if not is_sharded(p)]
+            dp.all_reduce_grads(whole_params)
+            for p in whole_params:
+                if p.grad is not None:
+                    p.grad.div_(size)  # its loss was scaled by the rank count too
+            norm = total_grad_norm(self.params)
+            if math.isfinite(norm) and max_norm < math.inf:
+                clip_grads(self.params, max_norm, norm)
+            return norm, []
         if self.shard is not None:
             stepped = self.shard.reduce_grads()
             return self.shard.clip_grads(stepped, max_norm), stepped
@@ -276,12 +346,28 @@ class Learner:
         """The optimizer step, undone if it leaves a weight non-finite
         (`sparring.train.guarded_step`); with a sharded optimizer, this rank's share of
         it, then every weight of ``stepped`` from its owner."""
+        if self.sharded_model is not None:
+            return guarded_step(self.optimizer, grad_norm,
+                                agree=lambda ok: dp.all_ranks(ok, self.device))
         if self.shard is None:
             return guarded_step(self.optimizer, grad_norm)
         kept = guarded_step(self.optimizer, grad_norm, agree=self.shard.agree)
         if kept:
             self.shard.share_weights(stepped)
         return kept
+
+    def _micro_batches(self, rows: Tensor, minibatch: Tensor) -> list[tuple[Tensor, bool]]:
+        """This rank's ``rows`` of ``minibatch`` in micro-batches of
+        ``train.microbatch_size``, as ``(rows, real)``; with sharded weights every rank runs
+        as many as the rank with the most rows, the missing ones on a spare row whose loss
+        is weighted 0 (`sparring.train.sharded_weights.filler_rows`)."""
+        size = self.cfg.train.microbatch_size
+        if self.sharded_model is None:
+            size = size or max(len(rows), 1)
+            return [(rows[i:i + size], True) for i in range(0, len(rows), size)]
+        most = -(-len(minibatch) // dp.ranks().size)  # the largest share
+        size = size or max(most, 1)
+        return filler_rows(rows, -(-most // size), size, minibatch[:1])
 
     def update(self, batch: TurnBatch, advantages: Tensor, keep: Tensor | None = None
                ) -> dict[str, float]:
@@ -295,7 +381,9 @@ class Learner:
         if keep.shape != (n,):
             raise ValueError(f"keep has shape {tuple(keep.shape)}, expected ({n},)")
         cfg, a = self.cfg, self.cfg.algorithm
-        use_adapter(self.model, self.adapter)
+        model, passes = ((self.model, self.passes) if self.sharded_model is None
+                         else (self.sharded_model, self.train_passes))
+        use_adapter(model, self.adapter)
         self.head_state.before_update()
         mask = batch.action_mask & keep[:, None]
         norm = a.aggregation_norm if a.aggregation_norm is not None else float(T)
@@ -305,15 +393,15 @@ class Learner:
         # forward supplies them (None) instead of a second pass over every row
         one_step = cfg.train.epochs == 1 and mb >= n
         old = (batch.old_logp if not a.recompute_old_logp else None if one_step
-               else self.policy_logprobs(batch))
+               else passes.per_row(batch, "policy"))
         ref = None
         if self.reference is not None:
-            ref = batch.ref_logp if batch.ref_logp is not None else self.ref_logprobs(batch)
+            ref = batch.ref_logp if batch.ref_logp is not None else passes.per_row(batch, "ref")
         ranks = dp.ranks()  # data-parallel learner ranks (sparring.train.data_parallel)
         stats: dict[str, float] = defaultdict(float)
         grad_norms: list[float] = []
         steps = skips = 0
-        self.model.train()
+        model.train()
         if self.critic is not None:
             self.critic.train()
         for _ in range(cfg.train.epochs):
@@ -331,10 +419,13 @@ class Learner:
                     continue
                 self.optimizer.zero_grad(set_to_none=True)
                 finite = True
-                size = cfg.train.microbatch_size or max(len(rows), 1)
-                for i in range(0, len(rows), size):
-                    loss = self._micro_loss(batch, rows[i:i + size], advantages, old, ref, mask,
-                                            counts, stats)
+                for part, real in self._micro_batches(rows, perm[start:start + mb]):
+                    loss = self._micro_loss(passes, batch, part, advantages, old, ref, mask,
+                                            counts, stats if real else defaultdict(float))
+                    if self.sharded_model is not None:  # every rank runs every backward
+                        finite = finite and (not real or bool(torch.isfinite(loss)))
+                        (loss * (dp.ranks().size if real else 0.0)).backward()
+                        continue
                     if not torch.isfinite(loss):
                         finite = False
                         break
@@ -360,6 +451,11 @@ class Learner:
                     self.reference.pull()
                 grad_norms.append(gn)
                 steps += 1
+        if self.sharded_model is not None:  # the whole trained weights, back into the model
+            load_parameters(self.model, gather_trained(self.sharded_model, self.trained))
+            if self.reference is not None and self.reference.whole is not None:  # a magnet
+                load_parameters(self.reference.whole,
+                                gather_trained(self.reference.copy, self.trained))
         if ranks is not None:
             stats = dp.reduce_stats(stats)
         out = {"lr": self.schedule.current()}
@@ -389,6 +485,10 @@ class Learner:
         optimizer state is whole on rank 0 only (`OptimizerShard.full_state_dict`)."""
         optimizer = (self.optimizer.state_dict() if self.shard is None
                      else self.shard.full_state_dict())
+        if self.sharded_model is not None:  # every rank gathers the shards, in one order
+            optimizer = {**optimizer, "state": {
+                i: {k: whole(v) if isinstance(v, Tensor) else v for k, v in st.items()}
+                for i, st in optimizer["state"].items()}}
         st: dict[str, Any] = {
             "optimizer": optimizer, "schedule": self.schedule.state_dict(),
             "gen": self.gen.get_state(), "consecutive_skips": self.consecutive_skips,
@@ -402,11 +502,14 @@ class Learner:
         st.update(self.head_state.state_dict())  # the feature transform, if any
         magnet = None if self.reference is None else self.reference.magnet_state()
         if magnet is not None:
-            st["magnet"] = magnet
+            st["magnet"] = {k: whole(v) for k, v in magnet.items()}
             st["magnet_steps"] = self.reference.steps
         return st
 
     def load_state_dict(self, st: dict[str, Any]) -> None:
+        if self.sharded_model is not None:
+            raise RuntimeError("a learner's state loads before its weights are sharded "
+                               "(Learner.shard_weights)")
         self.optimizer.load_state_dict(st["optimizer"])
         if self.shard is not None:
             self.shard.keep_own_state()

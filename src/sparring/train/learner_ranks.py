@@ -17,8 +17,9 @@ group (`broadcast_object_list`):
    found here, before anything changes the policies, and the leader's crash checkpoint
    of the last finished step is exact;
 3. then each policy's rows: ``[(batch, advantages, keep)]``, in the run's policy order;
-4. with ``distributed.sharding: optimizer`` (each rank keeps its own share of the optimizer
-   state from the start state on: `sparring.train.sharded_optimizer`), before each
+4. with ``distributed.sharding: optimizer`` or ``full`` (each rank keeps its own share of
+   the optimizer state, or of the weights, gradients and optimizer state, from the start
+   state on: `sparring.train.sharded_optimizer`, `sparring.train.sharded_weights`), before each
    checkpoint a header ``("state", step)``, and every rank joins the gathering of each
    policy's learner state in policy order (`gather_learner_states`); a rank lost between
    two steps then leaves no crash checkpoint;
@@ -143,6 +144,17 @@ def load_start_state(policies: Sequence[TrainedPolicy], state: list[dict[str, An
             p.learner.load_reference_state(st["reference"])
 
 
+def shard(policies: Sequence[TrainedPolicy], sharding: str) -> None:
+    """Each policy's learner state sharded as ``distributed.sharding`` says, once every
+    rank holds the start state: its optimizer state (``optimizer``), or the weights the
+    update trains with their gradients and optimizer state (``full``)."""
+    for p in policies:
+        if sharding == "optimizer":
+            p.learner.shard_optimizer()
+        elif sharding == "full":
+            p.learner.shard_weights()
+
+
 class Leader:
     """Rank 0's side of the protocol (module docstring). ``mid_update`` is True from a
     step's header until every policy's update is done: the ranks are then inside the same
@@ -150,7 +162,8 @@ class Leader:
 
     def __init__(self, ranks: dp.Ranks, sharding: str = "none"):
         self.ranks = ranks
-        self.sharded = sharding == "optimizer"
+        self.sharding = sharding
+        self.sharded = sharding in ("optimizer", "full")
         self.mid_update = False
 
     @classmethod
@@ -176,9 +189,7 @@ class Leader:
         """The run's start state to every rank; then, with a sharded optimizer, each rank
         keeps its own share of it."""
         self._send("the run's start state", dp.to_cpu(start_state(policies)))
-        if self.sharded:
-            for p in policies:
-                p.learner.shard_optimizer()
+        shard(policies, self.sharding)
 
     def learner_states(self, step: int, policies: Sequence[TrainedPolicy]
                        ) -> dict[str, FrozenState]:
@@ -247,9 +258,7 @@ def follow(cfg: Config, model: Models) -> None:
         log.info("rank %d: the run ended before its first step (%s)", r.rank, state[1])
         return
     load_start_state(policies, state)
-    if cfg.distributed.sharding == "optimizer":
-        for p in policies:
-            p.learner.shard_optimizer()
+    shard(policies, cfg.distributed.sharding)
     while True:
         kind, arg = share()
         if kind == "stop":

@@ -33,6 +33,7 @@ class Reference:
         self.policy, self.kind, self.rate, self.trained = model, kind, rate, trained
         self.every, self.steps = every, 0  # optimizer steps seen (checkpointed by the learner)
         self.copy: nn.Module | None = None
+        self.whole: nn.Module | None = None  # the whole weights of a sharded copy (follow)
         if kind == "magnet" or not is_peft(model):
             self.copy = copy.deepcopy(model).eval()
             for p in self.copy.parameters():
@@ -47,6 +48,23 @@ class Reference:
         """What a reference forward runs under: the adapters disabled when the reference
         is the LoRA model's own base, else nothing."""
         return self.policy.disable_adapter() if self.copy is None else nullcontext()
+
+    def follow(self, policy: nn.Module, *, shard: bool) -> None:
+        """Refer to ``policy`` (the policy's copy the learner trains from now on: its
+        sharded copy, `sparring.train.sharded_weights`) instead; ``shard``: shard the
+        reference's own copy alike (a magnet, which follows the sharded weights)."""
+        from sparring.train.sharded_weights import shard_copy
+
+        self.policy = policy
+        if shard and self.copy is not None:
+            self.whole, self.copy = self.copy, shard_copy(self.copy)
+
+    @property
+    def whole_model(self) -> nn.Module | None:
+        """The reference's own copy with its weights whole (what rank 0 evaluates; with a
+        sharded copy, the weights `follow` left whole, refreshed by the learner after each
+        update), else None."""
+        return self.whole if self.whole is not None else self.copy
 
     @torch.no_grad()
     def pull(self) -> None:
