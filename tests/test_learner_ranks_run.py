@@ -157,18 +157,6 @@ def test_a_sharded_optimizer_repeats_the_unsharded_run(two_rank_run, sharded_run
         assert torch.equal(sharded[k], t), k
 
 
-def test_a_lost_rank_with_a_sharded_optimizer_resumes_from_the_last_checkpoint(
-        sharded_run, tmp_path):
-    """Rank 1's shard of the optimizer state is lost with it: no crash checkpoint; the
-    run resumes from the last periodic one and repeats the uninterrupted run."""
-    run = tmp_path / "dies"
-    assert _on_ranks(run, "dies", sharding="optimizer") == [0, 3]
-    assert [s for s, _ in step_dirs(run)] == [2, 4]
-    assert [r["step"] for r in read_metrics(run)] == list(range(DIES_AFTER + 1))
-    assert _on_ranks(run, "resume", sharding="optimizer") == [0, 0]
-    assert _strip(read_metrics(run)) == _strip(read_metrics(sharded_run))
-
-
 @pytest.fixture(scope="module")
 def fsdp_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("fsdp") / "full"
@@ -198,14 +186,19 @@ def test_sharded_weights_match_one_process(fsdp_run, tmp_path):
                                    msg=lambda m, k=k: f"{k}: {m}")
 
 
-def test_a_lost_rank_with_sharded_weights_resumes_exactly(fsdp_run, tmp_path):
-    """Rank 1 takes its shards with it: no crash checkpoint; resumed on 2 ranks from the
-    last periodic one, the run repeats the uninterrupted sharded run bit for bit."""
+@pytest.mark.parametrize("sharding, uninterrupted", [("optimizer", "sharded_run"),
+                                                     ("full", "fsdp_run")])
+def test_a_lost_rank_when_sharded_resumes_from_the_last_checkpoint(sharding, uninterrupted,
+                                                                    request, tmp_path):
+    """Rank 1's shards (of the optimizer state; of the weights too) are lost with it: no
+    crash checkpoint; the run resumes on 2 ranks from the last periodic one and repeats
+    the uninterrupted sharded run bit for bit."""
     run = tmp_path / "dies"
-    assert _on_ranks(run, "dies", sharding="full") == [0, 3]
+    assert _on_ranks(run, "dies", sharding=sharding) == [0, 3]
     assert [s for s, _ in step_dirs(run)] == [2, 4]
-    assert _on_ranks(run, "resume", sharding="full") == [0, 0]
-    assert _strip(read_metrics(run)) == _strip(read_metrics(fsdp_run))
+    assert [r["step"] for r in read_metrics(run)] == list(range(DIES_AFTER + 1))
+    assert _on_ranks(run, "resume", sharding=sharding) == [0, 0]
+    assert _strip(read_metrics(run)) == _strip(read_metrics(request.getfixturevalue(uninterrupted)))
 
 
 def _torchrun(*args, ranks=WORLD):
