@@ -234,6 +234,31 @@ def test_torchrun_runs_and_resumes_sparring_train_on_two_ranks(tmp_path):
 
 
 @pytest.mark.slow
+def test_torchrun_with_sharded_weights_runs_and_resumes(tmp_path):
+    """``sparring train`` under torchrun with ``distributed.sharding=full``: 2 steps, then
+    ``--resume`` to 4, on 2 ranks, logs one process's metrics (rel 1e-5: the sharded
+    model runs the plain forward, one process the scored one)."""
+    args = [a for a in cli.ARGS if not a.startswith(("train.steps=", "eval.every="))]
+    args.append("eval.every=2")
+    one, two = tmp_path / "one", tmp_path / "two"
+    for cmd in (cli._cmd(*args, "train.steps=2", f"train.run_dir={one}"),
+                cli._cmd("--resume", str(one), "train.steps=4")):
+        subprocess.run(cmd, cwd=ROOT, env=cli._env(), check=True, capture_output=True,
+                       timeout=300)
+    for done in (_torchrun(*args, "train.steps=2", "distributed.sharding=full",
+                           f"train.run_dir={two}"),
+                 _torchrun("--resume", str(two), "train.steps=4")):
+        assert done.returncode == 0, done.stderr[-3000:]
+    a, b = cli._metrics(one), cli._metrics(two)
+    assert [r["step"] for r in b] == list(range(5))
+    held = "optimizer_state_mb"
+    for ra, rb in zip(a[1:], b[1:]):  # row 0: the evaluation before training
+        whole, share = ra.pop(held), rb.pop(held)
+        assert 0.3 * whole < share < 0.7 * whole
+    assert_rows_close(a, b)
+
+
+@pytest.mark.slow
 def test_two_ranks_with_two_rollout_workers_log_one_process_metrics(tmp_path):
     """2 learner ranks under torchrun, rank 0 driving 2 synchronous Ray rollout workers:
     the metrics of one process with none (to float32 summation order)."""
