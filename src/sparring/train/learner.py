@@ -242,16 +242,16 @@ class Learner:
     # ------------------------------------------------------------ the update
 
     def _micro_loss(self, passes: BatchForward, batch: TurnBatch, rows: Tensor, adv: Tensor,
-                    old: Tensor | None,
-                    ref: Tensor | None, mask: Tensor, counts: dict[str, Any],
-                    stats: dict[str, float]) -> Tensor:
-        """The loss of ``rows`` (`sparring.train.loss.micro_loss`) on their forward; ``old``
-        None: the old log-probs are this forward's own, detached (`update`)."""
+                    old: Tensor | None, ref: Tensor | None, mask: Tensor,
+                    counts: dict[str, Any], stats: dict[str, float]) -> Tensor:
+        """The loss of ``rows`` (`sparring.train.loss.micro_loss`) on their forward by
+        ``passes``; ``old`` None: the old log-probs are this forward's own, detached
+        (`update`)."""
         ids, att, L = row_slices(batch, rows)
         logp, ent, values = passes.forward(ids, att, with_values=self.critic is not None,
-                                                allowed=allowed_of(batch, rows),
-                                                amask=batch.action_mask[rows, :L],
-                                                bonus=self.cfg.algorithm.entropy_bonus)
+                                           allowed=allowed_of(batch, rows),
+                                           amask=batch.action_mask[rows, :L],
+                                           bonus=self.cfg.algorithm.entropy_bonus)
         return micro_loss(self.cfg, batch, rows, logp, ent, values, adv=adv, old=old, ref=ref,
                           mask=mask, counts=counts, entropy_coef=self.entropy_coef(),
                           sampler_correction=self.sampler_correction,
