@@ -287,8 +287,9 @@ class Learner:
         ranks = dp.ranks()
         if ranks is None or self.sharded_model is not None:
             return
-        why = ("a frozen network's feature or layer cache" if self.features is not None
-               or self.head.body_lr_scale == 0 else
+        why = ("a frozen network's feature or layer cache" if self.features is not None else
+               "an output layer trained on a frozen body (its rows step sparsely)"
+               if self.head.body_lr_scale == 0 else
                "ArCHer's utterance critic" if self.archer is not None else
                "several LoRA adapters on one base" if self.adapter is not None else
                "an estimator that reads reference log-probs" if "ref_logp" in self.needs
