@@ -96,7 +96,7 @@ def make_cfg(over: dict):
     for sec, vals in over.items():
         for k, v in vals.items():
             if isinstance(v, dict):
-                base[sec].setdefault(k, {}).update(v)
+                base.setdefault(sec, {}).setdefault(k, {}).update(v)
             else:
                 base.setdefault(sec, {})[k] = v
     return from_dict(base)
@@ -157,6 +157,15 @@ def _rank(rank: int, port: int, out: str) -> None:
             finally:
                 dp.global_counts = saved
             torch.save(result, f"{out}/{name}.{rank}.pt")
+        refused = {}  # what distributed.sharding: full refuses, with its message
+        for head in ({"name": "frozen_features", "cache": 64}, {"name": "frozen_features",
+                                                                "cache": 0}):
+            learner = Learner(th.tiny_qwen(0), make_cfg({"model": {"head": head}}))
+            try:
+                learner.shard_weights()
+            except ValueError as e:
+                refused[head["cache"]] = str(e)
+        torch.save(refused, f"{out}/refused.{rank}.pt")
     finally:
         dist.destroy_process_group()
 
@@ -175,7 +184,7 @@ def ranked(tmp_path_factory):
     mp.start_processes(_rank, args=(_free_port(), str(out)), nprocs=WORLD, join=True,
                        start_method="fork")
     return {name: [torch.load(out / f"{name}.{r}.pt") for r in range(WORLD)]
-            for name in CASES}
+            for name in [*CASES, "refused"]}
 
 
 def max_diff(a: dict, b: dict) -> float:
@@ -284,6 +293,13 @@ def test_sharded_weights_keep_a_share_of_the_optimizer_state(ranked):
     whole = ranked["token-mean"][0]["metrics"]["optimizer_state_mb"]
     for r in (r0, r1):
         assert r["metrics"]["optimizer_state_mb"] < 0.6 * whole
+
+
+def test_sharded_weights_refuse_a_frozen_body_with_a_clear_error(ranked):
+    for refused in ranked["refused"]:
+        assert "feature or layer cache" in refused[64]
+        assert "output layer trained on a frozen body" in refused[0]
+        assert all("distributed.sharding: optimizer" in m for m in refused.values())
 
 
 def test_each_rank_keeps_the_optimizer_state_of_its_own_share(ranked):
