@@ -36,8 +36,8 @@ and sequence counts, the gradients are summed over the ranks before the optimize
 after `shard_optimizer`, each rank keeps and steps the optimizer state of its own share of
 the weights only (`sparring.train.sharded_optimizer`); after `shard_weights`, the update
 trains a copy of the model whose weights, gradients and optimizer state are sharded over
-the ranks (FSDP2: `sparring.train.sharded_weights`), and the model itself gets the trained
-weights back whole after each update. ``optimizer_state_mb`` reports the optimizer state
+the ranks (FSDP2: `sparring.train.sharded_weights`), and rank 0's model gets the trained
+weights back whole after each update (the other ranks free theirs). ``optimizer_state_mb`` reports the optimizer state
 this process holds.
 """
 
@@ -80,6 +80,7 @@ from sparring.train.sharded_weights import (
     gather_trained,
     is_sharded,
     local,
+    release,
     shard_copy,
     total_grad_norm,
     whole,
@@ -281,8 +282,9 @@ class Learner:
     def shard_weights(self) -> None:
         """From now on train a copy of the model sharded over the learner ranks (weights,
         gradients and optimizer state: `sparring.train.sharded_weights`), the optimizer
-        state carried over; the model keeps the whole weights, copied back after each
-        update. In one process, nothing changes. Every rank calls it once, after every
+        state carried over; rank 0's model keeps the whole weights, copied back after
+        each update, and the other ranks free their whole model. In one process, nothing
+        changes. Every rank calls it once, after every
         rank has loaded the run's start state."""
         ranks = dp.ranks()
         if ranks is None or self.sharded_model is not None:
@@ -319,6 +321,10 @@ class Learner:
         self.train_passes = BatchForward(self.sharded_model, self.cfg, self.temperature,
                                          critic=self.critic, reference=self.reference,
                                          sharded=True)
+        if ranks.rank != dp.LEADER:  # only rank 0 samples, evaluates and checkpoints
+            release(self.model)
+            if self.reference is not None and self.reference.whole is not None:
+                release(self.reference.whole)
 
     def _sum_and_clip_grads(self, ranked: bool) -> tuple[float, list[Tensor]]:
         """The gradients summed over the learner ranks (``ranked``; onto their owners with a
@@ -452,11 +458,15 @@ class Learner:
                     self.reference.pull()
                 grad_norms.append(gn)
                 steps += 1
-        if self.sharded_model is not None:  # the whole trained weights, back into the model
-            load_parameters(self.model, gather_trained(self.sharded_model, self.trained))
+        if self.sharded_model is not None:  # the whole trained weights, into rank 0's model
+            leader = ranks.rank == dp.LEADER
+            trained = gather_trained(self.sharded_model, self.trained)
+            if leader:
+                load_parameters(self.model, trained)
             if self.reference is not None and self.reference.whole is not None:  # a magnet
-                load_parameters(self.reference.whole,
-                                gather_trained(self.reference.copy, self.trained))
+                trained = gather_trained(self.reference.copy, self.trained)
+                if leader:
+                    load_parameters(self.reference.whole, trained)
         if ranks is not None:
             stats = dp.reduce_stats(stats)
         out = {"lr": self.schedule.current()}

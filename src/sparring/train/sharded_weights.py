@@ -21,9 +21,10 @@ caches) are off on the sharded model, which runs the plain forward.
 Rank 0 samples, evaluates and checkpoints between updates with the whole weights: it
 keeps the run's model as it is (whole), and the learner trains a sharded copy of it
 (`shard_copy`); after each update every rank gathers the trained weights
-(`gather_trained`) and copies them into its whole model. So rank 0 holds the weights
-whole once, as a sampling engine does, and a 1/W share of the gradients and the
-optimizer state; the other ranks need the whole model only to start from.
+(`gather_trained`) and rank 0 copies them into its whole model. So rank 0 holds the
+weights whole once, as a sampling engine does, beside a 1/W share of the weights,
+gradients and optimizer state; the other ranks need the whole model only to start from,
+and free it (`release`).
 """
 
 from __future__ import annotations
@@ -83,6 +84,14 @@ def reshard(model: nn.Module) -> None:
     for m in model.modules():
         if isinstance(m, FSDPModule):
             m.reshard()
+
+
+def release(model: nn.Module) -> None:
+    """Free the weights of ``model`` (a rank's whole copy it no longer reads): each
+    parameter keeps its name, dtype and device, with no elements."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
 
 
 def gather_trained(model: nn.Module, trained: Iterable[str]) -> dict[str, Tensor]:
