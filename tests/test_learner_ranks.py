@@ -261,17 +261,18 @@ def test_a_sharded_optimizer_matches_one_process(ranked, name):
 
 
 @contextlib.contextmanager
-def plain_forward():
-    """One process's learner on the plain forward, as the sharded model runs it (no shared
-    prompts, no top layer at the action tokens alone): the same values up to rounding,
-    which Adam's first steps magnify on near-zero gradients."""
-    saved = forward.applies, BatchForward.prefixes
-    forward.applies = lambda model, scored: False
+def sharded_forward():
+    """One process's learner on the forward the sharded model runs (the model's own, its
+    LM head at the action tokens alone: `forward.kept_logits`; no shared prompts, no top
+    layer at the action tokens alone): the same values up to rounding, which Adam's first
+    steps magnify on near-zero gradients."""
+    saved = forward.is_sharded_module, BatchForward.prefixes
+    forward.is_sharded_module = lambda model: True
     BatchForward.prefixes = lambda self, ids, att, amask: None
     try:
         yield
     finally:
-        forward.applies, BatchForward.prefixes = saved
+        forward.is_sharded_module, BatchForward.prefixes = saved
 
 
 @pytest.mark.parametrize("name", FULL)
@@ -280,7 +281,7 @@ def test_sharded_weights_match_one_process(ranked, name):
     weights and gathered first moments equal one process's update (micro-batches on one
     rank only, a rank without rows, every step clipped, a magnet and a critic, LoRA), and
     rank 1 has freed its whole copy."""
-    with plain_forward():
+    with sharded_forward():
         single = one_update(name)
     rank0, rank1 = ranked[f"{name}-full"]
     assert_same(single, rank0)

@@ -36,7 +36,7 @@ from sparring.train.learner import Learner
 from sparring.train.learner_ranks import RankLostError
 from tests import test_train_resume_cli as cli
 from tests import train_helpers as th
-from tests.test_learner_ranks import _free_port, plain_forward
+from tests.test_learner_ranks import _free_port, sharded_forward
 from tests.train_resume_job import STEPS, run_job
 
 pytestmark = pytest.mark.usefixtures("train_doubles")
@@ -166,9 +166,9 @@ def fsdp_run(tmp_path_factory):
 
 def test_sharded_weights_match_one_process(fsdp_run, tmp_path):
     """Weights, gradients and optimizer state sharded (FSDP2): one process's metrics, its
-    learner on the plain forward the sharded model runs (rel 1e-5), with rank 0 holding
+    learner on the forward the sharded model runs (rel 1e-5), with rank 0 holding
     about half of the optimizer state; the checkpoint holds it whole."""
-    with plain_forward():
+    with sharded_forward():
         one = run_job(tmp_path / "one")
     a, b = _strip(read_metrics(one)), _strip(read_metrics(fsdp_run))
     held = "optimizer_state_mb"
@@ -237,7 +237,7 @@ def test_torchrun_runs_and_resumes_sparring_train_on_two_ranks(tmp_path):
 def test_torchrun_with_sharded_weights_runs_and_resumes(tmp_path):
     """``sparring train`` under torchrun with ``distributed.sharding=full``: 2 steps, then
     ``--resume`` to 4, on 2 ranks, logs one process's metrics (rel 1e-5: the sharded
-    model runs the plain forward, one process the scored one)."""
+    model runs its own forward, one process the top layer at the action tokens alone)."""
     args = [a for a in cli.ARGS if not a.startswith(("train.steps=", "eval.every="))]
     args.append("eval.every=2")
     one, two = tmp_path / "one", tmp_path / "two"

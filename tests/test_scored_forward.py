@@ -7,6 +7,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from sparring.config.schema import LoraConfig
+from sparring.policy import forward
 from sparring.policy.forward import token_logprobs, token_logprobs_and_hidden
 from sparring.policy.lora import apply_lora
 from sparring.policy.scored_forward import scored_positions, supports
@@ -41,9 +42,15 @@ def _rows(vocab: int):
     return ids, att, scored, allowed
 
 
+@pytest.mark.parametrize("via", ["top_layer", "kept_logits"])
 @pytest.mark.parametrize("bonus", ["entropy", "uniform_kl", "allowed_mass"])
 @pytest.mark.parametrize("name", list(MODELS))
-def test_scored_positions_match_the_full_forward(name, bonus):
+def test_scored_positions_match_the_full_forward(name, bonus, via, monkeypatch):
+    """The top layer at the scored positions alone (`scored_logits`), or the model's own
+    forward with its LM head there alone (`kept_logits`, what a sharded model runs):
+    log-probs, the bonus, hidden states and gradients of the full forward."""
+    if via == "kept_logits":
+        monkeypatch.setattr(forward, "is_sharded_module", lambda model: True)
     model = MODELS[name]()
     assert supports(model)
     ids, att, scored, allowed = _rows(model.config.vocab_size)

@@ -173,7 +173,10 @@ def _forward(model, input_ids, attention_mask, temperature, with_entropy, allowe
              ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     if prefixes is None and scored is not None and applies(model, scored):
         pos = scored_positions(scored.bool())
-        logits, targets, h = scored_logits(model, input_ids, pos, keep_hidden)
+        if is_sharded_module(model):  # its units gather their weights in their own forwards
+            logits, targets, h = kept_logits(model, input_ids, attention_mask, pos, keep_hidden)
+        else:
+            logits, targets, h = scored_logits(model, input_ids, pos, keep_hidden)
         return _to_rows(logits, targets, pos, h, input_ids.shape[1], temperature,
                         with_entropy, None if allowed is None else allowed_at_slots(allowed, pos),
                         bonus)
@@ -200,6 +203,34 @@ def _forward(model, input_ids, attention_mask, temperature, with_entropy, allowe
             restrict_head=not (with_entropy and bonus == "allowed_mass"))
     return _to_rows(logits, targets, pos, h, input_ids.shape[1], temperature, with_entropy,
                     shifted, bonus)
+
+
+def is_sharded_module(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is sharded over ranks by FSDP2 (`fully_shard`): its weights are
+    gathered only inside its own forward, so no part of it may be called directly."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def kept_logits(model: torch.nn.Module, ids: Tensor, attention_mask: Tensor,
+                positions: Tensor, keep_hidden: bool = False
+                ) -> tuple[Tensor, Tensor, Tensor | None]:
+    """`scored_logits`' layout (logits and targets ``[n, 1 + K]``, hidden or None) from the
+    model's own forward, its LM head run only at the contexts that predict ``positions
+    [n, K]`` (``logits_to_keep``): every position's hidden state, but not every position's
+    logits over the vocabulary."""
+    n, T = ids.shape
+    ctx = (positions - 1).clamp(0, T - 1)  # the context end predicting each scored token
+    with capture_hidden(model) if keep_hidden else nullcontext([]) as hs:
+        logits = model(input_ids=ids, attention_mask=attention_mask.long(), use_cache=False,
+                       logits_to_keep=ctx).logits  # [n, K, V]
+    logits = torch.cat([logits, logits.new_zeros(n, 1, logits.shape[-1])], 1)
+    targets = torch.cat([ids.new_zeros(n, 1), ids.gather(1, positions.clamp(max=T - 1))], 1)
+    h = None
+    if keep_hidden:
+        h = torch.cat([hs[-1], hs[-1].new_zeros(n, 1, hs[-1].shape[-1])], 1)
+    return logits, targets, h
 
 
 def _to_rows(logits: Tensor, targets: Tensor, pos: Tensor, h: Tensor | None, T: int,

@@ -66,8 +66,9 @@ class BatchForward:
                  adapter: str | None = None, critic: Critic | None = None,
                  reference: Reference | None = None, sharded: bool = False):
         """``sharded``: ``model`` is sharded over the learner ranks
-        (`sparring.train.sharded_weights`), so only its plain forward runs: the shared
-        prompts and the scored positions call its blocks' parts directly."""
+        (`sparring.train.sharded_weights`), so only its own forward runs (the shared
+        prompts call its blocks' parts directly), its LM head at the action tokens alone
+        (`sparring.policy.forward.kept_logits`)."""
         self.model, self.cfg, self.temperature = model, cfg, temperature
         self.sharded = sharded
         self.adapter, self.critic, self.reference = adapter, critic, reference
@@ -105,7 +106,7 @@ class BatchForward:
                 # index_select: a fixed order of the repeated rows' gradients
                 return tuple(None if x is None else x.index_select(0, inv) for x in out)
         pre = self.prefixes(ids, att, amask)
-        scored = None if amask is None or self.sharded else amask > 0
+        scored = None if amask is None else amask > 0
         values = None
         with autocast_for(self.model):
             if head:  # the value head reads this forward's hidden states
@@ -147,8 +148,7 @@ class BatchForward:
                         out[rows, :L] = token_logprobs(
                             model, ids, att, self.temperature,
                             allowed=allowed_of(batch, rows),
-                            prefixes=self.prefixes(ids, att, amask),
-                            scored=None if self.sharded else amask > 0
+                            prefixes=self.prefixes(ids, att, amask), scored=amask > 0
                         )[0].float()
                 else:
                     logp, ent, values = self.forward(

@@ -15,8 +15,9 @@ as the rank with the most rows, a rank short of rows running one of its rows wit
 (`filler_rows`), and a non-finite loss ends no rank's micro-batches early.
 
 What a unit's hooks cannot see, it cannot gather: the learner's forwards that call a
-block's submodules directly (the shared-prefix and scored forwards, the feature and layer
-caches) are off on the sharded model, which runs the plain forward.
+block's submodules directly (the shared-prefix forward, the top layer at the action tokens
+alone, the feature and layer caches) are off on the sharded model, which runs its own
+forward with its LM head at the action tokens alone (`sparring.policy.forward.kept_logits`).
 
 Rank 0 samples, evaluates and checkpoints between updates with the whole weights: it
 keeps the run's model as it is (whole), and the learner trains a sharded copy of it
