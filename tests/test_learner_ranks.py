@@ -330,10 +330,11 @@ def test_rank_rows_are_a_contiguous_partition():
         assert max(map(len, shares)) - min(map(len, shares)) <= 1
 
 
-def _torchrun_rank(rank: int, port: int, out: str) -> None:
+def _torchrun_rank(rank: int, port: int, second_port: int, out: str) -> None:
     """One rank as torchrun starts it (its place in the environment): what
     `torchrun_ranks` gives, and whether a group is left joined after the block, when the
-    block started the group and when it found one already there."""
+    block started the group and when it found one already there (that group on another
+    port: a rank could otherwise reach the first group's store as rank 0 closes it)."""
     import os
 
     os.environ.update(WORLD_SIZE=str(WORLD), RANK=str(rank), MASTER_ADDR="127.0.0.1",
@@ -341,6 +342,7 @@ def _torchrun_rank(rank: int, port: int, out: str) -> None:
     with torchrun_ranks() as r:
         seen = (r.rank, r.size)
     left = not dist.is_initialized()
+    os.environ["MASTER_PORT"] = str(second_port)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     with torchrun_ranks():
         pass
@@ -350,7 +352,9 @@ def _torchrun_rank(rank: int, port: int, out: str) -> None:
 
 
 def test_torchrun_ranks_leave_the_group_they_started_and_only_that(tmp_path):
-    mp.start_processes(_torchrun_rank, args=(_free_port(), str(tmp_path)), nprocs=WORLD,
+    port = _free_port()
+    second = next(p for p in iter(_free_port, None) if p != port)
+    mp.start_processes(_torchrun_rank, args=(port, second, str(tmp_path)), nprocs=WORLD,
                        join=True, start_method="fork")
     got = [torch.load(tmp_path / f"torchrun.{r}.pt") for r in range(WORLD)]
     assert got == [{"seen": (r, WORLD), "left": True, "kept": True} for r in range(WORLD)]
