@@ -107,11 +107,25 @@ def _strip(rows):
             for r in rows]
 
 
+def _finished_run(tmp_path_factory, sharding: str):
+    """The job's run folder after both ranks trained it to the end, sharded as given."""
+    run = tmp_path_factory.mktemp(sharding) / "full"
+    assert _on_ranks(run, "full", sharding=sharding) == [0, 0]
+    return run
+
+
+def pop_half_held(whole: list[dict], sharded: list[dict]) -> None:
+    """Rank 0's optimizer state under sharding is about half that of the same rows held
+    whole, row for row after the first (the evaluation before training); the entries are
+    taken out of both so the rest can be compared."""
+    held = "optimizer_state_mb"
+    for row_w, row_s in zip(whole[1:], sharded[1:]):
+        assert 0.3 * row_w[held] < row_s.pop(held) < 0.7 * row_w.pop(held)
+
+
 @pytest.fixture(scope="module")
 def two_rank_run(tmp_path_factory):
-    run = tmp_path_factory.mktemp("ranks") / "full"
-    assert _on_ranks(run, "full") == [0, 0]
-    return run
+    return _finished_run(tmp_path_factory, "none")
 
 
 def test_two_ranks_match_one_process(two_rank_run, tmp_path):
@@ -135,19 +149,15 @@ def test_a_lost_rank_ends_the_run_with_an_exact_crash_checkpoint(two_rank_run, t
 
 @pytest.fixture(scope="module")
 def sharded_run(tmp_path_factory):
-    run = tmp_path_factory.mktemp("sharded") / "full"
-    assert _on_ranks(run, "full", sharding="optimizer") == [0, 0]
-    return run
+    return _finished_run(tmp_path_factory, "optimizer")
 
 
 def test_a_sharded_optimizer_repeats_the_unsharded_run(two_rank_run, sharded_run):
     """The same weights and moments (AdamW's arithmetic per element is unchanged), so the
     same metrics bit for bit, but for the optimizer state rank 0 holds: about half; its
     checkpoints hold the whole optimizer state."""
-    held = "optimizer_state_mb"
     sharded, full = _strip(read_metrics(sharded_run)), _strip(read_metrics(two_rank_run))
-    for row_s, row_f in zip(sharded[1:], full[1:]):  # row 0: the evaluation before training
-        assert 0.3 * row_f[held] < row_s.pop(held) < 0.7 * row_f.pop(held)
+    pop_half_held(full, sharded)
     assert sharded == full
     (_, full_ckpt), (_, sharded_ckpt) = step_dirs(two_rank_run)[-1], step_dirs(sharded_run)[-1]
     full, sharded = (load_file(c / "state.safetensors") for c in (full_ckpt, sharded_ckpt))
@@ -159,9 +169,7 @@ def test_a_sharded_optimizer_repeats_the_unsharded_run(two_rank_run, sharded_run
 
 @pytest.fixture(scope="module")
 def fsdp_run(tmp_path_factory):
-    run = tmp_path_factory.mktemp("fsdp") / "full"
-    assert _on_ranks(run, "full", sharding="full") == [0, 0]
-    return run
+    return _finished_run(tmp_path_factory, "full")
 
 
 def test_sharded_weights_match_one_process(fsdp_run, tmp_path):
@@ -171,9 +179,7 @@ def test_sharded_weights_match_one_process(fsdp_run, tmp_path):
     with sharded_forward():
         one = run_job(tmp_path / "one")
     a, b = _strip(read_metrics(one)), _strip(read_metrics(fsdp_run))
-    held = "optimizer_state_mb"
-    for ra, rb in zip(a[1:], b[1:]):
-        assert 0.3 * ra[held] < rb.pop(held) < 0.7 * ra.pop(held)
+    pop_half_held(a, b)
     assert_rows_close(a, b)
     (_, ckpt_one), (_, ckpt_two) = step_dirs(one)[-1], step_dirs(fsdp_run)[-1]
     whole, gathered = (load_file(c / "state.safetensors") for c in (ckpt_one, ckpt_two))
@@ -209,11 +215,10 @@ def _torchrun(*args, ranks=WORLD):
                           timeout=600)
 
 
-@pytest.mark.slow
-def test_torchrun_runs_and_resumes_sparring_train_on_two_ranks(tmp_path):
-    """The command line under torchrun: 2 steps, then ``--resume`` to 4, on 2 ranks, logs
-    the metrics of the same in one process (to float32 summation order); ``--print-config``
-    leaves the other rank nothing to take part in, and every rank exits cleanly."""
+def _run_and_resume(tmp_path, *on_ranks: str) -> tuple[list[str], tuple[list, list]]:
+    """The command line's job for 2 steps, then ``--resume`` to 4: in one process, and under
+    torchrun on 2 ranks with ``on_ranks`` overrides too. Returns the job's arguments and
+    the two metrics logs (the 2-rank one checked to have every step)."""
     args = [a for a in cli.ARGS if not a.startswith(("train.steps=", "eval.every="))]
     args.append("eval.every=2")
     one, two = tmp_path / "one", tmp_path / "two"
@@ -221,11 +226,20 @@ def test_torchrun_runs_and_resumes_sparring_train_on_two_ranks(tmp_path):
                 cli._cmd("--resume", str(one), "train.steps=4")):
         subprocess.run(cmd, cwd=ROOT, env=cli._env(), check=True, capture_output=True,
                        timeout=300)
-    for done in (_torchrun(*args, "train.steps=2", f"train.run_dir={two}"),
+    for done in (_torchrun(*args, *on_ranks, "train.steps=2", f"train.run_dir={two}"),
                  _torchrun("--resume", str(two), "train.steps=4")):
         assert done.returncode == 0, done.stderr[-3000:]
-    a, b = cli._metrics(one), cli._metrics(two)
+    b = cli._metrics(two)
     assert [r["step"] for r in b] == list(range(5))
+    return args, (cli._metrics(one), b)
+
+
+@pytest.mark.slow
+def test_torchrun_runs_and_resumes_sparring_train_on_two_ranks(tmp_path):
+    """The command line under torchrun: 2 steps, then ``--resume`` to 4, on 2 ranks, logs
+    the metrics of the same in one process (to float32 summation order); ``--print-config``
+    leaves the other rank nothing to take part in, and every rank exits cleanly."""
+    args, (a, b) = _run_and_resume(tmp_path)
     assert_rows_close(a, b)
     for _ in range(3):  # the ranks end at once: a group left to the teardown could abort
         printed = _torchrun(*args, "--print-config")
@@ -238,23 +252,8 @@ def test_torchrun_with_sharded_weights_runs_and_resumes(tmp_path):
     """``sparring train`` under torchrun with ``distributed.sharding=full``: 2 steps, then
     ``--resume`` to 4, on 2 ranks, logs one process's metrics (rel 1e-5: the sharded
     model runs its own forward, one process the top layer at the action tokens alone)."""
-    args = [a for a in cli.ARGS if not a.startswith(("train.steps=", "eval.every="))]
-    args.append("eval.every=2")
-    one, two = tmp_path / "one", tmp_path / "two"
-    for cmd in (cli._cmd(*args, "train.steps=2", f"train.run_dir={one}"),
-                cli._cmd("--resume", str(one), "train.steps=4")):
-        subprocess.run(cmd, cwd=ROOT, env=cli._env(), check=True, capture_output=True,
-                       timeout=300)
-    for done in (_torchrun(*args, "train.steps=2", "distributed.sharding=full",
-                           f"train.run_dir={two}"),
-                 _torchrun("--resume", str(two), "train.steps=4")):
-        assert done.returncode == 0, done.stderr[-3000:]
-    a, b = cli._metrics(one), cli._metrics(two)
-    assert [r["step"] for r in b] == list(range(5))
-    held = "optimizer_state_mb"
-    for ra, rb in zip(a[1:], b[1:]):  # row 0: the evaluation before training
-        whole, share = ra.pop(held), rb.pop(held)
-        assert 0.3 * whole < share < 0.7 * whole
+    _, (a, b) = _run_and_resume(tmp_path, "distributed.sharding=full")
+    pop_half_held(a, b)
     assert_rows_close(a, b)
 
 

@@ -26,7 +26,11 @@ import torch
 from torch import Tensor, nn
 
 from sparring.data import TurnBatch
-from sparring.policy.forward import token_logprobs, token_logprobs_and_hidden
+from sparring.policy.forward import (
+    is_sharded_module,
+    token_logprobs,
+    token_logprobs_and_hidden,
+)
 from sparring.policy.lora import use_adapter
 from sparring.policy.precision import autocast_for
 from sparring.policy.prefix import (
@@ -36,6 +40,7 @@ from sparring.policy.prefix import (
     find_prefixes,
     first_action_positions,
 )
+from sparring.train.sharded_weights import reshard
 
 if TYPE_CHECKING:
     from sparring.config import Config
@@ -64,13 +69,8 @@ class BatchForward:
 
     def __init__(self, model: nn.Module, cfg: Config, temperature: float, *,
                  adapter: str | None = None, critic: Critic | None = None,
-                 reference: Reference | None = None, sharded: bool = False):
-        """``sharded``: ``model`` is sharded over the learner ranks
-        (`sparring.train.sharded_weights`), so only its own forward runs (the shared
-        prompts call its blocks' parts directly), its LM head at the action tokens alone
-        (`sparring.policy.forward.kept_logits`)."""
+                 reference: Reference | None = None):
         self.model, self.cfg, self.temperature = model, cfg, temperature
-        self.sharded = sharded
         self.adapter, self.critic, self.reference = adapter, critic, reference
         self.device = next(model.parameters()).device
 
@@ -78,9 +78,11 @@ class BatchForward:
         """The rows' prompts, to run each distinct one and their common start once, when
         that pays (`train.share_prefix`): at most half of the rows' prompts are distinct, or
         they all start with the same `SHARED_PREFIX_MIN` or more tokens (a system prompt, a
-        chat-template header). Else None (a plain forward)."""
+        chat-template header). Else None (a plain forward); always None for a model sharded
+        over the learner ranks (its blocks' parts are called directly there), whose own
+        forward runs its LM head at the action tokens alone (`forward.kept_logits`)."""
         if (amask is None or not self.cfg.train.share_prefix or ids.shape[0] < 2
-                or self.sharded):
+                or is_sharded_module(self.model)):
             return None
         pre = find_prefixes(ids, first_action_positions(amask, att.sum(1)))
         pays = 2 * pre.count <= ids.shape[0] or pre.common >= SHARED_PREFIX_MIN
@@ -157,8 +159,7 @@ class BatchForward:
                     out[rows, :L] = {"values": values, "entropy": ent, "policy": logp}[what].float()
         finally:
             self.model.train(was_training)
-            if self.sharded:  # no backward follows to free the root's gathered weights
-                from sparring.train.sharded_weights import reshard
-
-                reshard(self.reference.model if what == "ref" else self.model)
+            model = self.reference.model if what == "ref" else self.model
+            if is_sharded_module(model):  # no backward follows to free the root's weights
+                reshard(model)
         return out * batch.action_mask

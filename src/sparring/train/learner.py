@@ -138,10 +138,10 @@ class Learner:
         self.critic: Critic | None = None
         if self.archer is None and self._wants_values():
             self.critic = Critic(model, c.kind, c.hidden).to(self.device)
-        critic = [] if self.critic is None else [p for p in self.critic.parameters()
-                                                 if p.requires_grad]
-        groups = param_groups(model, self.trained, self.head.body_lr_scale, full_lr=critic)
-        self.params = [p for g in groups for p in g["params"]]
+        # a frozen body's output layer: AdamW on the rows that have had a gradient only
+        sparse = ([output_embedding(model).weight] if self.head.body_lr_scale == 0
+                  and not o.weight_decay else [])
+        self.optimizer = self._optimizer_over(model, sparse)
         # the head's own state: a frozen network's feature cache, which the reference's
         # copy (the same body) reads too
         copies = [] if self.reference is None or self.reference.copy is None else \
@@ -150,11 +150,6 @@ class Learner:
         self.features = self.head_state.features  # the frozen network's outputs (or None)
         self.passes = BatchForward(model, cfg, self.temperature, adapter=adapter,
                                    critic=self.critic, reference=self.reference)
-        # a frozen body's output layer: AdamW on the rows that have had a gradient only
-        sparse = ([output_embedding(model).weight] if self.head.body_lr_scale == 0
-                  and not o.weight_decay else [])
-        self.optimizer = RowSparseAdamW(groups, sparse=sparse, lr=o.lr, betas=tuple(o.betas),
-                                        eps=o.eps, weight_decay=o.weight_decay)
         self.schedule = LRSchedule(self.optimizer, lr=o.lr, schedule=o.schedule,
                                    warmup_steps=o.warmup_steps, total_steps=cfg.train.steps,
                                    final_ratio=o.lr_final_ratio)
@@ -170,6 +165,19 @@ class Learner:
         self.total_skips = 0
 
     # ------------------------------------------------------------ set-up helpers
+
+    def _optimizer_over(self, model: nn.Module, sparse: list[Tensor], **kwargs: Any
+                        ) -> RowSparseAdamW:
+        """AdamW over ``model``'s trained weights and the critic's (`param_groups`), the
+        ``sparse`` ones stepped on their touched rows only; ``self.params`` becomes its
+        parameters."""
+        critic = [] if self.critic is None else [p for p in self.critic.parameters()
+                                                 if p.requires_grad]
+        groups = param_groups(model, self.trained, self.head.body_lr_scale, full_lr=critic)
+        self.params = [p for g in groups for p in g["params"]]
+        o = self.cfg.optim
+        return RowSparseAdamW(groups, sparse=sparse, lr=o.lr, betas=tuple(o.betas), eps=o.eps,
+                              weight_decay=o.weight_decay, **kwargs)
 
     def entropy_coef(self) -> float:
         """The entropy bonus of this update: ``algorithm.entropy_coef`` on the
@@ -303,14 +311,8 @@ class Learner:
         self.sharded_model = shard_copy(self.model)
         if self.reference is not None:
             self.reference.follow(self.sharded_model, shard=self.reference.kind == "magnet")
-        critic = [] if self.critic is None else [p for p in self.critic.parameters()
-                                                 if p.requires_grad]
-        groups = param_groups(self.sharded_model, self.trained, self.head.body_lr_scale,
-                              full_lr=critic)
-        self.params = [p for g in groups for p in g["params"]]
-        o = self.cfg.optim
-        self.optimizer = RowSparseAdamW(groups, sparse=[], lr=o.lr, betas=tuple(o.betas),
-                                        eps=o.eps, weight_decay=o.weight_decay, foreach=False)
+        # foreach steps would mix sharded weights with the critic's whole ones in one op
+        self.optimizer = self._optimizer_over(self.sharded_model, [], foreach=False)
         for g, old in zip(self.optimizer.param_groups, before["param_groups"]):
             g.update({k: v for k, v in old.items() if k != "params"})
         for i, p in enumerate(self.params):
@@ -319,8 +321,7 @@ class Learner:
                                            else v for k, v in before["state"][i].items()}
         self.schedule.optimizer = self.optimizer
         self.train_passes = BatchForward(self.sharded_model, self.cfg, self.temperature,
-                                         critic=self.critic, reference=self.reference,
-                                         sharded=True)
+                                         critic=self.critic, reference=self.reference)
         if ranks.rank != dp.LEADER:  # only rank 0 samples, evaluates and checkpoints
             release(self.model)
             if self.reference is not None and self.reference.whole is not None:

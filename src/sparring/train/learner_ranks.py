@@ -163,8 +163,13 @@ class Leader:
     def __init__(self, ranks: dp.Ranks, sharding: str = "none"):
         self.ranks = ranks
         self.sharding = sharding
-        self.sharded = sharding in ("optimizer", "full")
         self.mid_update = False
+
+    @property
+    def sharded(self) -> bool:
+        """Whether each rank holds a share of the learner state (`learner_states` then
+        gathers it for a checkpoint)."""
+        return self.sharding != "none"
 
     @classmethod
     def of_process_group(cls, sharding: str = "none") -> Leader | None:
