@@ -24,6 +24,12 @@ time from the end of the previous callback to its ``on_step_end`` (data loading,
 generation, reward, loss, backward, optimizer); a Sparring step's time is the whole
 ``step`` call. Warm-up steps are left out of the medians. Prints the per-step reward
 curves of both sides and the ratio of median seconds per step (Sparring / TRL).
+
+Arithmetic: each side's first warm-up step runs under torch's ``FlopCounterMode``, which
+counts the floating-point operations of matrix products and attention, forward and
+backward (elementwise work is not counted). The ratio of the two counts (Sparring / TRL)
+is the time ratio a side would reach if both ran their products at the same rate: a time
+ratio near it says Sparring's step is arithmetic, one well above it says overhead.
 """
 
 from __future__ import annotations
@@ -41,6 +47,11 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # TRL must never reach for the network
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
+from torch.utils.flop_counter import (  # noqa: E402
+    FlopCounterMode,
+    sdpa_backward_flop_count,
+    sdpa_flop_count,
+)
 
 from sparring.advantages import compute  # noqa: E402
 from sparring.config import (  # noqa: E402
@@ -100,6 +111,28 @@ def build_model(seed: int, name: str = "tiny"):
     return model.float().eval(), tok
 
 
+def _cpu_attention(query, key, value, *_, out_shape=None, **__) -> int:
+    return sdpa_flop_count(query, key, value)
+
+
+def _cpu_attention_backward(grad_out, query, key, value, *_, out_shape=None, **__) -> int:
+    return sdpa_backward_flop_count(grad_out, query, key, value)
+
+
+# torch counts its CUDA attention kernels; the CPU's flash-attention kernel and its
+# backward lead with the same arguments (shapes), so the same counts apply
+CPU_ATTENTION_FLOPS = {
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_attention,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_attention_backward,
+}
+
+
+def flop_counter() -> FlopCounterMode:
+    """A counter of matrix-product and attention FLOPs, forward and backward, the CPU's
+    attention kernels included."""
+    return FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION_FLOPS)
+
+
 def reward(completion: str, answer: str) -> float:
     return 1.0 if completion.startswith(answer) else 0.0
 
@@ -118,7 +151,7 @@ class SparringSide:
     """One GRPO step with Sparring's own components, sharing one model between sampler
     and learner (as `sparring.train` does)."""
 
-    def __init__(self, model, tok, seed: int, steps: int):
+    def __init__(self, model, tok, seed: int, steps: int, count_first: bool = False):
         self.tok = tok
         self.policy = HFPolicy(model, tok, seed=seed)
         self.sampling = SamplingParams(temperature=1.0, max_new_tokens=MAX_NEW)
@@ -134,8 +167,18 @@ class SparringSide:
         self.rewards: list[float] = []
         self.seconds: list[float] = []
         self.seen: list[list[str]] = []
+        self.count_first = count_first  # the first step's FLOPs (module docstring)
+        self.flops: int | None = None
 
     def step(self) -> None:
+        if self.count_first and self.flops is None:
+            with flop_counter() as counter:
+                self._step()
+            self.flops = counter.get_total_flops()
+        else:
+            self._step()
+
+    def _step(self) -> None:
         t0 = time.perf_counter()
         pairs = next(self.prompts)
         texts = [f"{a}+{b}=" for a, b in pairs]
@@ -169,7 +212,7 @@ def run(steps: int, warmup: int, block: int, seed: int, threads: int | None,
     sd1, sd2 = trl_model.state_dict(), sp_model.state_dict()
     assert all(torch.equal(sd1[k], sd2[k]) for k in sd1), "initial weights differ"
     total = steps + warmup
-    sparring = SparringSide(sp_model, tok, seed, total)
+    sparring = SparringSide(sp_model, tok, seed, total, count_first=warmup > 0)
 
     trl_rewards: list[float] = []
     trl_seen: list[list[str]] = []
@@ -186,11 +229,21 @@ def run(steps: int, warmup: int, block: int, seed: int, threads: int | None,
         def __init__(self):
             self.seconds: list[float] = []
             self.t = 0.0
+            self.counter: FlopCounterMode | None = None
+            self.flops: int | None = None  # of TRL's first step (module docstring)
 
         def on_train_begin(self, args, state, control, **kw):
             self.t = time.perf_counter()
 
+        def on_step_begin(self, args, state, control, **kw):
+            if warmup and self.flops is None and self.counter is None:
+                self.counter = flop_counter()
+                self.counter.__enter__()
+
         def on_step_end(self, args, state, control, **kw):
+            if self.counter is not None:
+                self.counter.__exit__(None, None, None)
+                self.flops, self.counter = self.counter.get_total_flops(), None
             self.seconds.append(time.perf_counter() - self.t)
             if state.global_step % block == 0:
                 for _ in range(block):
@@ -215,11 +268,12 @@ def run(steps: int, warmup: int, block: int, seed: int, threads: int | None,
         trainer.train()
     while len(sparring.seconds) < total:  # the last, partial block
         sparring.step()
-    report(cb.seconds, trl_rewards, trl_seen, sparring, warmup, trl.__version__, model_name)
+    report(cb.seconds, trl_rewards, trl_seen, sparring, warmup, trl.__version__, model_name,
+           cb.flops)
 
 
 def report(trl_s, trl_r, trl_seen, sp, warmup: int, trl_version: str,
-           model_name: str = "tiny") -> None:
+           model_name: str = "tiny", trl_flops: int | None = None) -> None:
     import transformers
 
     n = len(sp.seconds)
@@ -245,6 +299,11 @@ def report(trl_s, trl_r, trl_seen, sp, warmup: int, trl_version: str,
           f"{sum(sp.rewards[-k:]) / k:.3f}")
     print(f"median s/step over {n - warmup} steps: TRL {t_med:.4f}, Sparring {s_med:.4f}")
     print(f"ratio Sparring / TRL = {s_med / t_med:.3f}  (target <= 0.5)")
+    if trl_flops and sp.flops:
+        print(f"FLOPs of the first step (products and attention): TRL {trl_flops / 1e9:.2f} G, "
+              f"Sparring {sp.flops / 1e9:.2f} G; ratio Sparring / TRL = "
+              f"{sp.flops / trl_flops:.3f}; achieved GFLOP/s at the median step: "
+              f"TRL {trl_flops / t_med / 1e9:.1f}, Sparring {sp.flops / s_med / 1e9:.1f}")
 
 
 def main(argv: list[str] | None = None) -> None:
