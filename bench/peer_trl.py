@@ -298,7 +298,7 @@ def report(trl_s, trl_r, trl_seen, sp, warmup: int, trl_version: str,
           f"{sum(trl_r[-k:]) / k:.3f}; Sparring {sum(sp.rewards[:k]) / k:.3f} -> "
           f"{sum(sp.rewards[-k:]) / k:.3f}")
     print(f"median s/step over {n - warmup} steps: TRL {t_med:.4f}, Sparring {s_med:.4f}")
-    print(f"ratio Sparring / TRL = {s_med / t_med:.3f}  (target <= 0.5)")
+    print(f"ratio Sparring / TRL = {s_med / t_med:.3f}")
     if trl_flops and sp.flops:
         print(f"FLOPs of the first step (products and attention): TRL {trl_flops / 1e9:.2f} G, "
               f"Sparring {sp.flops / 1e9:.2f} G; ratio Sparring / TRL = "
