@@ -1,8 +1,9 @@
 """Shared-prefix forwards give the same log-probs, entropies, hidden states (a value head's
-input) and gradients as full rows."""
+input) and gradients as full rows, for the FLOPs of each prompt once."""
 
 import pytest
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from sparring.policy.forward import token_logprobs, token_logprobs_and_hidden
 from sparring.policy.prefix import find_prefixes, first_action_positions, select_rows
@@ -104,6 +105,41 @@ def test_shared_prefix_equals_full_forward(temperature, longest, shared, cluster
         z = model(input_ids=ids[:1], attention_mask=att[:1].long()).logits[0, p0 - 1]
         want = torch.log_softmax(z[allowed[0][p0]] / temperature, 0)[0]
     assert float(lp1[0, p0]) == pytest.approx(float(want), abs=1e-5)
+
+
+def _linear_flops(fn) -> int:
+    """FLOPs of the matrix products of the linear layers (``mm``, ``addmm``) ``fn()`` runs."""
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    counts = counter.get_flop_counts()["Global"]
+    return sum(counts.get(op, 0) for op in (torch.ops.aten.mm, torch.ops.aten.addmm))
+
+
+@pytest.mark.parametrize("rows,prompt,continuation", [(8, 5, 3), (4, 7, 2)])
+def test_shared_prefix_runs_a_prompt_once_and_no_row_its_last_token(rows, prompt, continuation):
+    torch.manual_seed(0)
+    model, _ = build_tiny_model(SMALL)
+    g = torch.Generator().manual_seed(0)
+    start = torch.randint(3, 60, (prompt,), generator=g)
+    ids = torch.stack([torch.cat([start, torch.randint(3, 60, (continuation,), generator=g)])
+                       for _ in range(rows)])
+    att = torch.ones_like(ids, dtype=torch.bool)
+    amask = att.clone()
+    amask[:, :prompt] = False
+    pre = find_prefixes(ids, first_action_positions(amask, att.sum(1)))
+    # a token through the blocks: 2 FLOPs a weight of q, k, v, o (4 heads of 8, 2 key/value
+    # heads) and the MLP's three matrices; a position's logits: 2 FLOPs a weight of the head
+    h, i, layers, vocab = 32, 64, 2, model.config.vocab_size
+    per_token = layers * 2 * (h * 32 + 2 * h * 16 + 32 * h + 3 * h * i)
+    per_logits = 2 * h * vocab
+    with torch.no_grad():
+        shared = _linear_flops(lambda: token_logprobs(model, ids, att, prefixes=pre))
+        full = _linear_flops(lambda: token_logprobs(model, ids, att))
+    # the prompt once; each row's continuation but its last token; logits where a
+    # continuation token is predicted (the prompt's last position once, then each row's own)
+    fed = prompt + rows * (continuation - 1)
+    assert shared == fed * per_token + (1 + rows * (continuation - 1)) * per_logits
+    assert full == rows * (prompt + continuation) * (per_token + per_logits)
 
 
 @pytest.mark.parametrize("longest,shared,cluster", [(6, 0, 0), (1, 0, 0), (6, 12, 10)])
