@@ -37,8 +37,8 @@ after `shard_optimizer`, each rank keeps and steps the optimizer state of its ow
 the weights only (`sparring.train.sharded_optimizer`); after `shard_weights`, the update
 trains a copy of the model whose weights, gradients and optimizer state are sharded over
 the ranks (FSDP2: `sparring.train.sharded_weights`), and rank 0's model gets the trained
-weights back whole after each update (the other ranks free theirs). ``optimizer_state_mb`` reports the optimizer state
-this process holds.
+weights back whole after each update (the other ranks free theirs). ``optimizer_state_mb``
+reports the optimizer state this process holds.
 """
 
 from __future__ import annotations
@@ -292,8 +292,8 @@ class Learner:
         gradients and optimizer state: `sparring.train.sharded_weights`), the optimizer
         state carried over; rank 0's model keeps the whole weights, copied back after
         each update, and the other ranks free their whole model. In one process, nothing
-        changes. Every rank calls it once, after every
-        rank has loaded the run's start state."""
+        changes. Every rank calls it once, after every rank has loaded the run's start
+        state."""
         ranks = dp.ranks()
         if ranks is None or self.sharded_model is not None:
             return
