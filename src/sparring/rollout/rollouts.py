@@ -227,14 +227,14 @@ class Rollouts:
     def collect(self, step: int, tasks: Sequence[GroupTask]) -> list[Episode]:
         """The episodes of ``tasks`` (groups of `group_tasks`) at ``step``, in task order;
         the same episodes whichever other groups are played with them. Consecutive groups
-        of one (env, opponent kind) share one `Arena.run_episodes` (batched generation)."""
+        of one env spec share one `Arena.run_episodes`, whatever their opponents, so each
+        turn's generations are one batched call per policy."""
         self._reseed(step)
         self.snapshots.release(self.pools)  # the snapshot adapters the pools let go
         episodes: list[Episode] = []
         run: list[GroupTask] = []
         for t in [*tasks, None]:
-            if run and (t is None or (t.spec, t.kind, t.index) != (
-                    run[-1].spec, run[-1].kind, run[-1].index + 1)):
+            if run and (t is None or (t.spec, t.group) != (run[-1].spec, run[-1].group + 1)):
                 episodes += self._play_run(step, run)
                 run = []
             if t is not None:
@@ -242,28 +242,31 @@ class Rollouts:
         return episodes
 
     def _play_run(self, step: int, run: list[GroupTask]) -> list[Episode]:
-        """Consecutive groups of one (env spec, opponent kind) in one `Arena.run_episodes`. Per group:
-        its start seed, its sample seed, its own copies of the bots (their RNGs seeded per
-        group) and its own RNG for pool draws; the learner's seat rotates with the episode's
-        index among the kind's episodes of the step."""
-        spec, k = self.cfg.envs[run[0].spec], run[0].kind
+        """Consecutive groups of one env spec in one `Arena.run_episodes`. Per group: its
+        start seed and sample seed (from its opponent kind and its index among that kind's
+        groups), its own copies of the bots (their RNGs seeded per group) and its own RNG
+        for pool draws; the learner's seat rotates with the episode's index among its
+        kind's episodes of the step."""
+        spec = self.cfg.envs[run[0].spec]
         name, num_seats = self.env_names[run[0].spec], self.num_seats[run[0].spec]
-        kind = (spec.opponents or ["self"])[k]
-        seeds = [stable_seed(self.cfg.train.seed, step, name, k, t.index) for t in run]
-        kw: dict[str, Any] = dict(seeds=seeds, group_size=spec.group_size,
-                                  group_offset=run[0].group,
-                                  sample_seeds=[stable_seed(s, "sample") for s in seeds])
+        kinds = spec.opponents or ["self"]
+        seeds = [stable_seed(self.cfg.train.seed, step, name, t.kind, t.index) for t in run]
         learner = self.seat_players[run[0].spec] or self.learner
-        if kind == "self":
+        choosers = [None if kinds[t.kind] == "self"
+                    else self._chooser(kinds[t.kind], s, learner, spec, num_seats)
+                    for t, s in zip(run, seeds)]
+        gs = spec.group_size
+
+        def players(i: int) -> Any:  # i: the episode's index in this call
+            t, m = divmod(i, gs)
+            chooser = choosers[t]
+            return learner if chooser is None else chooser(run[t].index * gs + m)
+
+        kw: dict[str, Any] = dict(seeds=seeds, group_size=gs, group_offset=run[0].group,
+                                  sample_seeds=[stable_seed(s, "sample") for s in seeds])
+        if all(c is None for c in choosers):
             kw["seat_players"] = learner
         else:
-            choosers = [self._chooser(kind, s, learner, spec, num_seats) for s in seeds]
-            gs = spec.group_size
-
-            def players(i: int) -> list[Any]:  # i: the episode's index in this call
-                t, m = divmod(i, gs)
-                return choosers[t](run[t].index * gs + m)
-
             kw["players_fn"] = players
         starts = self.starts[run[0].spec]
         if starts:
