@@ -60,6 +60,23 @@ def test_rollouts_mix_self_play_bots_and_the_pool(tmp_path):
     assert len(groups) == 6  # 24 episodes / group size 4, unique across opponent kinds
 
 
+def test_a_steps_groups_of_one_env_play_in_one_arena_run(tmp_path, monkeypatch):
+    """Self-play, bot and pool groups of one env spec share the arena's run, so each turn
+    is one batched generate call for the learner (not one per opponent kind)."""
+    cfg = _cfg(["league.every=1", "envs.0.opponents=[self, random, pool]"])
+    roll = build(cfg, tmp_path).rollout_fn
+    runs, calls = [], []
+    play, generate = roll.arena.run_episodes, roll.learner.policy.generate
+    monkeypatch.setattr(roll.arena, "run_episodes",
+                        lambda *a, **kw: runs.append(1) or play(*a, **kw))
+    monkeypatch.setattr(roll.learner.policy, "generate",
+                        lambda prompts, *a, **kw: calls.append(len(prompts))
+                        or generate(prompts, *a, **kw))
+    roll(1)
+    assert len(runs) == 1
+    assert 1 <= len(calls) <= 9  # a game lasts at most 9 turns: one call a turn at most
+
+
 def test_learner_seats_set_the_learners_seat_against_the_league(tmp_path):
     """learner_seats [0, 1, 1, 1] with opponents [self, random, random, pool] and groups of
     4: each of the 4 league groups puts the learner in seats 0, 1, 1, 1 (4 in seat 0, 12 in
