@@ -187,6 +187,32 @@ def test_players_fn_chooses_per_episode(tiny):
     assert eps[1].returns == pytest.approx([-1.0, 1.1])
 
 
+def test_the_arena_keeps_one_prompt_builder_per_tokenizer_and_config_across_runs(
+        tiny, monkeypatch):
+    """Prompt renders are memoised per builder; a builder serves every run of its
+    tokenizer and prompt config, and another tokenizer object gets one of its own."""
+    import copy
+
+    import sparring.rollout.arena as arena_module
+    model, tok = tiny
+    made = []
+    real = arena_module.PromptBuilder
+    monkeypatch.setattr(arena_module, "PromptBuilder",
+                        lambda t, c: made.append((t, c)) or real(t, c))
+    arena = Arena(SamplingParams(max_new_tokens=4), invalid=InvalidActionPolicy("constrained"))
+    pol = HFPolicy(model, tok, seed=0)
+    for seed in (0, 1):
+        arena.run_episodes(lambda: Race(2), seeds=[seed], group_size=2, seat_players=pol)
+    assert [t for t, _ in made] == [tok]
+    other = HFPolicy(model, copy.deepcopy(tok), seed=0)
+    arena.run_episodes(lambda: Race(2), seeds=[0], seat_players=[pol, other])
+    assert [t for t, _ in made] == [tok, other.tokenizer]
+    mine = PromptConfig("full")
+    arena.run_episodes(lambda: Race(2), seeds=[0],
+                       seat_players=[pol, ModelPlayer(pol, name="own", prompt=mine)])
+    assert made[-1] == (tok, mine) and len(made) == 3
+
+
 def test_forfeit_on_unparsable_and_illegal(tiny):
     _, tok = tiny
     for text, status in (("banana", "unparsable"), ("I say 3", "illegal")):

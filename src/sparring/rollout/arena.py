@@ -76,6 +76,7 @@ from sparring.rollout.prompts import Exchange, PromptBuilder, PromptConfig, Rend
 from sparring.seeding import stable_seed
 
 SeatPlayers = Any  # a player (every seat) or a list of players (one per seat)
+_BUILDERS = 64  # prompt builders an arena keeps (`Arena._builder`)
 
 
 @dataclass
@@ -126,7 +127,9 @@ class Arena:
         self.sampling = sampling or SamplingParams()
         self.invalid = invalid or InvalidActionPolicy()
         self.max_turns = max_turns
-        self._builders: dict[int, PromptBuilder] = {}
+        # (tokenizer, prompt config) -> their builder, kept across runs: its memos of
+        # rendered prompts and token ids serve every step (`_builder`)
+        self._builders: dict[tuple[int, int], tuple[Any, PromptConfig, PromptBuilder]] = {}
 
     @property
     def written_format(self) -> str:
@@ -136,10 +139,17 @@ class Arena:
         return self.answer_format[len(self.prompt.answer_prefix):]
 
     def _builder(self, p: ModelPlayer) -> PromptBuilder:
-        key = id(p)
-        if key not in self._builders:
-            self._builders[key] = PromptBuilder(p.policy.tokenizer, p.prompt or self.prompt)
-        return self._builders[key]
+        """The prompt builder of ``p``'s tokenizer and prompt config, one per pair (the
+        objects themselves, so an id reused by a new tokenizer gets a new builder); at most
+        `_BUILDERS` are kept (a league's snapshots each bring a tokenizer)."""
+        tok, cfg = p.policy.tokenizer, p.prompt or self.prompt
+        key = (id(tok), id(cfg))
+        held = self._builders.get(key)
+        if held is None or held[0] is not tok or held[1] is not cfg:
+            if len(self._builders) >= _BUILDERS:
+                self._builders.clear()
+            held = self._builders[key] = (tok, cfg, PromptBuilder(tok, cfg))
+        return held[2]
 
     def run_episodes(self, env: str | Callable[[], Env], env_options: dict[str, Any] | None = None,
              seeds: Sequence[int] = (0,), group_size: int = 1, seat_players: SeatPlayers = None,
@@ -162,7 +172,6 @@ class Arena:
                     slots[-1].sample_seed = stable_seed(sample_seeds[j], m)
                 slots[-1].explore_seed = stable_seed("explore", sample_seeds[j] if sample_seeds
                                               is not None else (int(seed), group_offset + j), m)
-        self._builders.clear()
         active = [s for s in slots if not s.done]
         while active:
             calls: dict[tuple[int, SamplingParams], list[_Slot]] = {}
