@@ -213,6 +213,13 @@ def test_eval_and_play_of_a_folder_that_is_no_run(tmp_path, capsys):
         assert rc == 2 and "nowhere" in one_line(err, "error: ")
 
 
+def test_eval_of_a_file_says_it_wants_a_folder(run, capsys):
+    rc, _, err = cli(capsys, "eval", str(run / "metrics.jsonl"))
+    assert rc == 2
+    assert one_line(err, "error: ").endswith(
+        "metrics.jsonl is a file: give a run folder or a checkpoint folder")
+
+
 def test_eval_of_a_misspelt_checkpoint_names_the_checkpoints_there(run, capsys):
     rc, _, err = cli(capsys, "eval", str(run / "checkpoints" / "step_1"))
     assert rc == 2

@@ -178,11 +178,14 @@ def load_policies(path: str | Path, device: str | None = None, *,
 
 def _config_file(path: str | Path) -> Path:
     """The ``config.yaml`` of a run folder or of a checkpoint's run; `FileNotFoundError`
-    naming the path, and the first few names its folder holds, when it does not exist."""
+    naming the path, and the first few names its folder holds, when it does not exist;
+    `NotADirectoryError` when it is a file."""
     p = Path(path)
     if not p.exists():
         there = sorted(x.name for x in p.parent.iterdir()) if p.parent.is_dir() else []
         listed = ", ".join(there[:10]) + (f" and {len(there) - 10} more" if len(there) > 10 else "")
         raise FileNotFoundError(f"{p}: no such run folder or checkpoint"
                                 + (f"; {p.parent} holds {listed}" if there else ""))
+    if not p.is_dir():
+        raise NotADirectoryError(f"{p} is a file: give a run folder or a checkpoint folder")
     return (p.parent.parent if (p / "state.json").exists() else p) / "config.yaml"
