@@ -127,9 +127,9 @@ class Arena:
         self.sampling = sampling or SamplingParams()
         self.invalid = invalid or InvalidActionPolicy()
         self.max_turns = max_turns
-        # (tokenizer, prompt config) -> their builder, kept across runs: its memos of
-        # rendered prompts and token ids serve every step (`_builder`)
-        self._builders: dict[tuple[int, int], tuple[Any, PromptConfig, PromptBuilder]] = {}
+        # ids of (tokenizer, prompt config) -> their builder, kept across runs: its memos
+        # of rendered prompts and token ids serve every step (`_builder`)
+        self._builders: dict[tuple[int, int], PromptBuilder] = {}
 
     @property
     def written_format(self) -> str:
@@ -144,12 +144,12 @@ class Arena:
         `_BUILDERS` are kept (a league's snapshots each bring a tokenizer)."""
         tok, cfg = p.policy.tokenizer, p.prompt or self.prompt
         key = (id(tok), id(cfg))
-        held = self._builders.get(key)
-        if held is None or held[0] is not tok or held[1] is not cfg:
+        builder = self._builders.get(key)
+        if builder is None or builder.tok is not tok or builder.cfg is not cfg:
             if len(self._builders) >= _BUILDERS:
                 self._builders.clear()
-            held = self._builders[key] = (tok, cfg, PromptBuilder(tok, cfg))
-        return held[2]
+            builder = self._builders[key] = PromptBuilder(tok, cfg)
+        return builder
 
     def run_episodes(self, env: str | Callable[[], Env], env_options: dict[str, Any] | None = None,
              seeds: Sequence[int] = (0,), group_size: int = 1, seat_players: SeatPlayers = None,

@@ -263,11 +263,8 @@ class Rollouts:
             return learner if chooser is None else chooser(run[t].index * gs + m)
 
         kw: dict[str, Any] = dict(seeds=seeds, group_size=gs, group_offset=run[0].group,
-                                  sample_seeds=[stable_seed(s, "sample") for s in seeds])
-        if all(c is None for c in choosers):
-            kw["seat_players"] = learner
-        else:
-            kw["players_fn"] = players
+                                  sample_seeds=[stable_seed(s, "sample") for s in seeds],
+                                  players_fn=players)
         starts = self.starts[run[0].spec]
         if starts:
             replay = self.replays.get(run[0].spec)
