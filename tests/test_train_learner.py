@@ -527,6 +527,38 @@ def test_sampler_correction_reweights_the_advantages_by_the_truncated_weight(lev
     assert out["sampler/is_weight_max"] == pytest.approx(1.2)
 
 
+def test_the_values_pass_gives_the_update_its_recomputed_old_logprobs(monkeypatch):
+    """With a value head and recompute_old_logp over several optimizer steps, `annotate`'s
+    values pass also returns the policy's log-probs (the same forward, no weight moved in
+    between): they equal a pass of their own bit for bit, the update makes no second pass,
+    and its weights are those of an update that ran that pass."""
+    from dataclasses import replace
+
+    batch, adv = ragged_batch()
+    cfg = make_cfg(critic__enabled="on", critic__kind="head", train__epochs=2,
+                   algorithm__recompute_old_logp=True)
+    torch.manual_seed(0)  # the same value head in both learners
+    merged = Learner(th.tiny_qwen(11), cfg)
+    torch.manual_seed(0)
+    separate = Learner(th.tiny_qwen(11), cfg)
+    passes = []
+    real = BatchForward.per_rows
+    monkeypatch.setattr(BatchForward, "per_rows",
+                        lambda self, b, *what: passes.append(what) or real(self, b, *what))
+    annotated, _ = merged.annotate(batch, ("values",))
+    assert passes == [("values", "policy")]
+    assert torch.equal(annotated.learner_logp, separate.policy_logprobs(batch))
+    assert torch.equal(annotated.values, separate.values(batch))
+    assert (annotated.learner_logp != 0).sum() == batch.action_mask.sum()
+    passes.clear()
+    merged.update(annotated, adv)
+    assert ("policy",) not in passes and ("ref",) not in passes
+    separate.update(replace(annotated, learner_logp=None), adv)
+    assert ("policy",) in passes
+    for (name, p), q in zip(merged.model.named_parameters(), separate.model.parameters()):
+        assert torch.equal(p, q), name
+
+
 @pytest.mark.parametrize("backend, recompute, level", [
     ("vllm", True, "token"), ("hf", True, "off"), ("vllm", False, "off")])
 def test_sampler_correction_auto_is_the_token_level_on_vllm_only(backend, recompute, level):

@@ -139,6 +139,7 @@ class TurnBatch:
     entropy: Tensor | None = None  # float [n, T]
     ref_logp: Tensor | None = None  # float [n, T]
     values: Tensor | None = None  # float [n, T], critic values on action tokens
+    learner_logp: Tensor | None = None  # float [n, T], the learner's log-probs before its update
     allowed: list[dict[int, list[int]] | None] | None = None  # per row, see docstring
     policy: Tensor | None = None  # long [n], index into policy_names
     policy_names: list[str] = field(default_factory=list)

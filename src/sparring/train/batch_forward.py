@@ -130,36 +130,46 @@ class BatchForward:
         idx = torch.arange(n)
         return [idx[i:i + size] for i in range(0, n, size)]
 
-    @torch.no_grad()
     def per_row(self, batch: TurnBatch, what: PerRow) -> Tensor:
         """``what`` over all rows, ``[n, T]``, zero off the action tokens, no gradient, in
         micro-batches, the model in eval mode: ``policy`` log-probs, their ``entropy``,
         the reference's log-probs (``ref``) or the critic's ``values``."""
+        return self.per_rows(batch, what)[0]
+
+    @torch.no_grad()
+    def per_rows(self, batch: TurnBatch, *what: PerRow) -> tuple[Tensor, ...]:
+        """`per_row` of each name in ``what``, from one pass over the rows (``ref``, the
+        reference's own pass, only alone)."""
+        if "ref" in what and len(what) > 1:
+            raise ValueError(f"per_rows{what}: the reference's log-probs take their own pass")
         batch = batch.to(self.device)
         use_adapter(self.model, self.adapter)
-        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.device)
+        outs = [torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.device)
+                for _ in what]
         was_training = self.model.training
         self.model.eval()
         try:
             for rows in self.chunks(batch.n_rows):
                 ids, att, L = row_slices(batch, rows)
-                if what == "ref":
+                if what == ("ref",):
                     model = self.reference.model
                     amask = batch.action_mask[rows, :L]
                     with self.reference.context(), autocast_for(model):
-                        out[rows, :L] = token_logprobs(
+                        outs[0][rows, :L] = token_logprobs(
                             model, ids, att, self.temperature,
                             allowed=allowed_of(batch, rows),
                             prefixes=self.prefixes(ids, att, amask), scored=amask > 0
                         )[0].float()
                 else:
                     logp, ent, values = self.forward(
-                        ids, att, with_values=what == "values",
+                        ids, att, with_values="values" in what,
                         allowed=allowed_of(batch, rows), amask=batch.action_mask[rows, :L])
-                    out[rows, :L] = {"values": values, "entropy": ent, "policy": logp}[what].float()
+                    got = {"values": values, "entropy": ent, "policy": logp}
+                    for out, name in zip(outs, what):
+                        out[rows, :L] = got[name].float()
         finally:
             self.model.train(was_training)
-            model = self.reference.model if what == "ref" else self.model
+            model = self.reference.model if what == ("ref",) else self.model
             if is_sharded_module(model):  # no backward follows to free the root's weights
                 reshard(model)
-        return out * batch.action_mask
+        return tuple(out * batch.action_mask for out in outs)

@@ -25,6 +25,8 @@ batch shapes only) and larger where the sampler is another engine or another pre
 truncated importance weight min(pi_learner / pi_sampler, c) (`sparring.importance`), and
 ``sampler/is_weight`` (its mean over the tokens) and ``sampler/is_weight_max`` are logged;
 its default, ``auto``, is ``token`` on the vLLM backend (`sampler_correction_level`).
+The recomputed log-probs come from `annotate`'s pass for a value head when there is one
+(``TurnBatch.learner_logp``: one forward gives both, no weight moves in between).
 A non-finite loss or gradient skips the optimizer step with a warning, and so does a step
 that would leave a weight or an optimizer moment non-finite (it is undone, bit for bit:
 `sparring.train.guarded_step`);
@@ -205,6 +207,14 @@ class Learner:
         (no KL reference, or the LoRA model's base with its adapters disabled)."""
         return None if self.reference is None else self.reference.whole_model
 
+    def _old_logp_pass(self, n: int) -> bool:
+        """Whether an update over ``n`` rows recomputes the old log-probs in a pass of its
+        own (``recompute_old_logp``, unless one optimizer step covers every row: then the
+        loss's own forward gives them)."""
+        t = self.cfg.train
+        one_step = t.epochs == 1 and (t.minibatch_size or max(n, 1)) >= n
+        return self.cfg.algorithm.recompute_old_logp and not one_step
+
     def values(self, batch: TurnBatch) -> Tensor:
         """Critic values on the action tokens ``[n, T]`` (for estimators that need them)."""
         if self.critic is None:
@@ -233,7 +243,12 @@ class Learner:
         batch = batch.to(self.device)
         use_adapter(self.model, self.adapter)
         metrics: dict[str, float] = {}
-        if "values" in needs or self.critic is not None:
+        if ("values" in needs or self.critic is not None) and self._old_logp_pass(batch.n_rows):
+            # the update's recomputed old log-probs come from the values' pass: no weight
+            # moves between the two
+            values, logp = self.passes.per_rows(batch, "values", "policy")
+            batch = batch.with_fields(values=values, learner_logp=logp)
+        elif "values" in needs or self.critic is not None:
             batch = batch.with_fields(values=self.values(batch))
         if "utterance_critic" in needs:
             if self.archer is None:
@@ -399,9 +414,14 @@ class Learner:
         # recomputed old log-probs: with one optimizer step over the whole batch they are
         # the log-probs of the loss's own forward (no weight moves before it), so that
         # forward supplies them (None) instead of a second pass over every row
-        one_step = cfg.train.epochs == 1 and mb >= n
-        old = (batch.old_logp if not a.recompute_old_logp else None if one_step
-               else passes.per_row(batch, "policy"))
+        if not a.recompute_old_logp:
+            old = batch.old_logp
+        elif not self._old_logp_pass(n):
+            old = None
+        elif batch.learner_logp is not None:  # `annotate`'s values pass computed them
+            old = batch.learner_logp
+        else:
+            old = passes.per_row(batch, "policy")
         ref = None
         if self.reference is not None:
             ref = batch.ref_logp if batch.ref_logp is not None else passes.per_row(batch, "ref")
