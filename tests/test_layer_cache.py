@@ -88,6 +88,31 @@ def test_a_contexts_states_do_not_depend_on_its_batch():
     assert len(full.prompts) == 1
 
 
+def test_gradients_through_repeated_contexts_repeat_bit_for_bit():
+    """Contexts repeat in a learner's batch (rows that share a prompt and a move prefix);
+    the gradient of the top layers sums over the repeats in a fixed order, so the same
+    backward on two threads gives the same gradients every time."""
+    torch.manual_seed(0)
+    model = build_tiny_model({**SMALL, "hidden_size": 64})[0].float()
+    TopLayers(layers=1, keys_values=True).freeze(model)
+    cache = LayerCache(model, 1, 100)
+    g = torch.Generator().manual_seed(0)
+    contexts = [CONTEXTS[int(i)] for i in torch.randint(0, len(CONTEXTS), (2000,), generator=g)]
+    probe = torch.randn(len(contexts), 64, generator=g)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        grads = []
+        for _ in range(6):
+            model.zero_grad()
+            (cache.features(contexts) * probe).sum().backward()
+            grads.append([p.grad.clone() for p in model.parameters() if p.requires_grad])
+    finally:
+        torch.set_num_threads(threads)
+    for other in grads[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(grads[0], other))
+
+
 def constrained_rows():
     """Six right-padded rows over three prompts, 1-3 action tokens each, the first one
     constrained to itself and ids 9 and 11: ``(ids, att, amask, prefixes, allowed)``."""

@@ -241,7 +241,9 @@ def _final_layer(parts: DecoderParts, layer: nn.Module, kp: Tensor, vp: Tensor,
     a = _attend(attn, _queries(attn, h, rope_q), keys, values, mask[:, None])  # [m, Q, h*d]
     y = resid + attn.o_proj(a)
     out = y + layer.mlp(layer.post_attention_layernorm(y))  # [m, Q, H]
-    return out[which, slot]
+    # index_select, not out[which, slot]: contexts repeat (rows that share a prompt), and
+    # the indexing's backward sums their gradients in a thread-dependent order
+    return out.flatten(0, 1).index_select(0, which * Q + slot)
 
 
 def prompt_keys_values(model: nn.Module, states: Tensor) -> tuple[Tensor, Tensor]:
