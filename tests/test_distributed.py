@@ -42,6 +42,38 @@ def _cfg(extra=(), steps=STEPS):
     return load_config(CONFIGS / "default.yaml", [*SMALL, f"train.steps={steps}", *extra])
 
 
+# ---------------------------------------------------------------- the correction
+
+
+def test_the_async_correction_reads_the_learners_logprobs_from_its_values_pass():
+    """A batch whose values pass also gave the learner's log-probs (``learner_logp``) is
+    corrected against them without another pass; without them the learner runs one."""
+    from types import SimpleNamespace
+
+    from sparring.distributed.rollouts import RayRollouts
+
+    cfg = _cfg(["algorithm.importance_correction={level: token, clip: 2.0}",
+                "algorithm.recompute_old_logp=true"])
+    g = torch.Generator().manual_seed(0)
+    mask = torch.tensor([[0, 1, 1], [0, 1, 0]], dtype=torch.bool)
+    batch = SimpleNamespace(n_rows=2, action_mask=mask, learner_logp=None,
+                            old_logp=-torch.rand(2, 3, generator=g) * mask)
+    batch.with_fields = lambda **kw: SimpleNamespace(**{**vars(batch), **kw})
+    mine = -torch.rand(2, 3, generator=g) * mask
+    passes = []
+    learner = SimpleNamespace(cfg=cfg, policy_logprobs=lambda b: passes.append(b) or mine)
+    async_mode = SimpleNamespace(mode="async", cfg=cfg)
+    adv = torch.ones(2, 3)
+    by_pass = RayRollouts.correct(async_mode, 1, batch, adv, learner)
+    assert len(passes) == 1
+    batch.learner_logp = mine
+    kept = RayRollouts.correct(async_mode, 1, batch, adv, learner)
+    assert len(passes) == 1  # no second pass
+    assert torch.equal(kept[0].old_logp, mine) and torch.equal(kept[1], by_pass[1])
+    want = torch.exp(mine - batch.old_logp).clamp(max=2.0) * mask
+    torch.testing.assert_close(kept[1] * mask, want)
+
+
 # ---------------------------------------------------------------- the split
 
 

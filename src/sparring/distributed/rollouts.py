@@ -257,8 +257,10 @@ class RayRollouts:
         level = stale_level(c.level)
         if self.mode == "sync" or level == "off" or not batch.n_rows:
             return batch, adv, {}
-        # the learner's policy before this update (the proximal policy of decoupled PPO)
-        logp_old = learner.policy_logprobs(batch)
+        # the learner's policy before this update (the proximal policy of decoupled PPO),
+        # from the values pass when that gave it (`Learner.annotate`)
+        logp_old = (batch.learner_logp if batch.learner_logp is not None
+                    else learner.policy_logprobs(batch))
         weights, stats = importance_weights(logp_old, batch.old_logp, batch.action_mask,
                                             level=level, clip=c.clip)
         metrics = {f"distributed/is_{k}": v for k, v in stats.items()}
