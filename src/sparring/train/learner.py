@@ -243,13 +243,14 @@ class Learner:
         batch = batch.to(self.device)
         use_adapter(self.model, self.adapter)
         metrics: dict[str, float] = {}
-        if ("values" in needs or self.critic is not None) and self._old_logp_pass(batch.n_rows):
-            # the update's recomputed old log-probs come from the values' pass: no weight
-            # moves between the two
-            values, logp = self.passes.per_rows(batch, "values", "policy")
-            batch = batch.with_fields(values=values, learner_logp=logp)
-        elif "values" in needs or self.critic is not None:
-            batch = batch.with_fields(values=self.values(batch))
+        if "values" in needs or self.critic is not None:
+            if self.critic is not None and self._old_logp_pass(batch.n_rows):
+                # the update's recomputed old log-probs come from the values' pass: no
+                # weight moves between the two
+                values, logp = self.passes.per_rows(batch, "values", "policy")
+                batch = batch.with_fields(values=values, learner_logp=logp)
+            else:
+                batch = batch.with_fields(values=self.values(batch))
         if "utterance_critic" in needs:
             if self.archer is None:
                 raise ValueError("the estimator needs ArCHer's utterance critic, but this "
