@@ -71,6 +71,7 @@ from sparring.train.batch_forward import BatchForward, allowed_of, row_slices
 from sparring.train.entropy_target import EntropyTarget
 from sparring.train.guarded_step import NonFiniteError, guarded_step
 from sparring.train.loss import micro_loss
+from sparring.train.minibatches import epoch_order, prompt_index
 from sparring.train.param_groups import param_groups
 from sparring.train.reference import Reference
 from sparring.train.row_sparse_adamw import RowSparseAdamW
@@ -433,8 +434,11 @@ class Learner:
         model.train()
         if self.critic is not None:
             self.critic.train()
+        order = cfg.train.minibatch_order
+        group = (prompt_index(batch.input_ids, batch.action_mask, batch.attention_mask)
+                 if order == "prompt" else None)
         for _ in range(cfg.train.epochs):
-            perm = torch.randperm(n, generator=self.gen)
+            perm = epoch_order(order, n, group, self.gen)
             for start in range(0, n, mb):
                 rows = perm[start:start + mb]
                 if ranks is None:
