@@ -1,5 +1,7 @@
 """The learner: several epochs of mini-batch updates over one `TurnBatch`.
 
+Each epoch orders the rows by ``train.minibatch_order`` (a random permutation, or the rows
+of each prompt kept together: `sparring.train.minibatches`) and cuts them into mini-batches.
 Per mini-batch (one optimizer step), over micro-batches of ``train.microbatch_size`` rows,
 the loss is `sparring.train.loss.micro_loss`'s
 
