@@ -322,9 +322,10 @@ class TrainConfig:
     minibatch_order: Literal["rows", "prompt"] = opt(
         "rows", "how an epoch cuts the batch into mini-batches: rows, a random permutation of "
         "the rows; prompt, the rows of one prompt kept together (the prompts in a random "
-        "order), so a prompt shared by several rows runs once an epoch under share_prefix "
-        "instead of once in each mini-batch that holds one of them (fewer FLOPs where "
-        "groups and games repeat prompts; the rows that share a gradient step change)")
+        "order), so a repeated row runs once an epoch under share_rows, and a shared prompt "
+        "under share_prefix, instead of once in each mini-batch that holds one of them "
+        "(fewer FLOPs where groups and games repeat moves; the rows that share a gradient "
+        "step change)")
     share_rows: bool = opt(
         False, "run each distinct row (prompt and action) once per forward and give its "
         "log-probs to every row that repeats it (same loss and gradient to float rounding; "
