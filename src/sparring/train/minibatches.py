@@ -8,8 +8,9 @@
   prompt's rows in a random order among themselves. Cut into mini-batches of ``m`` rows,
   a prompt's rows then share a mini-batch (only a prompt at a cut spans two), so a row
   repeated k times runs once per epoch under ``train.share_rows``, and a prompt k rows
-  share once under ``train.share_prefix``, instead of in up to k mini-batches. Every row is still visited once an epoch and every mini-batch's loss is
-  still the mean over its rows; what changes is which rows share a gradient step.
+  share once under ``train.share_prefix``, instead of in up to k mini-batches. Every row
+  is still visited once an epoch and every mini-batch's loss is still the mean over its
+  rows; what changes is which rows share a gradient step.
 
 Shapes: ``group [n]`` the prompt index of each row (``0..g-1``); the result a permutation
 ``[n]`` of ``0..n-1``.
