@@ -26,6 +26,8 @@ pass each kind of position, by direction: whether a direction is rare in play.
 sampled from its distribution over the legal cells (as constrained decoding samples in
 training), with the mean probability it gives the good move there: whether the policy's
 own self-play ever puts it where a tactic is missing.
+``--misses``: every position the greedy move fails, as the mover sees it, with the move
+taken and the probability of the good one, by how many marks are on the board.
 ``base:RUN`` builds the run's model without any training (its config, no checkpoint).
 """
 
@@ -170,6 +172,8 @@ def main() -> None:
     ap.add_argument("--own", type=int, default=0, metavar="GAMES",
                     help="also count the tactics GAMES games of the policy against itself "
                          "meet, by line, with its mean probability of the good move there")
+    ap.add_argument("--misses", action="store_true",
+                    help="also print every position whose greedy move fails the tactic")
     ap.add_argument("--device", help="where the model runs (default: the run's model.device)")
     args = ap.parse_args()
     from sparring.eval.games import probabilities_at
@@ -222,6 +226,28 @@ def main() -> None:
                     hit = sum(top[i] in goods[i] for i in idx)
                     parts.append(f"{d} {hit / len(idx):.2f} ({len(idx)})")
             print(f"{label}  must-{kind} by line (greedy): {', '.join(parts)}")
+        if args.misses:
+            print_misses(label, positions, kinds, goods, lines, probs, top)
+
+
+def print_misses(label: str, positions, kinds, goods, lines, probs, top) -> None:
+    """Each position whose greedy move fails its tactic, fewest marks first: the board as
+    the mover sees it (a row per line of text), the move taken, the good moves and their
+    probability, the line's direction."""
+    missed = [i for i in range(len(positions)) if top[i] not in goods[i]]
+    missed.sort(key=lambda i: (kinds[i], positions[i][1], 9 - _free(positions[i])))
+    for i in missed:
+        env, seat = positions[i]
+        board = env.observation(seat).split("\n")[:3]
+        p_good = sum(probs[i][a] for a in goods[i])
+        print(f"{label}  missed {MARKS[seat]} must-{kinds[i]} ({9 - _free(positions[i])} "
+              f"marks, {lines[i]}): {' / '.join(board)} -> {top[i]} at p "
+              f"{probs[i][top[i]]:.2f}; {'/'.join(sorted(goods[i]))} at p {p_good:.2f}")
+
+
+def _free(position) -> int:
+    env, _ = position
+    return getattr(env, "env", env).board.count(".")
 
 
 if __name__ == "__main__":

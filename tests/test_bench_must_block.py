@@ -99,3 +99,22 @@ def test_own_visits_follow_the_policy_and_score_its_good_move(monkeypatch):
     monkeypatch.setattr(games, "probabilities_at", first_free)
     met = must_block.own_visits(None, None, {}, 5)
     assert met == {("win", "diagonal"): [1.0] * 5}
+
+
+def test_misses_lists_only_failed_positions_with_their_board(capsys):
+    """Two must-block positions worked out by hand, one answered right and one not: only the
+    second is printed, with its shown rows, the move taken and p(block)."""
+    from sparring.envs import make
+
+    positions = []
+    for board, seat in (("XX..O....", 1), ("..X.O.XO.", 0)):
+        env = make("tictactoe")
+        env.board, env.turn = list(board), seat
+        positions.append((env, seat))
+    probs = [{"3": 0.9, "4": 0.1}, {"1": 0.7, "2": 0.2, "4": 0.1}]
+    top = ["3", "1"]
+    must_block.print_misses("run", positions, ["block", "block"], [{"3"}, {"2"}],
+                            ["row", "column"], probs, top)
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == ["run  missed X must-block (4 marks, column): ..X / .O. / XO. -> 1 at p "
+                   "0.70; 2 at p 0.20"]
