@@ -227,28 +227,29 @@ def main() -> None:
                     parts.append(f"{d} {hit / len(idx):.2f} ({len(idx)})")
             print(f"{label}  must-{kind} by line (greedy): {', '.join(parts)}")
         if args.misses:
-            print_misses(label, positions, kinds, goods, lines, probs, top)
+            print_misses(label, positions, kinds, goods, lines, probs)
 
 
-def print_misses(label: str, positions, kinds, goods, lines, probs, top) -> None:
-    """Each position whose greedy move fails its tactic, fewest marks first: the board as
-    the mover sees it (a row per line of text), the move taken, the good moves and their
-    probability, the line's direction."""
+def print_misses(label: str, positions, kinds, goods, lines, probs) -> None:
+    """Each position whose greedy move (the most probable of ``probs``) fails its tactic,
+    by kind and seat, fewest marks first: the board as the mover sees it (its rows of
+    text), the move taken, the good moves and their probability, the line's direction."""
+    top = [max(p, key=p.get) for p in probs]
     missed = [i for i in range(len(positions)) if top[i] not in goods[i]]
-    missed.sort(key=lambda i: (kinds[i], positions[i][1], 9 - _free(positions[i])))
+    missed.sort(key=lambda i: (kinds[i], positions[i][1], _marks(positions[i])))
     for i in missed:
         env, seat = positions[i]
         board = env.observation(seat).split("\n")[:3]
         p_good = sum(probs[i][a] for a in goods[i])
-        print(f"{label}  missed {MARKS[seat]} must-{kinds[i]} ({9 - _free(positions[i])} "
+        print(f"{label}  missed {MARKS[seat]} must-{kinds[i]} ({_marks(positions[i])} "
               f"marks, {lines[i]}): {' / '.join(board)} -> {top[i]} at p "
               f"{probs[i][top[i]]:.2f}; {'/'.join(sorted(goods[i]))} at p {p_good:.2f}")
 
 
-def _free(position) -> int:
+def _marks(position) -> int:
+    """How many marks are on a position's board (under any view wrapper)."""
     env, _ = position
-    return getattr(env, "env", env).board.count(".")
-
+    return 9 - getattr(env, "env", env).board.count(".")
 
 if __name__ == "__main__":
     main()

@@ -112,9 +112,8 @@ def test_misses_lists_only_failed_positions_with_their_board(capsys):
         env.board, env.turn = list(board), seat
         positions.append((env, seat))
     probs = [{"3": 0.9, "4": 0.1}, {"1": 0.7, "2": 0.2, "4": 0.1}]
-    top = ["3", "1"]
     must_block.print_misses("run", positions, ["block", "block"], [{"3"}, {"2"}],
-                            ["row", "column"], probs, top)
+                            ["row", "column"], probs)
     out = capsys.readouterr().out.strip().splitlines()
     assert out == ["run  missed X must-block (4 marks, column): ..X / .O. / XO. -> 1 at p "
                    "0.70; 2 at p 0.20"]
