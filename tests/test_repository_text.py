@@ -31,8 +31,9 @@ PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     ("a numbered issue", re.compile(r"(?<![A-Za-z])[Ii]ssues?[ _-]?#?\d+")),
     ("a numbered defect", re.compile(r"(?<![A-Za-z])[Dd]efects?[ _-]?#?\d+")),
     ("a machine lent or borrowed", re.compile(
-        r"\b(?:lent|borrowed|loaned)\s+(?:GPUs?|machines?|devices?|box(?:es)?|cards?)\b",
-        re.IGNORECASE)),
+        r"\b(?:lent|borrowed|loaned)\s+(?:GPUs?|machines?|devices?|box(?:es)?|cards?)\b"
+        r"|\b(?:GPUs?|machines?|devices?|box(?:es)?|cards?)\s+(?:was|were|is|are)\s+"
+        r"(?:lent|borrowed|loaned)\b", re.IGNORECASE)),
     ("a developer machine's path", re.compile(r"(?<![\w.~-])/(?:wor[k]|roo[t])/")),
     ("a developer machine's home", re.compile(
         r"(?<![\w.~-])/(?:hom[e]|User[s])/[A-Za-z0-9_.-]+/")),
@@ -103,6 +104,7 @@ CAUGHT = [
     "D" + "efect 2: per-env options",
     "on the l" + "ent GPU",
     "the B" + "orrowed machine has no network",
+    "(no GPU was l" + "ent)",
     "cd /wo" + "rk/main && make",
     "see /wo" + "rk/shared/notes.md",
     "AT-GRPO (CATA" + "LOGUE.md) reports",
@@ -120,6 +122,7 @@ CLEAN = [
     "~/work/notes.md",
     "Path.home() / 'runs'",
     "on a GPU machine without network",
+    "the GPU was busy, so the learner ran on the CPU",
 ]
 
 
