@@ -251,5 +251,6 @@ def _marks(position) -> int:
     env, _ = position
     return 9 - getattr(env, "env", env).board.count(".")
 
+
 if __name__ == "__main__":
     main()

@@ -24,6 +24,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# a machine lent or borrowed, in either order of the words
+_LENT = r"(?:lent|borrowed|loaned)"
+_MACHINE = r"(?:GPUs?|machines?|devices?|box(?:es)?|cards?)"
+
 # (what it catches, the pattern); `(?<![A-Za-z])` rather than \b, so that an identifier
 # such as test_issue<n>_x or run_session<n> is caught while "tissue 3" is not
 PATTERNS: list[tuple[str, re.Pattern[str]]] = [
@@ -31,9 +35,8 @@ PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     ("a numbered issue", re.compile(r"(?<![A-Za-z])[Ii]ssues?[ _-]?#?\d+")),
     ("a numbered defect", re.compile(r"(?<![A-Za-z])[Dd]efects?[ _-]?#?\d+")),
     ("a machine lent or borrowed", re.compile(
-        r"\b(?:lent|borrowed|loaned)\s+(?:GPUs?|machines?|devices?|box(?:es)?|cards?)\b"
-        r"|\b(?:GPUs?|machines?|devices?|box(?:es)?|cards?)\s+(?:was|were|is|are)\s+"
-        r"(?:lent|borrowed|loaned)\b", re.IGNORECASE)),
+        rf"\b{_LENT}\s+{_MACHINE}\b|\b{_MACHINE}\s+(?:was|were|is|are)\s+{_LENT}\b",
+        re.IGNORECASE)),
     ("a developer machine's path", re.compile(r"(?<![\w.~-])/(?:wor[k]|roo[t])/")),
     ("a developer machine's home", re.compile(
         r"(?<![\w.~-])/(?:hom[e]|User[s])/[A-Za-z0-9_.-]+/")),
