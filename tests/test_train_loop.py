@@ -342,3 +342,41 @@ def test_the_loop_uses_the_hooks_a_rollout_source_offers(tmp_path):
     assert [r["distributed/test_hook"] for r in rows] == [0.0, 1.0]
     assert [r["distributed/test_workers"] for r in rows] == [2.0, 2.0]
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_objects_alive_at_the_start_are_out_of_the_collector_only_while_training(tmp_path):
+    import gc
+    import weakref
+
+    class Node:
+        pass
+
+    model = th.tiny_qwen(0)
+    sampler = th.Sampler(1)
+    garbage = Node()
+    garbage.self = garbage  # a cycle: only the cyclic collector frees it
+    gone = weakref.ref(garbage)
+    del garbage
+    seen: list[tuple[int, bool]] = []
+
+    def on_row(step, row):
+        seen.append((gc.get_freeze_count(), gone() is None))
+
+    cfg = from_dict({**CONFIG, "train": {**CONFIG["train"], "steps": 2},
+                     "checkpoint": {"every": 0, "keep": 3}, "eval": {"every": 0}})
+    before = gc.get_freeze_count()
+    gc.disable()  # only the run's own collection at its start may free the cycle
+    try:
+        train(cfg, model, lambda step: th.bandit_rollout(model, sampler), run_dir=tmp_path,
+              on_row=on_row)
+    finally:
+        gc.enable()
+    assert len(seen) == 2 and all(n > before + 10_000 and freed for n, freed in seen)
+    assert gc.get_freeze_count() == before
+
+    def crash(step):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, model, crash, run_dir=tmp_path / "crashed")
+    assert gc.get_freeze_count() == before

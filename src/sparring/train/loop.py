@@ -70,6 +70,7 @@ from sparring.train.checkpoint import (
     seed_everything,
     tidy_checkpoints,
 )
+from sparring.train.collector import startup_objects_frozen
 from sparring.train.learner_ranks import Leader, follow, is_follower, stops_followers
 from sparring.train.metrics import MetricsLogger
 from sparring.train.policies import Models, TrainedPolicy, trained_policies
@@ -125,13 +126,14 @@ def train(cfg: Config, model: Models, rollout_fn: RolloutSource, eval_fn: EvalFn
     should be small. The run folder is created with its marker, or must be empty or a
     Sparring run already (`NotARunFolderError` otherwise: a folder of someone else's is left
     untouched), and is locked while training (`RunLockedError` if another process holds
-    it).
+    it). The objects alive when it starts stay out of the garbage collector's passes until
+    it returns (`sparring.train.collector`).
     """
     if is_follower():  # another learner rank's run: its updates only
         follow(cfg, model)
         return Path(run_dir) if run_dir is not None else _run_dir(cfg)
     run = claim_run_dir(Path(run_dir) if run_dir is not None else _run_dir(cfg))
-    with sigterm_as_interrupt(), RunLock(run):
+    with sigterm_as_interrupt(), RunLock(run), startup_objects_frozen():
         return _train(cfg, model, rollout_fn, eval_fn, stateful, run, pad_id, resume, on_row)
 
 
@@ -403,7 +405,7 @@ def resume(run_dir: str | Path, model: Models, rollout_fn: RolloutSource,
                "has no checkpoint to resume from (a run stopped before its first checkpoint "
                "starts again without --resume)")
         raise FileNotFoundError(f"{run} {why}")
-    with sigterm_as_interrupt(), RunLock(run):
+    with sigterm_as_interrupt(), RunLock(run), startup_objects_frozen():
         if cfg is None:  # the folder's config as data: it names no code of its own
             from sparring.config.run_folder import run_config_from_data
 
