@@ -7,6 +7,8 @@ run's end, and each collection of the oldest generation walks all of it again.
 (`gc.freeze`) for the run's steps, so the collector walks only what the steps make, and
 hands them back (`gc.unfreeze`) when the run returns or fails, so a caller that goes on in
 the same process has its garbage collected as before. Nothing a step computes changes.
+`gc.freeze` does not nest: objects a caller froze before the run are handed back too,
+which costs that caller collector time, never correctness.
 """
 
 from __future__ import annotations
