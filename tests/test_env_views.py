@@ -186,7 +186,31 @@ def test_canonical_views_share_a_memo_per_option_set_and_empty_it_when_full():
             seat = env.current_seat()
             texts = [env.env.observation(seat, view=v) for v in range(8)]
             assert env.observation(seat) == min(texts) and len(env.memo) <= 3
+            view = min(range(8), key=lambda v: (texts[v], v))
+            legal = sorted(env.env.view_action(a, view) for a in env.env.legal_actions(seat))
+            assert env.legal_actions(seat) == legal
             env.step(rng.choice(env.legal_actions(seat)))
+
+
+def test_canonical_views_write_a_position_once_and_hand_out_fresh_move_lists():
+    """The first look at a position writes its 8 texts; its observation, view and legal
+    moves after that come from the memo, not from the game again; a caller that changes
+    the list of legal moves it got does not change the next caller's."""
+    game = make("tictactoe", compact=True)
+    written = []
+    observe = game.observation
+    game.observation = lambda seat, view=0: written.append(view) or observe(seat, view=view)
+    env = CanonicalViews(game)
+    env.step("5")
+    written.clear()
+    first = env.observation(1)
+    assert len(written) == 8
+    for _ in range(3):
+        assert (env.observation(1), env.view(1)) == (first, env.view(1))
+        moves = env.legal_actions(1)
+        assert len(moves) == 8
+        moves.clear()
+    assert len(written) == 8
 
 
 def make_c4_after(columns: list[str]) -> str:

@@ -128,10 +128,11 @@ class CanonicalViews(_Viewed):
     the game option ``canonical``). Rewards, values and ``state_key()`` are the inner
     game's. Needs what `_Viewed` needs.
 
-    ``memo``: ``{(state_key, seat): view}``, to share between the wrappers of games whose
-    observations are written alike (a game's factory passes `shared_view_memo` of its
-    option set): a view costs one observation per symmetry, and a rollout's episodes meet
-    the same positions again and again.
+    ``memo``: ``{(state_key, seat): (view, observation, legal moves in the view)}``, to
+    share between the wrappers of games whose observations are written alike (a game's
+    factory passes `shared_view_memo` of its option set): a view costs one observation per
+    symmetry, and a rollout's episodes meet the same positions again and again, each
+    asking for the observation and the legal moves more than once.
     """
 
     def __init__(self, env: Env, memo: BoundedMemo | None = None):
@@ -141,11 +142,26 @@ class CanonicalViews(_Viewed):
     def view(self, seat: int) -> int:
         """``seat``'s canonical view of the current position (the position read from
         ``state_key()``, which the Env contract makes fix the observations)."""
+        return self._canonical(seat)[0]
+
+    def observation(self, seat: int) -> str:
+        return self._canonical(seat)[1]
+
+    def legal_actions(self, seat: int) -> list[str] | None:
+        legal = self._canonical(seat)[2]
+        return None if legal is None else list(legal)
+
+    def _canonical(self, seat: int) -> tuple[int, str, tuple[str, ...] | None]:
         return self.memo.get_or((self.env.state_key(), seat), lambda: self._smallest(seat))
 
-    def _smallest(self, seat: int) -> int:
+    def _smallest(self, seat: int) -> tuple[int, str, tuple[str, ...] | None]:
+        """The view whose text sorts first, that text, and the legal moves named in it."""
         texts = [self.env.observation(seat, view=v) for v in range(self.env.symmetries())]
-        return min(range(len(texts)), key=lambda v: (texts[v], v))
+        view = min(range(len(texts)), key=lambda v: (texts[v], v))
+        legal = self.env.legal_actions(seat)
+        if legal is not None:
+            legal = tuple(sorted(self.env.view_action(a, view) for a in legal))
+        return view, texts[view], legal
 
     def reset(self, seed: int) -> None:
         self.env.reset(seed)
