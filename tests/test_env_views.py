@@ -203,10 +203,10 @@ def test_canonical_views_write_a_position_once_and_hand_out_fresh_move_lists():
     env = CanonicalViews(game)
     env.step("5")
     written.clear()
-    first = env.observation(1)
+    first, view = env.observation(1), env.view(1)
     assert len(written) == 8
     for _ in range(3):
-        assert (env.observation(1), env.view(1)) == (first, env.view(1))
+        assert (env.observation(1), env.view(1)) == (first, view)
         moves = env.legal_actions(1)
         assert len(moves) == 8
         moves.clear()

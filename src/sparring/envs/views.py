@@ -47,11 +47,12 @@ class _Viewed:
         return self.env.observation(seat, view=self.view(seat))
 
     def legal_actions(self, seat: int) -> list[str] | None:
+        return self._legal_in_view(seat, self.view(seat))
+
+    def _legal_in_view(self, seat: int, view: int) -> list[str] | None:
+        """``seat``'s legal moves named in view ``view``, sorted (None: the game lists none)."""
         legal = self.env.legal_actions(seat)
-        if legal is None:
-            return None
-        v = self.view(seat)
-        return sorted(self.env.view_action(a, v) for a in legal)
+        return None if legal is None else sorted(self.env.view_action(a, view) for a in legal)
 
     def parse(self, seat: int, text: str) -> ParseResult:
         """The move named in ``seat``'s view (`step` maps it to the board)."""
@@ -158,10 +159,8 @@ class CanonicalViews(_Viewed):
         """The view whose text sorts first, that text, and the legal moves named in it."""
         texts = [self.env.observation(seat, view=v) for v in range(self.env.symmetries())]
         view = min(range(len(texts)), key=lambda v: (texts[v], v))
-        legal = self.env.legal_actions(seat)
-        if legal is not None:
-            legal = tuple(sorted(self.env.view_action(a, view) for a in legal))
-        return view, texts[view], legal
+        legal = self._legal_in_view(seat, view)
+        return view, texts[view], None if legal is None else tuple(legal)
 
     def reset(self, seed: int) -> None:
         self.env.reset(seed)
