@@ -403,10 +403,17 @@ def test_collective_weight_sync_reproduces_the_single_process_run_and_survives_a
         local_ray, single_process, tmp_path):
     """The broadcast path (NCCL on GPUs) with gloo on CPU: same weights, same metrics. A
     worker killed at step 1 may leave the other waiting in a broadcast: both are replaced,
-    get the weights through the object store, and a new group serves step 2."""
-    killed = []
+    get the weights through the object store, and a new group serves step 2. Closed, the
+    rollouts hold no group and no rendezvous store (whose server thread would outlive them)."""
+    killed, made = [], []
+
+    def setup(rollouts):
+        made.append(rollouts)
+        _kill_mid_step(rollouts, 1, killed)
+
     rows = _train(_cfg(["distributed.rollout_workers=2", "distributed.weight_sync=collective"]),
-                  tmp_path, setup=lambda rollouts: _kill_mid_step(rollouts, 1, killed))
+                  tmp_path, setup=setup)
     assert killed
+    assert made[0].sync.group is None and made[0].sync.store is None
     _assert_same_metrics(single_process, rows)
     assert [r["distributed/restarts"] for r in rows] == [0.0, 1.0, 0.0]

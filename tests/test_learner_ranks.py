@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import os
 import socket
 import subprocess
@@ -170,6 +171,13 @@ def _rank(rank: int, port: int, out: str) -> None:
         dist.destroy_process_group()
 
 
+def collect_before_fork() -> None:
+    """Free this process's garbage before forking ranks: a child that collected it would run
+    finalizers needing threads only the parent has (a dropped ``TCPStore`` joins its server
+    thread, which in the child never ends)."""
+    gc.collect()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -181,6 +189,7 @@ def ranked(tmp_path_factory):
     """``name -> [rank 0's result, rank 1's result]``, every case from one pair of ranks."""
     th.register()
     out = tmp_path_factory.mktemp("ranks")
+    collect_before_fork()
     mp.start_processes(_rank, args=(_free_port(), str(out)), nprocs=WORLD, join=True,
                        start_method="fork")
     return {name: [torch.load(out / f"{name}.{r}.pt") for r in range(WORLD)]
@@ -354,6 +363,7 @@ def _torchrun_rank(rank: int, port: int, second_port: int, out: str) -> None:
 def test_torchrun_ranks_leave_the_group_they_started_and_only_that(tmp_path):
     port = _free_port()
     second = next(p for p in iter(_free_port, None) if p != port)
+    collect_before_fork()
     mp.start_processes(_torchrun_rank, args=(port, second, str(tmp_path)), nprocs=WORLD,
                        join=True, start_method="fork")
     got = [torch.load(tmp_path / f"torchrun.{r}.pt") for r in range(WORLD)]

@@ -36,7 +36,7 @@ from sparring.train.learner import Learner
 from sparring.train.learner_ranks import RankLostError
 from tests import test_train_resume_cli as cli
 from tests import train_helpers as th
-from tests.test_learner_ranks import _free_port, sharded_forward
+from tests.test_learner_ranks import _free_port, collect_before_fork, sharded_forward
 from tests.train_resume_job import STEPS, run_job
 
 pytestmark = pytest.mark.usefixtures("train_doubles")
@@ -81,6 +81,7 @@ def _on_ranks(run_dir, mode: str, sharding: str = "none") -> list[int]:
     port = _free_port()
     procs = [ctx.Process(target=_rank, args=(r, port, str(run_dir), mode, sharding))
              for r in range(WORLD)]
+    collect_before_fork()
     for p in procs:
         p.start()
     for p in procs:

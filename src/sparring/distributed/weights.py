@@ -230,5 +230,5 @@ class CollectiveSync:
         try:
             self.wait()
         finally:
-            self.group = None
+            self.group = self.store = None  # the rendezvous' server thread and port go too
             self.fallback.close()
