@@ -186,7 +186,7 @@ def main(steps: int = STEPS, seed: int = SEED, groups: int = GROUPS,
     policy = build_policy(model_options, seed)
     model = policy.model
     arena = build_arena()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0, fused=True)
     gen = torch.Generator().manual_seed(seed)  # the mini-batches' order
     history = []
     start = time.time()

@@ -31,6 +31,7 @@ from sparring.config import from_dict
 from sparring.policy import forward
 from sparring.policy.lora import apply_lora
 from sparring.train import data_parallel as dp
+from sparring.train import learner as learner_module
 from sparring.train.batch_forward import BatchForward
 from sparring.train.learner import Learner
 from sparring.train.learner_ranks import torchrun_ranks
@@ -273,15 +274,17 @@ def test_a_sharded_optimizer_matches_one_process(ranked, name):
 def sharded_forward():
     """One process's learner on the forward the sharded model runs (the model's own, its
     LM head at the action tokens alone: `forward.kept_logits`; no shared prompts, no top
-    layer at the action tokens alone): the same values up to rounding, which Adam's first
-    steps magnify on near-zero gradients."""
-    saved = forward.is_sharded_module, BatchForward.prefixes
+    layer at the action tokens alone), and AdamW's unfused kernel, which the sharded weights
+    step with: the same values up to rounding, which Adam's first steps magnify on
+    near-zero gradients."""
+    saved = forward.is_sharded_module, BatchForward.prefixes, learner_module.can_fuse
     forward.is_sharded_module = lambda model: True
     BatchForward.prefixes = lambda self, ids, att, amask: None
+    learner_module.can_fuse = lambda params: False
     try:
         yield
     finally:
-        forward.is_sharded_module, BatchForward.prefixes = saved
+        forward.is_sharded_module, BatchForward.prefixes, learner_module.can_fuse = saved
 
 
 @pytest.mark.parametrize("name", FULL)

@@ -149,7 +149,7 @@ def test_ppo_loss_and_gradient_equal_the_trainers_micro_loss(ex, played, tmp_pat
 
 
 def test_ppo_update_moves_the_weights_as_the_learner_does(ex, played, tmp_path, monkeypatch):
-    """The example's update loop (epochs, shuffled mini-batches, gradient clipping, AdamW)
+    """The example's update loop (epochs, shuffled mini-batches, gradient clipping, fused AdamW)
     against `Learner.update` on a copy of the same model, batch and advantages: the same
     weights after 2 epochs x 2 mini-batches, the same mean loss; the weights moved by far
     more than the tolerance. The trainer's forward is the example's full one here (no prompt
@@ -163,7 +163,7 @@ def test_ppo_update_moves_the_weights_as_the_learner_does(ex, played, tmp_path, 
     mine, theirs = copy.deepcopy(policy.model), copy.deepcopy(policy.model)
     start = [p.detach().clone() for p in mine.parameters()]
 
-    optimizer = torch.optim.AdamW(mine.parameters(), lr=ex.LR, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(mine.parameters(), lr=ex.LR, weight_decay=0.0, fused=True)
     gen = torch.Generator().manual_seed(0)  # the trainer's: train.seed
     my_metrics = ex.ppo_update(mine, optimizer, batch, adv, gen, minibatch=minibatch)
     learner = Learner(theirs, trainer_config(ex, tmp_path, minibatch, share_prefix=False))

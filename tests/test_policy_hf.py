@@ -257,11 +257,12 @@ def test_from_pretrained_folder(tmp_path, tiny):
 
 def test_forced_tails_skip_the_model(tiny):
     """A move that can only end one way ('4' -> EOS; 'ab' after 'a') is finished without
-    more forwards: with single-character moves generate runs the prefill only."""
+    more forwards: with single-character moves generate runs the prompts once (counted at
+    the input embedding, which every forward of the model starts with)."""
     model, tok = tiny
     pol = HFPolicy(model, tok, seed=0)
     calls = []
-    hook = model.register_forward_pre_hook(lambda *_: calls.append(1))
+    hook = model.get_input_embeddings().register_forward_pre_hook(lambda *_: calls.append(1))
     try:
         gens = pol.generate(_prompts(tok), SamplingParams(max_new_tokens=4),
                             allowed=[["1", "4", "7"]] * 3)
@@ -347,6 +348,43 @@ def test_token_trie_forced_tail():
     assert trie.forced_tail(trie.step(0, 4)) == [0]
     assert trie.forced_tail(trie.step(0, 5)) == [6, 7, 0]
     assert trie.forced_tail(trie.step(trie.step(0, 4), 0)) is None  # at a leaf
+
+
+def test_token_trie_tokens_after_first_is_the_longest_forced_tail():
+    """Counted by hand: after 4 the move ends with [0]; after 5, [6, 7, 0]; a choice after
+    a first token (1: then 2 or 3) or an open-ended trie leaves the move undecided."""
+    assert TokenTrie([[4, 0], [5, 6, 7, 0], [8, 0]]).tokens_after_first() == 3
+    assert TokenTrie([[4, 0], [8, 0]]).tokens_after_first() == 1
+    assert TokenTrie([[4]]).tokens_after_first() == 0  # the first token is a leaf
+    assert TokenTrie([[1, 2, 0], [1, 3, 0], [4, 0]]).tokens_after_first() is None
+    assert TokenTrie([[4], [5]], open_ended=True).tokens_after_first() is None
+
+
+@pytest.mark.parametrize("shared", ["", SYSTEM])
+def test_moves_decided_by_their_first_token_sample_as_the_cached_prefill(tiny, monkeypatch,
+                                                                       shared):
+    """With one-token moves (EOS forced after them) the prompts run once without a KV
+    cache (`HFPolicy._last_logits`), unless they share a start `run_prompts` runs once
+    (``SYSTEM``); either way the tokens equal those of the cached prefill and the log-probs
+    agree to float rounding."""
+    import sparring.policy.hf as hf
+
+    model, tok = tiny
+    prompts = _prompts(tok, shared) * 4
+    allowed = [["1", "4", "7"], ["2", "5"], ["3", "6", "8", "9"]] * 4
+    sp = SamplingParams(temperature=0.8, max_new_tokens=2)
+    prefills = []
+    real = hf.run_prompts
+    monkeypatch.setattr(hf, "run_prompts", lambda *a, **k: prefills.append(1) or real(*a, **k))
+    lean = HFPolicy(model, tok, seed=3).generate(prompts, sp, allowed=allowed)
+    assert len(prefills) == (1 if shared else 0)
+    monkeypatch.setattr(HFPolicy, "_last_logits", lambda self, prompts: None)
+    cached = HFPolicy(model, tok, seed=3).generate(prompts, sp, allowed=allowed)
+    assert len(prefills) == (2 if shared else 1)
+    assert [g.token_ids for g in lean] == [g.token_ids for g in cached]
+    for a, b in zip(lean, cached):
+        assert a.finish_reason == b.finish_reason == "eos"
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
 
 
 def test_device_auto_is_the_gpu_when_there_is_one_else_the_cpu(tiny):

@@ -397,8 +397,10 @@ def test_a_step_that_makes_weights_non_finite_is_undone_bit_for_bit():
     with pytest.raises(NonFiniteError, match="3 consecutive updates had a non-finite weight"):
         learner.update(batch, adv)
     assert unchanged()
+    assert all(g["fused"] for g in learner.optimizer.param_groups)  # on a CPU too
     for g in learner.optimizer.param_groups:
-        g["lr"] = 1e39  # torch raises part-way through the step: still put back
+        g["lr"] = 1e39  # unfused, torch raises part-way through the step: still put back
+        g["fused"] = None
     with pytest.raises(RuntimeError, match="overflow"):
         learner.update(batch, adv)
     assert unchanged()

@@ -27,10 +27,10 @@ def grads(step):
     return head, torch.randn(16, generator=g)
 
 
-def run(opt_cls, steps=6, lr=(1e-2, 5e-3), start=None, **extra):
+def run(opt_cls, steps=6, lr=(1e-2, 5e-3), start=None, fused=None):
     head, bias = models()
     groups = [{"params": [head], "lr": lr[0]}, {"params": [bias], "lr": lr[1]}]
-    kw = {"betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.0}
+    kw = {"betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.0, "fused": fused}
     opt = opt_cls(groups, **kw, **({"sparse": [head]} if opt_cls is RowSparseAdamW else {}))
     if start is not None:
         opt.load_state_dict(start[0])
@@ -44,10 +44,11 @@ def run(opt_cls, steps=6, lr=(1e-2, 5e-3), start=None, **extra):
     return head.detach(), bias.detach(), opt
 
 
-def test_row_sparse_adamw_equals_adamw_bit_for_bit():
+@pytest.mark.parametrize("fused", [None, True])
+def test_row_sparse_adamw_equals_adamw_bit_for_bit(fused):
     h0, _ = models()
-    want_h, want_b, want = run(torch.optim.AdamW)
-    got_h, got_b, got = run(RowSparseAdamW)
+    want_h, want_b, want = run(torch.optim.AdamW, fused=fused)
+    got_h, got_b, got = run(RowSparseAdamW, fused=fused)
     assert torch.equal(got_h, want_h) and torch.equal(got_b, want_b)
     head = got.param_groups[0]["params"][0]
     for k in ("exp_avg", "exp_avg_sq", "step"):

@@ -659,17 +659,40 @@ def test_value_head_shares_prompts_and_rows_with_the_same_values_and_gradients()
     assert c1[1][0] == 12
 
 
-def test_share_rows_runs_each_distinct_row_once_with_the_same_logprobs_and_gradients():
-    """train.share_rows: a batch where rows repeat (a group's equal moves, constrained
-    decoding's restrictions included) runs only its distinct rows, and the log-probs,
-    entropies and gradients are those of the plain forward (to float rounding)."""
+def _rows_twice():
+    """12 rows: 3 prompts x 2 constrained moves, each row twice."""
     eps = []
-    for i in range(12):  # 3 prompts x 2 moves, each row twice
+    for i in range(12):
         p, a = i % 3, (i // 3) % 2
         t = Turn(agent=0, prompt_ids=[1, 2 + p, 5], action_ids=[10 + a, 3], logprobs=[0.0, 0.0],
                  allowed_ids=[[10, 11], [3]])
         eps.append(Episode(env="toy", seed=i, group=p, num_agents=1, turns=[t], returns=[0.0]))
-    batch = collate(eps)
+    return collate(eps)
+
+
+def test_share_rows_runs_the_kl_references_distinct_rows_once_with_the_same_logprobs():
+    """The KL reference's pass shares repeated rows too: 6 distinct rows of 12 run, and
+    its log-probs are those of every row run (to float rounding)."""
+    batch = _rows_twice()
+    got = []
+    for share in (False, True):
+        cfg = from_dict({"algorithm": {"estimator": "test_centered", "kl": {"coef": 0.1}},
+                         "train": {"steps": 1, "share_rows": share, "share_prefix": False}})
+        learner = Learner(th.tiny_qwen(5), cfg)
+        with th.forward_shapes(learner.reference.model) as shapes:
+            ref = learner.passes.per_row(batch, "ref")
+        got.append((ref, [s[0] for s in shapes]))
+    (ref0, seen0), (ref1, seen1) = got
+    assert seen0 == [12] and seen1 == [6]
+    assert bool((ref0 * batch.action_mask != 0).any())
+    torch.testing.assert_close(ref1, ref0, atol=1e-5, rtol=0)
+
+
+def test_share_rows_runs_each_distinct_row_once_with_the_same_logprobs_and_gradients():
+    """train.share_rows: a batch where rows repeat (a group's equal moves, constrained
+    decoding's restrictions included) runs only its distinct rows, and the log-probs,
+    entropies and gradients are those of the plain forward (to float rounding)."""
+    batch = _rows_twice()
     w = torch.randn(batch.input_ids.shape, generator=torch.Generator().manual_seed(0))
     got = []
     for share in (False, True):

@@ -40,7 +40,13 @@ from sparring.policy.decode_cache import DECODE_KINDS, GrowingKV, StaticKV
 from sparring.policy.feature_cache import feature_cache_of
 from sparring.policy.hidden import capture_hidden, output_embedding
 from sparring.policy.precision import autocast_for
-from sparring.policy.prefix import distinct, run_prompts, select_rows
+from sparring.policy.prefix import (
+    SHARED_PREFIX_MIN,
+    common_prefix_len,
+    distinct,
+    run_prompts,
+    select_rows,
+)
 from sparring.policy.sampling import (
     ActionPrefixes,
     Generation,
@@ -50,6 +56,7 @@ from sparring.policy.sampling import (
     eos_ids,
     filter_logits,
 )
+from sparring.policy.scored_forward import scored_logits, supports
 
 _CACHE_SIZE = 4096  # entries of each of HFPolicy's encoding caches
 
@@ -184,7 +191,7 @@ class HFPolicy:
         tries = [None if a is None else self.encode_actions(a) for a in (allowed or [None] * B)]
         nodes = [0] * B
 
-        cache, z_next, mask, next_pos = self._first_logits(prompts, tries)
+        cache, z_next, mask, next_pos = self._first_logits(prompts, tries, sp.max_new_tokens)
         features = feature_cache_of(self.model)  # a transformed head: decode through it too
         transformed = features is not None and features.mean is not None
         if features is not None and self.decode != "dynamic":
@@ -277,11 +284,13 @@ class HFPolicy:
         return GrowingKV(self.model, cache, mask, next_pos)
 
     def _first_logits(self, prompts: Sequence[Sequence[int]],
-                      tries: Sequence[TokenTrie | None]
+                      tries: Sequence[TokenTrie | None], max_new_tokens: int
                       ) -> tuple[Any, Tensor, Tensor | None, Tensor | None]:
-        """`_prefill`, or, for a model with a feature cache (a frozen network,
-        `sparring.policy.feature_cache`), the head on the prompts' cached features and no KV
-        cache yet (None, with the mask and positions): `_decode` runs the prompts only for
+        """`_prefill`; or, when every row's first token decides its move (a game's one-token
+        moves, their EOS forced), `_last_logits` and no KV cache (None, with the mask and
+        positions): nothing runs past the first token; or, for a model with a feature cache
+        (a frozen network, `sparring.policy.feature_cache`), the head on the prompts' cached
+        features and no KV cache yet: in both cases `_decode` runs the prompts only for
         rows that go on past their first token. A constrained row's legal first tokens
         (up to `PREFETCH_FIRST_TOKENS`) are computed with its prompt, a token each over the
         prompt's KV cache: the learner scores the sampled move's next token after them, and
@@ -290,6 +299,11 @@ class HFPolicy:
         are -inf, which the constraint would give them anyway), as the learner's does."""
         features = feature_cache_of(self.model)
         if features is None:
+            decided = [None if t is None else t.tokens_after_first() for t in tries]
+            if all(n is not None and 1 + n <= max_new_tokens for n in decided):
+                z = self._last_logits(prompts)
+                if z is not None:
+                    return None, z, None, None
             return self._prefill(prompts)
         first, inverse = distinct([tuple(p) for p in prompts])
         ahead = []
@@ -309,6 +323,25 @@ class HFPolicy:
                            device=self.device)
             z[:, sub] = features.head_logits(head, h, sub).float()
         return None, z.index_select(0, torch.as_tensor(inverse, device=self.device)), None, None
+
+    def _last_logits(self, prompts: Sequence[Sequence[int]]) -> Tensor | None:
+        """The prompts' next-token logits ``[B, V]`` from one forward without a KV cache,
+        each distinct prompt once, the top layer at its last position alone
+        (`scored_forward.scored_logits`, the learner's own forward). None where
+        `_prefill` does better or this does not apply: prompts that share a start
+        `run_prompts` runs once, or a model outside the Llama family."""
+        if not supports(self.model):
+            return None
+        first, inverse = distinct([tuple(p) for p in prompts])
+        uniq = [prompts[i] for i in first]
+        if len(uniq) > 1 and common_prefix_len(uniq) >= SHARED_PREFIX_MIN:
+            return None
+        ids = torch.full((len(uniq), max(map(len, uniq))), self.pad_id, dtype=torch.long)
+        for i, q in enumerate(uniq):
+            ids[i, :len(q)] = torch.as_tensor(list(q), dtype=torch.long)
+        ends = torch.tensor([[len(q)] for q in uniq], dtype=torch.long)
+        logits = scored_logits(self.model, ids.to(self.device), ends.to(self.device))[0]
+        return logits[:, 0].index_select(0, torch.as_tensor(inverse, device=self.device))
 
     def _prefill(self, prompts: Sequence[Sequence[int]]) -> tuple[Any, Tensor, Tensor, Tensor]:
         """Run the prompts: (KV cache, next-token logits ``[B, V]``, attention mask ``[B, L]``,

@@ -197,3 +197,14 @@ class TokenTrie:
 
     def is_leaf(self, node: int) -> bool:
         return not self.children[node]
+
+    def tokens_after_first(self) -> int | None:
+        """When the first token decides the move (after each legal first token the rest is
+        its `forced_tail`), the longest such tail; else None (also for an open-ended
+        trie). A sampler needs no context past the first token then."""
+        if not hasattr(self, "_after_first"):
+            tails = [self.forced_tail(child) if self.children[child] else []
+                     for child in self.children[0].values()]
+            self._after_first = (None if self.open_ended or any(t is None for t in tails)
+                                 else max(map(len, tails)))
+        return self._after_first

@@ -95,18 +95,30 @@ class BatchForward:
         `sparring.policy.forward`) and (when asked and there is a critic) critic values,
         ``[n, T]`` each. ``allowed``: the rows' constrained-decoding restrictions;
         ``amask``: their action masks (to share prompts, see `prefixes`)."""
-        head = with_values and self.critic is not None and self.critic.kind == "head"
+        return self._each_distinct_row(
+            lambda *rows: self._forward(*rows, with_values=with_values, bonus=bonus),
+            ids, att, allowed, amask)
+
+    def _each_distinct_row(self, run, ids: Tensor, att: Tensor, allowed, amask: Tensor | None
+                           ) -> tuple[Tensor | None, ...]:
+        """``run(ids, att, allowed, amask)`` (a tuple of ``[n, T]`` results); with
+        ``train.share_rows``, on each distinct row once (`distinct_rows`), then indexed out
+        to the rows that repeat it."""
         if self.cfg.train.share_rows and ids.shape[0] > 1:
             first, inverse = distinct_rows(ids, att, allowed)
-            if len(first) < ids.shape[0]:  # run each distinct row once, then index out
+            if len(first) < ids.shape[0]:
                 f = torch.as_tensor(first, device=ids.device)
-                out = self.forward(ids[f], att[f], with_values=with_values,
-                                   allowed=None if allowed is None else
-                                   [allowed[i] for i in first],
-                                   amask=None if amask is None else amask[f], bonus=bonus)
+                out = run(ids[f], att[f], None if allowed is None else [allowed[i] for i in first],
+                          None if amask is None else amask[f])
                 inv = torch.as_tensor(inverse, device=ids.device)
                 # index_select: a fixed order of the repeated rows' gradients
                 return tuple(None if x is None else x.index_select(0, inv) for x in out)
+        return run(ids, att, allowed, amask)
+
+    def _forward(self, ids: Tensor, att: Tensor, allowed, amask: Tensor | None, *,
+                 with_values: bool, bonus: str) -> tuple[Tensor, Tensor, Tensor | None]:
+        """`forward` of rows as they are (none shared)."""
+        head = with_values and self.critic is not None and self.critic.kind == "head"
         pre = self.prefixes(ids, att, amask)
         scored = None if amask is None else amask > 0
         values = None
@@ -123,6 +135,13 @@ class BatchForward:
                 if with_values and self.critic is not None:
                     values = self.critic.separate_values(ids, att)
         return logp, ent, values
+
+    def _reference_logprobs(self, ids: Tensor, att: Tensor, allowed, amask: Tensor
+                            ) -> tuple[Tensor]:
+        """The KL reference's log-probs of rows as they are, ``([n, T],)``."""
+        return token_logprobs(self.reference.model, ids, att, self.temperature,
+                              allowed=allowed, prefixes=self.prefixes(ids, att, amask),
+                              scored=amask > 0)[:1]
 
     def chunks(self, n: int) -> list[Tensor]:
         """Row indices ``0..n-1`` in micro-batches of ``train.microbatch_size`` (0: one)."""
@@ -152,14 +171,10 @@ class BatchForward:
             for rows in self.chunks(batch.n_rows):
                 ids, att, L = row_slices(batch, rows)
                 if what == ("ref",):
-                    model = self.reference.model
-                    amask = batch.action_mask[rows, :L]
-                    with self.reference.context(), autocast_for(model):
-                        outs[0][rows, :L] = token_logprobs(
-                            model, ids, att, self.temperature,
-                            allowed=allowed_of(batch, rows),
-                            prefixes=self.prefixes(ids, att, amask), scored=amask > 0
-                        )[0].float()
+                    with self.reference.context(), autocast_for(self.reference.model):
+                        outs[0][rows, :L] = self._each_distinct_row(
+                            self._reference_logprobs, ids, att, allowed_of(batch, rows),
+                            batch.action_mask[rows, :L])[0].float()
                 else:
                     logp, ent, values = self.forward(
                         ids, att, with_values="values" in what,

@@ -76,7 +76,7 @@ from sparring.train.loss import micro_loss
 from sparring.train.minibatches import epoch_order, prompt_index
 from sparring.train.param_groups import param_groups
 from sparring.train.reference import Reference
-from sparring.train.row_sparse_adamw import RowSparseAdamW
+from sparring.train.row_sparse_adamw import RowSparseAdamW, can_fuse
 from sparring.train.sharded_optimizer import OptimizerShard
 from sparring.train.sharded_weights import (
     clip_grads,
@@ -174,12 +174,14 @@ class Learner:
     def _optimizer_over(self, model: nn.Module, sparse: list[Tensor], **kwargs: Any
                         ) -> RowSparseAdamW:
         """AdamW over ``model``'s trained weights and the critic's (`param_groups`), the
-        ``sparse`` ones stepped on their touched rows only; ``self.params`` becomes its
-        parameters."""
+        ``sparse`` ones stepped on their touched rows only, fused where torch's kernel
+        takes every weight (`can_fuse`); ``self.params`` becomes its parameters."""
         critic = [] if self.critic is None else [p for p in self.critic.parameters()
                                                  if p.requires_grad]
         groups = param_groups(model, self.trained, self.head.body_lr_scale, full_lr=critic)
         self.params = [p for g in groups for p in g["params"]]
+        if kwargs.get("foreach") is None:
+            kwargs.setdefault("fused", can_fuse(self.params) or None)
         o = self.cfg.optim
         return RowSparseAdamW(groups, sparse=sparse, lr=o.lr, betas=tuple(o.betas), eps=o.eps,
                               weight_decay=o.weight_decay, **kwargs)
@@ -332,8 +334,8 @@ class Learner:
             self.reference.follow(self.sharded_model, shard=self.reference.kind == "magnet")
         # foreach steps would mix sharded weights with the critic's whole ones in one op
         self.optimizer = self._optimizer_over(self.sharded_model, [], foreach=False)
-        for g, old in zip(self.optimizer.param_groups, before["param_groups"]):
-            g.update({k: v for k, v in old.items() if k != "params"})
+        for g, old in zip(self.optimizer.param_groups, before["param_groups"]):  # not the kernel
+            g.update({k: v for k, v in old.items() if k not in ("params", "foreach", "fused")})
         for i, p in enumerate(self.params):
             if i in before["state"]:
                 self.optimizer.state[p] = {k: distribute_like(v, p) if isinstance(v, Tensor)

@@ -8,8 +8,8 @@ all 28 M of its entries to move a few thousand. `RowSparseAdamW` keeps AdamW's o
 (the same keys and dense moments, so either optimizer reads the other's checkpoint) and the
 rows touched so far (``rows``, a ``[V]`` mask, in the state too), and runs torch's AdamW
 update on those rows only: the same operations on the same numbers, so the weights and
-moments equal full AdamW's bit for bit (tests/test_row_sparse_adamw.py). The other
-parameters step as in AdamW.
+moments equal full AdamW's bit for bit, fused or not (tests/test_row_sparse_adamw.py). The
+other parameters step as in AdamW.
 
 Cost per step for a sparse matrix: one pass over its gradient to find the rows it touches,
 then AdamW over the touched rows (gathered and written back).
@@ -63,8 +63,11 @@ class RowSparseAdamW(torch.optim.AdamW):
 
     def _row_step(self, p: Tensor, group: dict[str, Any]) -> None:
         state = self.state[p]
-        if not state:  # AdamW's own initial state (its _init_group on a CPU tensor)
-            state["step"] = torch.tensor(0.0, dtype=_get_scalar_dtype())
+        fused = bool(group["fused"])
+        if not state:  # AdamW's own initial state (its _init_group)
+            state["step"] = (torch.zeros((), dtype=_get_scalar_dtype(is_fused=True),
+                                         device=p.device) if fused
+                             else torch.tensor(0.0, dtype=_get_scalar_dtype()))
             state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         if "rows" not in state:  # fresh, or AdamW's state read from a checkpoint
@@ -80,7 +83,7 @@ class RowSparseAdamW(torch.optim.AdamW):
         sub = [t.index_select(0, idx) for t in (p, grad, state["exp_avg"], state["exp_avg_sq"])]
         beta1, beta2 = group["betas"]
         adamw([sub[0]], [sub[1]], [sub[2]], [sub[3]], [], [state["step"]], foreach=False,
-              capturable=False, differentiable=False, fused=None, amsgrad=False,
+              capturable=False, differentiable=False, fused=fused, amsgrad=False,
               beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=0.0, eps=group["eps"],
               maximize=False)
         p.index_copy_(0, idx, sub[0])
@@ -88,4 +91,17 @@ class RowSparseAdamW(torch.optim.AdamW):
         state["exp_avg_sq"].index_copy_(0, idx, sub[3])
 
 
-__all__ = ["RowSparseAdamW"]
+FUSED_DEVICES = ("cpu", "cuda")
+FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def can_fuse(params: Iterable[Tensor]) -> bool:
+    """Whether torch's fused AdamW kernel takes every one of ``params``: plain dense
+    floating-point tensors on a CPU or a CUDA device (not the DTensors of a model sharded
+    over ranks). On a CPU one fused kernel a parameter replaces AdamW's dozen small ones
+    (a quarter of the time on the default recipe's 20 matrices)."""
+    return all(type(p) in (Tensor, torch.nn.Parameter) and p.device.type in FUSED_DEVICES
+               and p.dtype in FUSED_DTYPES and p.layout == torch.strided for p in params)
+
+
+__all__ = ["RowSparseAdamW", "can_fuse"]
