@@ -1,4 +1,5 @@
-"""train.minibatch_order: how an epoch orders a batch's rows before cutting mini-batches."""
+"""How a step's rows are cut: train.minibatch_order (the order an epoch visits a batch's
+rows before cutting mini-batches) and train.microbatch_tokens (micro-batches by length)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 
 from sparring.config import ConfigError
 from sparring.train.learner import Learner
-from sparring.train.minibatches import epoch_order, grouped_permutation, prompt_index
+from sparring.train.minibatches import by_length, epoch_order, grouped_permutation, prompt_index
 from tests import train_helpers as th
 from tests.test_train_learner import first_step_grads, make_cfg, shared_prompt_batch
 
@@ -113,3 +114,21 @@ def test_one_minibatch_is_the_same_update_in_either_order():
 def test_an_unknown_minibatch_order_is_a_config_error_naming_the_key():
     with pytest.raises(ConfigError, match="minibatch_order"):
         make_cfg(train__minibatch_order="by_prompt")
+
+
+def test_by_length_cuts_the_rows_longest_first_within_the_token_budget():
+    """By hand: lengths 3, 9, 4, 9, 2, 5 of rows 10-15, longest first (equal ones in their
+    order): 11 and 13 (2 x 9 <= 18), then 15, 12, 10 (3 x 5 <= 18), then 14; with 8 tokens
+    a row of 9 runs alone."""
+    rows, lengths = torch.arange(10, 16), torch.tensor([3, 9, 4, 9, 2, 5])
+    assert [p.tolist() for p in by_length(rows, lengths, 18)] == [[11, 13], [15, 12, 10], [14]]
+    assert [p.tolist() for p in by_length(rows, lengths, 8)] == [[11], [13], [15], [12, 10],
+                                                                 [14]]
+    assert by_length(rows[:0], lengths[:0], 8) == []
+
+
+def test_microbatch_tokens_is_refused_beside_microbatch_size_and_with_sharded_weights():
+    with pytest.raises(ConfigError, match="set one of them"):
+        make_cfg(train__microbatch_size=4, train__microbatch_tokens=512)
+    with pytest.raises(ConfigError, match="not with distributed.sharding: full"):
+        make_cfg(train__microbatch_tokens=512, distributed__sharding="full")

@@ -84,6 +84,8 @@ def reference_grads(model, ref_model, batch, adv, mode, kl_coef, ent_coef, eps=0
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
 def test_gradient_matches_hand_loss_for_every_microbatch_size(mode, device):
+    """Micro-batches of 0 (the whole mini-batch), 1 and 3 rows, and of at most 8 and 1
+    padded tokens (rows sorted by length; 1: a row each): the hand-written loss's gradient."""
     batch, adv = ragged_batch()
     model0 = th.tiny_qwen(1)
     ref_model = copy.deepcopy(model0)
@@ -91,10 +93,11 @@ def test_gradient_matches_hand_loss_for_every_microbatch_size(mode, device):
         for p in model0.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(3)))
     expected = None
-    for micro in (0, 1, 3):
+    for micro in ({"size": 0}, {"size": 1}, {"size": 3}, {"tokens": 8}, {"tokens": 1}):
         model = th.tiny_qwen(1).to(device)
         cfg = make_cfg(algorithm__aggregation=mode, algorithm__entropy_coef=0.01,
-                       algorithm__kl__coef=0.1, train__microbatch_size=micro)
+                       algorithm__kl__coef=0.1, train__microbatch_size=micro.get("size", 0),
+                       train__microbatch_tokens=micro.get("tokens", 0))
         learner = Learner(model, cfg)  # reference = this (undrifted) initial model
         model.load_state_dict(model0.state_dict())
         if expected is None:

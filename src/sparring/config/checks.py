@@ -87,6 +87,13 @@ def validate(cfg: Config) -> Config:
                 _lookahead_check(i, game, who)
     _betas_check(cfg.optim.betas, "optim.betas")
     _head_check(cfg, "model.head")
+    if cfg.train.microbatch_size and cfg.train.microbatch_tokens:
+        raise ConfigError("train.microbatch_size and train.microbatch_tokens: set one of them "
+                          "(rows per micro-batch, or padded tokens per micro-batch)")
+    if cfg.train.microbatch_tokens and cfg.distributed.sharding == "full":
+        raise ConfigError("train.microbatch_tokens: not with distributed.sharding: full, "
+                          "where every rank runs as many micro-batches of equal rows; use "
+                          "train.microbatch_size")
     if cfg.train.microbatch_size and cfg.train.minibatch_size \
             and cfg.train.microbatch_size > cfg.train.minibatch_size:
         raise ConfigError("train.microbatch_size: must not exceed train.minibatch_size")

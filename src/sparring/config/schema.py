@@ -319,6 +319,12 @@ class TrainConfig:
     epochs: int = opt(1, "passes over each batch", ge=1)
     minibatch_size: int = opt(0, "rows per optimizer step (0: the whole batch)", ge=0)
     microbatch_size: int = opt(0, "rows per forward/backward (0: the whole mini-batch)", ge=0)
+    microbatch_tokens: int = opt(
+        0, "padded tokens per forward/backward instead of microbatch_size rows: a "
+        "mini-batch's rows sorted by length and cut so that each micro-batch's rows times "
+        "its longest row stays within this (a longer row runs alone); the same loss and "
+        "gradient, less padding where rows' lengths differ (multi-turn histories). 0: off",
+        ge=0)
     minibatch_order: Literal["rows", "prompt"] = opt(
         "rows", "how an epoch cuts the batch into mini-batches: rows, a random permutation of "
         "the rows; prompt, the rows of one prompt kept together (the prompts in a random "

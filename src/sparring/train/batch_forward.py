@@ -40,6 +40,7 @@ from sparring.policy.prefix import (
     find_prefixes,
     first_action_positions,
 )
+from sparring.train.minibatches import by_length
 from sparring.train.sharded_weights import reshard
 
 if TYPE_CHECKING:
@@ -143,10 +144,16 @@ class BatchForward:
                               allowed=allowed, prefixes=self.prefixes(ids, att, amask),
                               scored=amask > 0)[:1]
 
-    def chunks(self, n: int) -> list[Tensor]:
-        """Row indices ``0..n-1`` in micro-batches of ``train.microbatch_size`` (0: one)."""
-        size = self.cfg.train.microbatch_size or n
+    def chunks(self, batch: TurnBatch) -> list[Tensor]:
+        """The row indices of ``batch`` in micro-batches: of ``train.microbatch_tokens``
+        padded tokens (`minibatches.by_length`), else of ``train.microbatch_size`` rows (0:
+        one)."""
+        n = batch.n_rows
         idx = torch.arange(n)
+        if self.cfg.train.microbatch_tokens:
+            return by_length(idx, batch.attention_mask.sum(1).cpu(),
+                             self.cfg.train.microbatch_tokens)
+        size = self.cfg.train.microbatch_size or n
         return [idx[i:i + size] for i in range(0, n, size)]
 
     def per_row(self, batch: TurnBatch, what: PerRow) -> Tensor:
@@ -168,7 +175,7 @@ class BatchForward:
         was_training = self.model.training
         self.model.eval()
         try:
-            for rows in self.chunks(batch.n_rows):
+            for rows in self.chunks(batch):
                 ids, att, L = row_slices(batch, rows)
                 if what == ("ref",):
                     with self.reference.context(), autocast_for(self.reference.model):

@@ -2,8 +2,8 @@
 
 Each epoch orders the rows by ``train.minibatch_order`` (a random permutation, or the rows
 of each prompt kept together: `sparring.train.minibatches`) and cuts them into mini-batches.
-Per mini-batch (one optimizer step), over micro-batches of ``train.microbatch_size`` rows,
-the loss is `sparring.train.loss.micro_loss`'s
+Per mini-batch (one optimizer step), over micro-batches of ``train.microbatch_size`` rows
+or of ``train.microbatch_tokens`` padded tokens (the rows sorted by length), the loss is `sparring.train.loss.micro_loss`'s
 
     L = agg(objective(logp, old_logp, A)) + c_kl * agg(KL_k(pi || ref))
         - c_ent * agg(H(pi)) + c_v * agg((V - target)^2 / 2)
@@ -73,7 +73,7 @@ from sparring.train.batch_forward import BatchForward, allowed_of, row_slices
 from sparring.train.entropy_target import EntropyTarget
 from sparring.train.guarded_step import NonFiniteError, guarded_step
 from sparring.train.loss import micro_loss
-from sparring.train.minibatches import epoch_order, prompt_index
+from sparring.train.minibatches import by_length, epoch_order, prompt_index
 from sparring.train.param_groups import param_groups
 from sparring.train.reference import Reference
 from sparring.train.row_sparse_adamw import RowSparseAdamW, can_fuse
@@ -385,12 +385,18 @@ class Learner:
             self.shard.share_weights(stepped)
         return kept
 
-    def _micro_batches(self, rows: Tensor, minibatch: Tensor) -> list[tuple[Tensor, bool]]:
+    def _micro_batches(self, rows: Tensor, minibatch: Tensor, lengths: Tensor
+                       ) -> list[tuple[Tensor, bool]]:
         """This rank's ``rows`` of ``minibatch`` in micro-batches of
-        ``train.microbatch_size``, as ``(rows, real)``; with sharded weights every rank runs
+        ``train.microbatch_size`` rows or ``train.microbatch_tokens`` padded tokens (the
+        rows' ``lengths [n]``, `minibatches.by_length`), as ``(rows, real)``; with sharded
+        weights (rows only) every rank runs
         as many as the rank with the most rows, the missing ones on a spare row whose loss
         is weighted 0 (`sparring.train.sharded_weights.filler_rows`)."""
         size = self.cfg.train.microbatch_size
+        if self.sharded_model is None and self.cfg.train.microbatch_tokens:
+            return [(part, True) for part in by_length(
+                rows, lengths[rows], self.cfg.train.microbatch_tokens)]
         if self.sharded_model is None:
             size = size or max(len(rows), 1)
             return [(rows[i:i + size], True) for i in range(0, len(rows), size)]
@@ -441,6 +447,7 @@ class Learner:
         order = cfg.train.minibatch_order
         group = (prompt_index(batch.input_ids, batch.action_mask, batch.attention_mask)
                  if order == "prompt" else None)
+        lengths = batch.attention_mask.sum(1).cpu()
         for _ in range(cfg.train.epochs):
             perm = epoch_order(order, n, group, self.gen)
             for start in range(0, n, mb):
@@ -456,7 +463,7 @@ class Learner:
                     continue
                 self.optimizer.zero_grad(set_to_none=True)
                 finite = True
-                for part, real in self._micro_batches(rows, perm[start:start + mb]):
+                for part, real in self._micro_batches(rows, perm[start:start + mb], lengths):
                     loss = self._micro_loss(passes, batch, part, advantages, old, ref, mask,
                                             counts, stats if real else defaultdict(float))
                     if self.sharded_model is not None:  # every rank runs every backward

@@ -58,4 +58,20 @@ def epoch_order(order: MinibatchOrder, n: int, group: Tensor | None,
     return grouped_permutation(group, generator)
 
 
-__all__ = ["MinibatchOrder", "epoch_order", "grouped_permutation", "prompt_index"]
+def by_length(rows: Tensor, lengths: Tensor, tokens: int) -> list[Tensor]:
+    """``rows`` cut into micro-batches of at most ``tokens`` padded tokens
+    (`train.microbatch_tokens`): sorted by ``lengths [len(rows)]``, longest first (equal
+    lengths in their given order), each micro-batch takes ``max(1, tokens // L)`` rows,
+    ``L`` its first (longest) row's length."""
+    order = torch.argsort(lengths, descending=True, stable=True)
+    rows, lens = rows[order], lengths[order].tolist()
+    parts, start = [], 0
+    while start < len(lens):
+        take = max(1, tokens // max(int(lens[start]), 1))
+        parts.append(rows[start:start + take])
+        start += take
+    return parts
+
+
+__all__ = ["MinibatchOrder", "by_length", "epoch_order", "grouped_permutation",
+           "prompt_index"]
