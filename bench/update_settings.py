@@ -50,6 +50,10 @@ def parse_other(pairs: list[str], cfg: Any) -> dict[str, Any]:
     return {k: getattr(other.train, k) for k in keys}
 
 
+def settings_text(settings: dict[str, Any]) -> str:
+    return ", ".join(f"train.{k}={v}" for k, v in settings.items())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("recipe", nargs="?", default="default", help="recipe name or YAML path")
@@ -90,13 +94,12 @@ def main() -> None:
               run_dir=folder / "run", pad_id=parts.pad_id)
     finally:
         Learner.update = update
-    show = lambda d: ", ".join(f"train.{k}={v}" for k, v in d.items())  # noqa: E731
     print(f"{args.recipe} {' '.join(args.overrides)}: {args.steps} updates, each run with both "
           f"settings from the same weights (the run follows its own)")
     print("| settings | update s/step |")
     print("|---|---|")
-    print(f"| own: {show(own)} | {seconds['own'] / args.steps:.3f} |")
-    print(f"| other: {show(other)} | {seconds['other'] / args.steps:.3f} |")
+    print(f"| own: {settings_text(own)} | {seconds['own'] / args.steps:.3f} |")
+    print(f"| other: {settings_text(other)} | {seconds['other'] / args.steps:.3f} |")
     print(f"update, own / other: {seconds['own'] / seconds['other']:.3f}")
 
 

@@ -353,11 +353,11 @@ def test_token_trie_forced_tail():
 def test_token_trie_tokens_after_first_is_the_longest_forced_tail():
     """Counted by hand: after 4 the move ends with [0]; after 5, [6, 7, 0]; a choice after
     a first token (1: then 2 or 3) or an open-ended trie leaves the move undecided."""
-    assert TokenTrie([[4, 0], [5, 6, 7, 0], [8, 0]]).tokens_after_first() == 3
-    assert TokenTrie([[4, 0], [8, 0]]).tokens_after_first() == 1
-    assert TokenTrie([[4]]).tokens_after_first() == 0  # the first token is a leaf
-    assert TokenTrie([[1, 2, 0], [1, 3, 0], [4, 0]]).tokens_after_first() is None
-    assert TokenTrie([[4], [5]], open_ended=True).tokens_after_first() is None
+    assert TokenTrie([[4, 0], [5, 6, 7, 0], [8, 0]]).tokens_after_first == 3
+    assert TokenTrie([[4, 0], [8, 0]]).tokens_after_first == 1
+    assert TokenTrie([[4]]).tokens_after_first == 0  # the first token is a leaf
+    assert TokenTrie([[1, 2, 0], [1, 3, 0], [4, 0]]).tokens_after_first is None
+    assert TokenTrie([[4], [5]], open_ended=True).tokens_after_first is None
 
 
 @pytest.mark.parametrize("shared", ["", SYSTEM])

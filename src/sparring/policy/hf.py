@@ -299,7 +299,7 @@ class HFPolicy:
         are -inf, which the constraint would give them anyway), as the learner's does."""
         features = feature_cache_of(self.model)
         if features is None:
-            decided = [None if t is None else t.tokens_after_first() for t in tries]
+            decided = [None if t is None else t.tokens_after_first for t in tries]
             if all(n is not None and 1 + n <= max_new_tokens for n in decided):
                 z = self._last_logits(prompts)
                 if z is not None:

@@ -17,6 +17,7 @@ The distribution a token is sampled from (and whose log-prob is recorded), per s
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -198,13 +199,11 @@ class TokenTrie:
     def is_leaf(self, node: int) -> bool:
         return not self.children[node]
 
+    @functools.cached_property
     def tokens_after_first(self) -> int | None:
         """When the first token decides the move (after each legal first token the rest is
         its `forced_tail`), the longest such tail; else None (also for an open-ended
         trie). A sampler needs no context past the first token then."""
-        if not hasattr(self, "_after_first"):
-            tails = [self.forced_tail(child) if self.children[child] else []
-                     for child in self.children[0].values()]
-            self._after_first = (None if self.open_ended or any(t is None for t in tails)
-                                 else max(map(len, tails)))
-        return self._after_first
+        tails = [self.forced_tail(child) if self.children[child] else []
+                 for child in self.children[0].values()]
+        return None if self.open_ended or any(t is None for t in tails) else max(map(len, tails))

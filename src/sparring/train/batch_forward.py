@@ -40,7 +40,7 @@ from sparring.policy.prefix import (
     find_prefixes,
     first_action_positions,
 )
-from sparring.train.minibatches import by_length
+from sparring.train.minibatches import micro_batches
 from sparring.train.sharded_weights import reshard
 
 if TYPE_CHECKING:
@@ -145,16 +145,11 @@ class BatchForward:
                               scored=amask > 0)[:1]
 
     def chunks(self, batch: TurnBatch) -> list[Tensor]:
-        """The row indices of ``batch`` in micro-batches: of ``train.microbatch_tokens``
-        padded tokens (`minibatches.by_length`), else of ``train.microbatch_size`` rows (0:
-        one)."""
-        n = batch.n_rows
-        idx = torch.arange(n)
-        if self.cfg.train.microbatch_tokens:
-            return by_length(idx, batch.attention_mask.sum(1).cpu(),
-                             self.cfg.train.microbatch_tokens)
-        size = self.cfg.train.microbatch_size or n
-        return [idx[i:i + size] for i in range(0, n, size)]
+        """The row indices of ``batch`` in the update's micro-batches
+        (`minibatches.micro_batches`)."""
+        t = self.cfg.train
+        return micro_batches(torch.arange(batch.n_rows), batch.attention_mask.sum(1).cpu(),
+                             t.microbatch_size, t.microbatch_tokens)
 
     def per_row(self, batch: TurnBatch, what: PerRow) -> Tensor:
         """``what`` over all rows, ``[n, T]``, zero off the action tokens, no gradient, in

@@ -3,7 +3,8 @@
 Each epoch orders the rows by ``train.minibatch_order`` (a random permutation, or the rows
 of each prompt kept together: `sparring.train.minibatches`) and cuts them into mini-batches.
 Per mini-batch (one optimizer step), over micro-batches of ``train.microbatch_size`` rows
-or of ``train.microbatch_tokens`` padded tokens (the rows sorted by length), the loss is `sparring.train.loss.micro_loss`'s
+or of ``train.microbatch_tokens`` padded tokens (the rows sorted by length), the loss is
+`sparring.train.loss.micro_loss`'s
 
     L = agg(objective(logp, old_logp, A)) + c_kl * agg(KL_k(pi || ref))
         - c_ent * agg(H(pi)) + c_v * agg((V - target)^2 / 2)
@@ -73,7 +74,7 @@ from sparring.train.batch_forward import BatchForward, allowed_of, row_slices
 from sparring.train.entropy_target import EntropyTarget
 from sparring.train.guarded_step import NonFiniteError, guarded_step
 from sparring.train.loss import micro_loss
-from sparring.train.minibatches import by_length, epoch_order, prompt_index
+from sparring.train.minibatches import epoch_order, micro_batches, prompt_index
 from sparring.train.param_groups import param_groups
 from sparring.train.reference import Reference
 from sparring.train.row_sparse_adamw import RowSparseAdamW, can_fuse
@@ -180,8 +181,7 @@ class Learner:
                                                  if p.requires_grad]
         groups = param_groups(model, self.trained, self.head.body_lr_scale, full_lr=critic)
         self.params = [p for g in groups for p in g["params"]]
-        if kwargs.get("foreach") is None:
-            kwargs.setdefault("fused", can_fuse(self.params) or None)
+        kwargs.setdefault("fused", can_fuse(self.params) or None)
         o = self.cfg.optim
         return RowSparseAdamW(groups, sparse=sparse, lr=o.lr, betas=tuple(o.betas), eps=o.eps,
                               weight_decay=o.weight_decay, **kwargs)
@@ -387,21 +387,17 @@ class Learner:
 
     def _micro_batches(self, rows: Tensor, minibatch: Tensor, lengths: Tensor
                        ) -> list[tuple[Tensor, bool]]:
-        """This rank's ``rows`` of ``minibatch`` in micro-batches of
-        ``train.microbatch_size`` rows or ``train.microbatch_tokens`` padded tokens (the
-        rows' ``lengths [n]``, `minibatches.by_length`), as ``(rows, real)``; with sharded
-        weights (rows only) every rank runs
-        as many as the rank with the most rows, the missing ones on a spare row whose loss
-        is weighted 0 (`sparring.train.sharded_weights.filler_rows`)."""
-        size = self.cfg.train.microbatch_size
-        if self.sharded_model is None and self.cfg.train.microbatch_tokens:
-            return [(part, True) for part in by_length(
-                rows, lengths[rows], self.cfg.train.microbatch_tokens)]
+        """This rank's ``rows`` of ``minibatch`` in micro-batches (`minibatches.micro_batches`
+        over the batch's row ``lengths [n]``), as ``(rows, real)``; with sharded weights
+        (``train.microbatch_size`` only) every rank runs as many as the rank with the most
+        rows, the missing ones on a spare row whose loss is weighted 0
+        (`sparring.train.sharded_weights.filler_rows`)."""
+        t = self.cfg.train
         if self.sharded_model is None:
-            size = size or max(len(rows), 1)
-            return [(rows[i:i + size], True) for i in range(0, len(rows), size)]
+            return [(part, True) for part in micro_batches(
+                rows, lengths[rows], t.microbatch_size, t.microbatch_tokens)]
         most = -(-len(minibatch) // dp.ranks().size)  # the largest share
-        size = size or max(most, 1)
+        size = t.microbatch_size or max(most, 1)
         return filler_rows(rows, -(-most // size), size, minibatch[:1])
 
     def update(self, batch: TurnBatch, advantages: Tensor, keep: Tensor | None = None

@@ -73,5 +73,15 @@ def by_length(rows: Tensor, lengths: Tensor, tokens: int) -> list[Tensor]:
     return parts
 
 
+def micro_batches(rows: Tensor, lengths: Tensor, size: int, tokens: int) -> list[Tensor]:
+    """``rows`` (their ``lengths [len(rows)]``) cut into micro-batches: `by_length` within
+    ``tokens`` padded tokens when it is set (`train.microbatch_tokens`), else ``size`` rows
+    each in their order (`train.microbatch_size`; 0: all of them in one)."""
+    if tokens:
+        return by_length(rows, lengths, tokens)
+    size = size or max(len(rows), 1)
+    return [rows[i:i + size] for i in range(0, len(rows), size)]
+
+
 __all__ = ["MinibatchOrder", "by_length", "epoch_order", "grouped_permutation",
-           "prompt_index"]
+           "micro_batches", "prompt_index"]
