@@ -38,7 +38,7 @@ KUHN_CURRENT_MAX = 0.25
 
 
 def test_default_recipe_beats_the_random_bot_by_step_50(tmp_path):
-    """The default recipe as shipped (its 250-step schedules), stopped at step 50, on two
+    """The default recipe as shipped (its 200-step schedules), stopped at step 50, on two
     torch threads."""
     import torch
 
