@@ -148,7 +148,7 @@ def test_eval_reports_rates_with_intervals(tmp_path):
 
 def test_eval_scores_exploitability_where_the_env_declares_a_tree(tmp_path):
     cfg = _cfg(["eval.games=2", "envs.0.name=leduc_poker", "envs.0.options={compact: true}",
-                "eval.opponents=[random]"])
+                "league.bots=[random]", "eval.opponents=[random]"])
     out = build(cfg, tmp_path).eval_fn(0, None)
     assert 0.0 < out["leduc/exploitability"] < 14.0  # keys use the canonical name
     assert "leduc/exploitability_average" not in out  # no learner, no magnet

@@ -21,11 +21,14 @@ TINY = ["model.options.hidden_size=32", "model.options.num_layers=1",
 
 def _cfg(overrides=()):
     """The default recipe, small; without its loss replay, whose buffer makes a step's
-    rollouts depend on the steps played before (tests/test_loss_replay.py covers it)."""
+    rollouts depend on the steps played before (tests/test_loss_replay.py covers it), and
+    with one bot in the pool, the random one: with several, PFSP's draws follow the scores
+    of the steps before."""
     return load_config(CONFIGS / "default.yaml", [*TINY, "rollout.episodes_per_step=24",
                                                   "envs.0.group_size=4",
                                                   "envs.0.starts=[{name: random_opening, "
-                                                  "moves: 4}]", *overrides])
+                                                  "moves: 4}]", "league.bots=[random]",
+                                                  *overrides])
 
 
 def test_episode_counts_follow_weights_in_whole_groups():
