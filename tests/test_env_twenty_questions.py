@@ -61,8 +61,8 @@ def test_halving_strategy_always_wins():
 
 def test_uniform_random_play_wins_at_the_closed_form_rate():
     """A uniformly random legal move guesses right with probability 1/k a turn over the k =
-    12 + 22 legal moves, so it wins 1 - (1 - 1/k)^20 of episodes in (1 - (1 - 1/k)^20) k
-    turns on average: the chance level the twenty questions cards compare against."""
+    12 + 22 legal moves, so over q = 20 questions it wins p = 1 - (1 - 1/k)^q of episodes
+    in p k turns on average: the chance level the twenty questions cards compare against."""
     env = make("twenty_questions")
     k = len(ATTRIBUTES) + len(OBJECTS)
     rng, n, wins, turns = random.Random(0), 6000, 0, 0
@@ -74,7 +74,7 @@ def test_uniform_random_play_wins_at_the_closed_form_rate():
             env.step(rng.choice(legal))
             turns += 1
         wins += env.returns()[0] == 1.0
-    p_win = 1 - (1 - 1 / k) ** 20
+    p_win = 1 - (1 - 1 / k) ** env.max_questions
     se = math.sqrt(p_win * (1 - p_win) / n)
     assert abs(wins / n - p_win) < 4 * se  # 0.450 within about 0.026
     assert abs(turns / n - p_win * k) < 0.3  # 15.3 turns
