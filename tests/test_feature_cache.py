@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from sparring.policy.feature_cache import (
     FeatureCache,
@@ -17,6 +18,7 @@ from sparring.policy.feature_cache import (
 from sparring.policy.forward import token_logprobs_and_hidden
 from sparring.policy.heads import freeze_body, untie_output_layer
 from sparring.policy.hf import HFPolicy
+from sparring.policy.lora import frozen_sha256
 from sparring.policy.prefix import find_prefixes, first_action_positions
 from sparring.policy.sampling import SamplingParams
 from sparring.policy.tiny import build_tiny_model
@@ -257,6 +259,11 @@ def test_a_frozen_body_run_matches_one_without_the_cache_and_resumes_exactly(tra
         for k in ("policy_loss", "entropy") if center else (
                 "loss", "policy_loss", "value_loss", "entropy", "grad_norm"):
             assert got[k] == pytest.approx(want[k], rel=1e-4, abs=1e-6), k
+    for _, ckpt in step_dirs(cached):  # checkpoints, too, hold the head alone
+        held = load_file(ckpt / "model.safetensors")
+        assert set(held) == {"lm_head.weight"}
+        meta = json.loads((ckpt / "state.json").read_text())["meta"]
+        assert meta["frozen_sha256"] == frozen_sha256(frozen_tiny_from_run(cached)[0], held)
     snaps = sorted((cached / "pool").iterdir())  # the trained head alone, not the network
     assert snaps and all((s / "trained.safetensors").is_file()
                          and not (s / "model.safetensors").exists() for s in snaps)

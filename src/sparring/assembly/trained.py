@@ -30,12 +30,13 @@ from sparring.policy.hf import HFPolicy, device_unavailable
 from sparring.policy.lora import apply_lora, load_parameters, load_trainable_state
 from sparring.storage.folders import CheckpointError
 from sparring.train.checkpoint import (
+    checkpoint_meta,
     latest_intact_checkpoint,
     load_checkpoint,
     load_weights,
     verify_checkpoint,
 )
-from sparring.train.policies import state_key
+from sparring.train.policies import FROZEN_SHA256, state_key
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,9 @@ def load_policy(path: str | Path, device: str | None = None, *, trust_remote_cod
         model = apply_lora(model, pcfg.lora)
         load_trainable_state(model, load_weights(ckpt, f"adapter{suffix}", verify=False))
     else:
-        load_trainable_state(model, load_weights(ckpt, f"model{suffix}", verify=False))
+        frozen = checkpoint_meta(ckpt).get(state_key(FROZEN_SHA256, policy))
+        load_trainable_state(model, load_weights(ckpt, f"model{suffix}", verify=False),
+                             frozen=frozen)
     if average:
         load_magnet(model, ckpt, policy)
     head = build_head(pcfg.model.head)

@@ -14,7 +14,8 @@ trains exactly its weights.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import hashlib
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -160,11 +161,35 @@ def merged_state(model: nn.Module) -> dict[str, Tensor]:
 
 def trainable_state(model: nn.Module, adapter: str | None = None) -> dict[str, Tensor]:
     """The weights a checkpoint must hold: the adapter with LoRA (``adapter``: which one of
-    a shared base; its keys carry no adapter name), else the whole model."""
+    a shared base; its keys carry no adapter name); the parameters that train, of a model
+    with frozen ones (a frozen network under a trained head, `sparring.policy.heads`: the
+    rest is the model as ``model.name`` loads it, which `frozen_sha256` identifies); else
+    the whole model."""
     if is_peft(model):
         from peft import get_peft_model_state_dict
         return get_peft_model_state_dict(model, adapter_name=adapter or "default")
+    if has_frozen_weights(model):
+        return {n: p for n, p in model.named_parameters() if p.requires_grad}
     return model.state_dict()
+
+
+def has_frozen_weights(model: nn.Module) -> bool:
+    """Some weight of ``model`` does not train (a frozen network under a trained head)."""
+    return any(not p.requires_grad for p in model.parameters())
+
+
+def frozen_sha256(model: nn.Module, held: Collection[str]) -> str:
+    """The sha256 of ``model``'s state that ``held`` (the names a checkpoint holds) leaves
+    out: each entry's name, dtype, shape and bytes, in name order. Equal digests: the
+    same frozen weights, so a checkpoint of the trained ones restores the same model."""
+    digest = hashlib.sha256()
+    for name, value in sorted(model.state_dict().items()):
+        if name in held:
+            continue
+        t = value.detach().to("cpu").contiguous()
+        digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}\n".encode())
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().data if t.numel() else b"")
+    return digest.hexdigest()
 
 
 def load_parameters(model: nn.Module, values: Mapping[str, Tensor]) -> None:
@@ -181,8 +206,11 @@ def load_parameters(model: nn.Module, values: Mapping[str, Tensor]) -> None:
 
 
 def load_trainable_state(model: nn.Module, state: dict[str, Tensor],
-                         adapter: str | None = None) -> None:
-    """Load what `trainable_state` saved (into adapter ``adapter`` of a shared base)."""
+                         adapter: str | None = None, *, frozen: str | None = None) -> None:
+    """Load what `trainable_state` saved (into adapter ``adapter`` of a shared base). A
+    state that holds some of a plain model's weights only (the trained ones) needs
+    ``frozen``, the `frozen_sha256` recorded when it was saved: the model's other weights
+    must be those it trained beside (a ValueError that says so otherwise; nothing loaded)."""
     if is_peft(model):
         from peft import set_peft_model_state_dict
         res = set_peft_model_state_dict(model, state, adapter_name=adapter or "default")
@@ -190,4 +218,20 @@ def load_trainable_state(model: nn.Module, state: dict[str, Tensor],
         if bad:
             raise KeyError(f"adapter weights do not match the model: {bad[:5]}")
         return
-    model.load_state_dict(state)
+    own = model.state_dict()
+    unknown = [k for k in state if k not in own]
+    if unknown or len(state) == len(own):
+        model.load_state_dict(state)  # a whole model, or a KeyError naming what differs
+        return
+    if frozen is None:
+        raise ValueError(f"the weights hold {len(state)} of the model's {len(own)} entries "
+                         "and no digest of the others: not a whole model, nor the trained "
+                         "weights of one with frozen weights")
+    found = frozen_sha256(model, state.keys())
+    if found != frozen:
+        raise ValueError(
+            f"the checkpoint holds the trained weights only ({len(state)} of {len(own)}); "
+            f"the rest must be the frozen weights they trained with (sha256 {frozen[:12]}), "
+            f"but the model as loaded here has others ({found[:12]}): load it with the "
+            "base model of its run (model.name and its options as the run had them)")
+    model.load_state_dict(state, strict=False)

@@ -50,11 +50,13 @@ from sparring.policy.feature_cache import attach_feature_cache, feature_cache_of
 from sparring.policy.hf import HFPolicy
 from sparring.policy.lora import (
     delete_adapter,
+    has_frozen_weights,
     is_peft,
     load_frozen_adapter,
     load_parameters,
     merged_state,
     save_adapter,
+    trainable_state,
 )
 from sparring.seeding import stable_seed
 from sparring.storage.atomic import atomic_write_text
@@ -192,10 +194,9 @@ class SnapshotStore:
         if policy.adapter is not None:
             save_adapter(policy.model, policy.adapter, folder)
             return
-        if not is_peft(policy.model) and _has_frozen_weights(policy.model):
+        if not is_peft(policy.model) and has_frozen_weights(policy.model):
             folder.mkdir(parents=True, exist_ok=True)
-            write_tensors(folder / TRAINED_FILE, {n: p for n, p in policy.model.named_parameters()
-                                                  if p.requires_grad})
+            write_tensors(folder / TRAINED_FILE, trainable_state(policy.model))
             return
         model = policy.model.get_base_model() if is_peft(policy.model) else policy.model
         try:
@@ -240,8 +241,3 @@ class SnapshotStore:
         ``step-N.P`` for policy P of several), else None."""
         m = _SNAPSHOT_RE.match(name)
         return m if m and (m.group(2) or "") in self.policies else None
-
-
-def _has_frozen_weights(model) -> bool:
-    """Some weight of ``model`` does not train (a frozen network under a trained head)."""
-    return any(not p.requires_grad for p in model.parameters())

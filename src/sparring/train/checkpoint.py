@@ -59,9 +59,6 @@ from sparring.storage.folders import (
 log = logging.getLogger(__name__)
 
 
-
-
-
 # ---------------------------------------------------------------- lossless encoding
 
 
@@ -150,16 +147,6 @@ class FrozenState:
 # ---------------------------------------------------------------- save / load
 
 
-
-
-
-
-
-
-
-
-
-
 def tidy_checkpoints(run_dir: str | Path) -> None:
     """Clean up after a save that was killed: remove its temporary folder, and put back a
     step it was replacing (``.old-step_N-*`` with no ``step_N``). Call it only while
@@ -220,18 +207,6 @@ def save_checkpoint(run_dir: str | Path, step: int, *, weights: Mapping[str, Map
             if old_step != protect:
                 shutil.rmtree(old_dir, ignore_errors=True)
     return final
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 def _read_doc(ckpt: Path) -> dict[str, Any]:
@@ -307,6 +282,11 @@ def load_weights(ckpt: str | Path, name: str, *, verify: bool = True) -> dict[st
     if plain_name(file) and not os.path.lexists(ckpt / file):
         raise FileNotFoundError(f"checkpoint {ckpt} has no weights {name!r} ({file})")
     return read_tensors(check_file(ckpt, file, read_manifest(ckpt) if verify else None))
+
+
+def checkpoint_meta(ckpt: str | Path) -> dict[str, Any]:
+    """The ``meta`` that ``ckpt`` was saved with (`save_checkpoint`)."""
+    return dict(_read_doc(Path(ckpt)).get("meta") or {})
 
 
 def load_checkpoint(ckpt: str | Path, stateful: Mapping[str, Any],

@@ -129,8 +129,9 @@ def share(obj: Any = None) -> Any:
 
 def start_state(policies: Sequence[TrainedPolicy]) -> list[dict[str, Any]]:
     """Each policy's weights, learner state and frozen KL reference (None without one)."""
-    return [{"weights": p.weights(), "learner": p.learner.state_dict(),
-             "reference": p.learner.reference_state()} for p in policies]
+    return [{"weights": p.weights(), "frozen_sha256": p.frozen_sha256(),
+             "learner": p.learner.state_dict(), "reference": p.learner.reference_state()}
+            for p in policies]
 
 
 def load_start_state(policies: Sequence[TrainedPolicy], state: list[dict[str, Any]]) -> None:
@@ -138,7 +139,7 @@ def load_start_state(policies: Sequence[TrainedPolicy], state: list[dict[str, An
         raise RankLostError(f"the leader trains {len(state)} policies, this rank "
                             f"{len(policies)}: the ranks were given different configs")
     for p, st in zip(policies, state):
-        p.load_weights(st["weights"])
+        p.load_weights(st["weights"], st["frozen_sha256"])
         p.learner.load_state_dict(st["learner"])
         if st["reference"] is not None:
             p.learner.load_reference_state(st["reference"])

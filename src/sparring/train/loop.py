@@ -73,7 +73,7 @@ from sparring.train.checkpoint import (
 from sparring.train.collector import startup_objects_frozen
 from sparring.train.learner_ranks import Leader, follow, is_follower, stops_followers
 from sparring.train.metrics import MetricsLogger
-from sparring.train.policies import Models, TrainedPolicy, trained_policies
+from sparring.train.policies import FROZEN_SHA256, Models, TrainedPolicy, trained_policies
 from sparring.train.runlock import RunLock, claim_run_dir
 from sparring.train.signals import sigterm_as_interrupt
 from sparring.train.step import TrainingStep, batch_layout
@@ -307,7 +307,7 @@ class _Run:
         weights = {p.name: load_weights(ckpt, p.weights_name, verify=False) for p in policies}
         doc = load_checkpoint(ckpt, self.objects, verify=False)
         for p in policies:
-            p.load_weights(weights[p.name])
+            p.load_weights(weights[p.name], doc["meta"].get(p.key(FROZEN_SHA256)))
             if has_ref[p.name]:
                 key = p.key("reference_sha256")
                 digest = doc["meta"].get(key)
@@ -335,11 +335,13 @@ class _Run:
         objects = self.objects if stateful is None else stateful
         if self.leader is not None:  # a sharded optimizer's state, gathered from the ranks
             objects = {**objects, **self.leader.learner_states(step, self.policies)}
+        frozen = {p.key(FROZEN_SHA256): p.frozen_sha256() for p in self.policies}
         save_checkpoint(self.run, step,
                         weights={p.weights_name: p.weights() for p in self.policies},
                         stateful=objects,
-                        meta={**self.ref_sha256, **(meta or {})}, keep=self.cfg.checkpoint.keep,
-                        protect=self.best and self.best.step)
+                        meta={**self.ref_sha256, **{k: v for k, v in frozen.items() if v},
+                              **(meta or {})},
+                        keep=self.cfg.checkpoint.keep, protect=self.best and self.best.step)
 
     def crash_checkpoint(self, e: BaseException) -> None:
         """After an exception: a checkpoint of the last finished step, when it can be

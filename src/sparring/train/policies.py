@@ -10,11 +10,15 @@ count) and its `AdvantageStage` (estimator state), and the names its state takes
     ==================  ===========================  =========================
     checkpoint objects  learner, stage                learner.P, stage.P
     checkpoint weights  model / adapter               model.P / adapter.P
+    frozen digest meta  frozen_sha256                 frozen_sha256.P
     KL reference file   reference.safetensors         reference.P.safetensors
     metrics             the learner's own names       policy/P/<name>
     ==================  ===========================  =========================
 
 so a run without ``policies`` reads and writes exactly what it did before they existed.
+A plain model with frozen weights (``model.head`` frozen_features, top_layers) saves its
+trained weights only, and the digest of the others (`TrainedPolicy.frozen_sha256`), which
+a load checks against the model it rebuilds from ``model.name``.
 `TrainedPolicy.rows` picks a policy's rows of a batch (``TurnBatch.policy``); the training
 loop runs each policy's learner and stage on its own rows only, so every statistic an
 estimator computes (group, agent, batch) is a statistic of one policy's rows.
@@ -26,7 +30,7 @@ the mapping `policy_models` returns holds that one model under every name.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch import Tensor, nn
@@ -36,6 +40,8 @@ from sparring.config import Config, policy_config
 from sparring.data import TurnBatch
 from sparring.policy.lora import (
     apply_lora,
+    frozen_sha256,
+    has_frozen_weights,
     is_peft,
     load_trainable_state,
     shared_adapters,
@@ -79,6 +85,9 @@ def policy_models(cfg: Config, model: Models) -> dict[str, nn.Module]:
     return out
 
 
+FROZEN_SHA256 = "frozen_sha256"  # checkpoint meta: `TrainedPolicy.frozen_sha256`
+
+
 def state_key(base: str, policy: str | None) -> str:
     """A policy's name for ``base`` in a run's files and checkpoint state: ``base`` for the
     one policy of a run (``policy`` '' or None), ``base.NAME`` for policy NAME."""
@@ -93,6 +102,7 @@ class TrainedPolicy:
     model: nn.Module
     learner: Learner
     stage: AdvantageStage
+    _frozen_sha256: str | None = field(default=None, init=False, repr=False)
 
     def key(self, base: str) -> str:
         """``base`` for the one policy of a run, ``base.NAME`` for policy NAME."""
@@ -114,8 +124,20 @@ class TrainedPolicy:
     def weights(self) -> dict[str, Tensor]:
         return trainable_state(self.model, self.learner.adapter)
 
-    def load_weights(self, state: dict[str, Tensor]) -> None:
-        load_trainable_state(self.model, state, self.learner.adapter)
+    def frozen_sha256(self) -> str | None:
+        """The digest of the weights `weights` leaves out (`frozen_sha256`): of a plain
+        model with frozen weights only (None otherwise). They never change, so it is taken
+        once."""
+        if is_peft(self.model) or not has_frozen_weights(self.model):
+            return None
+        if self._frozen_sha256 is None:
+            self._frozen_sha256 = frozen_sha256(self.model, self.weights().keys())
+        return self._frozen_sha256
+
+    def load_weights(self, state: dict[str, Tensor], frozen: str | None = None) -> None:
+        """``state`` as `weights` gave it; ``frozen``: its `frozen_sha256`, for the
+        trained weights of a model with frozen ones."""
+        load_trainable_state(self.model, state, self.learner.adapter, frozen=frozen)
 
     def rows(self, batch: TurnBatch) -> Tensor | None:
         """Indices of this policy's rows of ``batch``; None (every row) for the one policy
