@@ -175,8 +175,8 @@ def test_pool_paths_are_relative_to_the_run_folder(tmp_path):
 def test_pool_folder_keeps_the_sampled_snapshots_and_those_kept_checkpoints_need(tmp_path):
     """The pool folder holds only what the pool and the kept checkpoints need, not every
     snapshot taken. Each step first deletes the snapshots its pool no longer holds; a kept
-    checkpoint at step c keeps the league.max snapshots before c (its pool) and every later
-    one; killed writes go on the first step."""
+    checkpoint at step c keeps the league.max snapshots before c (its pool), and nothing
+    between two kept checkpoints' pools; killed writes go on the first step."""
     run = tmp_path / "run"
     roll = build(_pool_cfg(), run).rollout_fn
     (run / "pool" / "step-000009.tmp").mkdir(parents=True)  # a snapshot write that was killed
@@ -197,6 +197,15 @@ def test_pool_folder_keeps_the_sampled_snapshots_and_those_kept_checkpoints_need
     (run2 / "checkpoints" / "step_000005").mkdir()  # its pool holds 3 and 4
     roll(6)
     assert _snapshot_steps(run2) == [3, 4, 5, 6]
+
+    run3 = tmp_path / "run3"  # a best checkpoint kept far behind the last one
+    roll = build(_pool_cfg(), run3).rollout_fn
+    for kept in (3, 8):
+        (run3 / "checkpoints" / f"step_{kept:06d}").mkdir(parents=True)
+    for step in range(10):
+        roll(step)
+    # at step 9's start: step 3's pool [1, 2], step 8's [6, 7], the live pool [7, 8]; then 9
+    assert _snapshot_steps(run3) == [1, 2, 6, 7, 8, 9]
 
 
 def test_each_pool_snapshot_is_loaded_once_while_the_pool_holds_it(tmp_path, monkeypatch):

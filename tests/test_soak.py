@@ -56,7 +56,7 @@ def test_soak_rss_flat_and_disk_bounded(tmp_path):
     assert growth < 0.05
     assert len(step_dirs(run)) <= KEEP
     # league.max's help: league.max snapshots plus the one a crash checkpoint may still
-    # need, plus those taken since the oldest kept checkpoint's pool (keep checkpoints of
-    # `every` steps each, one snapshot per league.every steps); bounded whatever the length
+    # need, plus each kept checkpoint's pool (at most the snapshots of the `every` steps
+    # before it, one per league.every steps); bounded whatever the length
     assert len(snapshots) <= POOL_MAX + 1 + KEEP * CHECKPOINT_EVERY // POOL_EVERY
     assert not list(run.rglob("*.tmp*"))

@@ -171,8 +171,8 @@ class LeagueConfig:
         0, "add a snapshot of the policy to the opponent pool every N steps (0: never)", ge=0)
     max: int = opt(
         5, "past snapshots kept in the pool (the newest); RUN_DIR/pool holds at most "
-        "league.max + 1 of them plus those taken since the oldest kept checkpoint's pool "
-        "(so every kept checkpoint can resume); older ones are deleted", ge=1)
+        "league.max + 1 of them plus each kept checkpoint's pool (so every kept checkpoint "
+        "can resume); the others are deleted", ge=1)
     cache: int = opt(
         0, "pool snapshots kept loaded in memory, the most recently drawn (0: all league.max; "
         "fewer saves memory with large models but reloads a snapshot from disk each time "

@@ -6,9 +6,9 @@ run folder (``pool/step-NNNNNN``), so a run folder can be moved or resumed from 
 working directory (`run_relative` maps the records of older runs). Disk: at the start of
 each step (the state a checkpoint or a crash checkpoint of the previous step saves) every
 snapshot the pool no longer holds is deleted, except those the pool of a kept checkpoint
-holds (the ``league.max`` newest before the oldest checkpoint in ``RUN_DIR/checkpoints``,
-and any later one), so every kept checkpoint can resume; at most ``league.max + 1`` (the
-one the newest snapshot replaced) plus those. Temporaries of a snapshot write that was
+holds (the ``league.max`` newest before each checkpoint in ``RUN_DIR/checkpoints``), so
+every kept checkpoint can resume; at most ``league.max + 1`` (the one the newest snapshot
+replaced) plus ``league.max`` for each kept checkpoint. Temporaries of a snapshot write that was
 killed (``*.tmp``) are removed on the first step, when the run folder is locked by the
 training loop.
 
@@ -218,15 +218,14 @@ class SnapshotStore:
             self._tidied = True
         snaps = self._on_disk()
         live = {Path(c.path).name for pool in pools.values() for c in pool.checkpoints}
-        kept = [s for s, _ in step_dirs(self.run_dir)]
-        need_from = None  # snapshots from this step on may be in a kept checkpoint's pool
-        if kept:
-            held = next(iter(pools.values())).max_checkpoints
-            older = sorted({s for s, _ in snaps if s < kept[0]})  # each policy's, once
-            window = older[-held:] if held else older
-            need_from = window[0] if window else kept[0]
+        held = next(iter(pools.values())).max_checkpoints
+        taken = sorted({s for s, _ in snaps})  # each policy's, once
+        needed: set[int] = set()
+        for kept in (s for s, _ in step_dirs(self.run_dir)):
+            before = [s for s in taken if s < kept]  # a checkpoint's pool: the newest before it
+            needed.update(before[-held:] if held else before)
         for step, folder in snaps:
-            if folder.name not in live and (need_from is None or step < need_from):
+            if folder.name not in live and step not in needed:
                 shutil.rmtree(folder, ignore_errors=True)
 
     def _on_disk(self) -> list[tuple[int, Path]]:
