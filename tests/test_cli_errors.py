@@ -24,8 +24,6 @@ TINY = ["model.options={hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_hea
         "train.epochs=1", "eval.games=2", "eval.at_start=false", "logging.progress=false"]
 
 
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """A finished one-step tic-tac-toe run (tiny model)."""
@@ -351,6 +349,25 @@ def test_a_resume_override_of_the_model_is_refused_before_anything_is_written(ru
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
     rc, out, _ = cli(capsys, "eval", str(run), "--games", "2")
     assert rc == 0 and "2 games each" in out
+
+
+def test_a_frozen_body_that_differs_from_the_runs_is_one_line_and_keeps_the_run(tmp_path,
+                                                                                capsys):
+    """A frozen-body run's checkpoints hold its head alone: resumed or evaluated over a model
+    whose frozen weights differ (the tiny model's seed, edited in its config.yaml), it is
+    one line naming the problem, and no file of the run changes."""
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "model.head={name: frozen_features}", "train.steps=1",
+                 f"train.run_dir={run}"]) == 0
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    cfg["model"]["options"]["seed"] = 5
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    for command in (["train", "--resume", run, "train.steps=2"], ["eval", run, "--games", "2"]):
+        rc, _, err = cli(capsys, *command)
+        assert rc == 2
+        assert "the rest must be the frozen weights they trained with" in one_line(err, "error: ")
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
 
 
 def test_resume_with_no_steps_left_says_so_and_writes_nothing(tmp_path, capsys):
