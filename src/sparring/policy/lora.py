@@ -169,7 +169,7 @@ def trainable_state(model: nn.Module, adapter: str | None = None) -> dict[str, T
         from peft import get_peft_model_state_dict
         return get_peft_model_state_dict(model, adapter_name=adapter or "default")
     if has_frozen_weights(model):
-        return {n: p for n, p in model.named_parameters() if p.requires_grad}
+        return {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
     return model.state_dict()
 
 

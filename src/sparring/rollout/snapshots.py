@@ -8,9 +8,9 @@ each step (the state a checkpoint or a crash checkpoint of the previous step sav
 snapshot the pool no longer holds is deleted, except those the pool of a kept checkpoint
 holds (the ``league.max`` newest before each checkpoint in ``RUN_DIR/checkpoints``), so
 every kept checkpoint can resume; at most ``league.max + 1`` (the one the newest snapshot
-replaced) plus ``league.max`` for each kept checkpoint. Temporaries of a snapshot write that was
-killed (``*.tmp``) are removed on the first step, when the run folder is locked by the
-training loop.
+replaced) plus ``league.max`` for each kept checkpoint. Temporaries of a snapshot write
+that was killed (``*.tmp``) are removed on the first step, when the run folder is locked by
+the training loop.
 
 A snapshot is checked like a checkpoint (`sparring.storage.folders.verify_folder`): it
 holds ``manifest.json`` (size and sha256 of each file, written last) and ``snapshot.json``,
