@@ -24,8 +24,6 @@ SMALL = ["model.options={hidden_size: 32, num_layers: 1, num_heads: 2, num_kv_he
          "eval.every=0", "checkpoint.every=1", "logging.progress=false"]
 
 
-
-
 def hostile_run(tmp_path: Path, env: str, env_kwargs: dict, *, obs_to_text: str = TEXT) -> Path:
     """A run folder (one empty checkpoint, so --resume gets as far as the config) whose
     PettingZoo env names ``env`` with ``env_kwargs``, shipping a module ``evilmod.py``

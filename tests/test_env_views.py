@@ -88,7 +88,6 @@ def test_symmetric_views_need_a_game_with_symmetries():
         SymmetricViews(make("kuhn_poker"))
 
 
-
 def _ttt_after(moves: list[int]) -> list[str]:
     """The plain board (cells 0-8) after ``moves`` (board cells), X first."""
     board = ["."] * 9

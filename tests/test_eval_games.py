@@ -25,7 +25,6 @@ TINY = ["model.options.hidden_size=32", "model.options.num_layers=1",
         "model.options.num_kv_heads=2"]
 
 
-
 def _cfg(overrides=(), recipe="default"):
     return load_config(CONFIGS / f"{recipe}.yaml", [*TINY, "rollout.episodes_per_step=24",
                                                     "envs.0.group_size=4", *overrides])

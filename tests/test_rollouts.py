@@ -18,7 +18,6 @@ TINY = ["model.options.hidden_size=32", "model.options.num_layers=1",
         "model.options.num_kv_heads=2"]
 
 
-
 def _cfg(overrides=()):
     """The default recipe, small; without its loss replay, whose buffer makes a step's
     rollouts depend on the steps played before (tests/test_loss_replay.py covers it), and

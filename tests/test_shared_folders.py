@@ -23,8 +23,6 @@ TINY = ["train.steps=1", "eval.games=4", "rollout.episodes_per_step=8", "envs.0.
         "eval.opponents=[random]", "eval.at_start=false"]
 
 
-
-
 def snapshot(folder: Path) -> dict[str, bytes]:
     """Every file under ``folder`` with its bytes."""
     return {str(p.relative_to(folder)): p.read_bytes()
