@@ -3,6 +3,7 @@
     PYTHONPATH=src python bench/peer_trl.py            # 20 timed steps per side (+ warm-up)
     PYTHONPATH=src python bench/peer_trl.py --quick    # 3 steps per side: checks the script runs
     PYTHONPATH=src python bench/peer_trl.py --model smollm2   # the same workload on SmolLM2-135M
+    PYTHONPATH=src python bench/peer_trl.py --update sampled-graph   # no learner forward
 
 Needs TRL (a bench-only extra): ``pip install 'sparring[bench]'``.
 
@@ -18,6 +19,10 @@ reference model (beta 0), AdamW lr 1e-3 constant, gradient clipping 1.0, CPU, fp
 
 Sparring side: `HFPolicy.generate` (batched, KV cache), one `Episode`/`Turn` per sample,
 `collate`, `advantages.compute("grpo")`, `Learner.update` (configured through `Config`).
+With ``--update sampled-graph`` the sampler keeps its autograd graph
+(`HFPolicy.generate_with_graph`) and the update back-propagates through the sampler's own
+forward (`Learner.update`'s ``sampled_logp``) instead of running the learner's: the same
+gradient (one optimizer step per batch), one forward fewer.
 TRL side: ``GRPOTrainer.train()``; a callback runs a block of Sparring steps after every
 block of TRL steps, so the two alternate in one process. A TRL step's time is the wall
 time from the end of the previous callback to its ``on_step_end`` (data loading,
@@ -65,7 +70,7 @@ from sparring.data import Episode, Turn, collate  # noqa: E402
 from sparring.policy.hf import HFPolicy  # noqa: E402
 from sparring.policy.sampling import SamplingParams  # noqa: E402
 from sparring.policy.tiny import build_tokenizer  # noqa: E402
-from sparring.train.learner import Learner  # noqa: E402
+from sparring.train.learner import Learner, sampled_rows  # noqa: E402
 
 PROMPTS_PER_STEP, GROUP, MAX_NEW, LR, CLIP, STD_EPS = 32, 8, 4, 1e-3, 0.2, 1e-4
 PAIRS = [(a, b) for a in range(10) for b in range(10)]
@@ -151,8 +156,10 @@ class SparringSide:
     """One GRPO step with Sparring's own components, sharing one model between sampler
     and learner (as `sparring.train` does)."""
 
-    def __init__(self, model, tok, seed: int, steps: int, count_first: bool = False):
+    def __init__(self, model, tok, seed: int, steps: int, count_first: bool = False,
+                 update: str = "learner"):
         self.tok = tok
+        self.through_sampler = update == "sampled-graph"
         self.policy = HFPolicy(model, tok, seed=seed)
         self.sampling = SamplingParams(temperature=1.0, max_new_tokens=MAX_NEW)
         cfg = Config(
@@ -184,7 +191,11 @@ class SparringSide:
         texts = [f"{a}+{b}=" for a, b in pairs]
         ids = self.tok(texts)["input_ids"]  # tokenized as TRL does
         rows = [(g, k) for g in range(len(pairs)) for k in range(GROUP)]
-        gens = self.policy.generate([ids[g] for g, _ in rows], self.sampling)
+        prompts = [ids[g] for g, _ in rows]
+        if self.through_sampler:
+            gens, token_logp = self.policy.generate_with_graph(prompts, self.sampling)
+        else:
+            gens = self.policy.generate(prompts, self.sampling)
         episodes = []
         for i, ((g, _), gen) in enumerate(zip(rows, gens)):
             a, b = pairs[g]
@@ -195,14 +206,18 @@ class SparringSide:
                                     turns=[turn], returns=[r]))
         batch = collate(episodes, layout="trajectory", pad_id=self.tok.pad_token_id)
         adv, keep = compute("grpo", batch, eps=STD_EPS)
-        self.learner.update(batch, adv, keep)
+        sampled = None
+        if self.through_sampler:
+            lengths = torch.tensor([len(g.token_ids) for g in gens])
+            sampled = sampled_rows(batch.action_mask, token_logp, lengths)
+        self.learner.update(batch, adv, keep, sampled_logp=sampled)
         self.seconds.append(time.perf_counter() - t0)
         self.rewards.append(float(batch.returns.mean()))
         self.seen.append(texts)
 
 
 def run(steps: int, warmup: int, block: int, seed: int, threads: int | None,
-        model_name: str = "tiny") -> None:
+        model_name: str = "tiny", update: str = "learner") -> None:
     trl, datasets, TrainerCallback = require_trl()
     warnings.filterwarnings("ignore", category=FutureWarning)  # transformers 5 renames
     if threads:
@@ -212,7 +227,7 @@ def run(steps: int, warmup: int, block: int, seed: int, threads: int | None,
     sd1, sd2 = trl_model.state_dict(), sp_model.state_dict()
     assert all(torch.equal(sd1[k], sd2[k]) for k in sd1), "initial weights differ"
     total = steps + warmup
-    sparring = SparringSide(sp_model, tok, seed, total, count_first=warmup > 0)
+    sparring = SparringSide(sp_model, tok, seed, total, count_first=warmup > 0, update=update)
 
     trl_rewards: list[float] = []
     trl_seen: list[list[str]] = []
@@ -269,11 +284,12 @@ def run(steps: int, warmup: int, block: int, seed: int, threads: int | None,
     while len(sparring.seconds) < total:  # the last, partial block
         sparring.step()
     report(cb.seconds, trl_rewards, trl_seen, sparring, warmup, trl.__version__, model_name,
-           cb.flops)
+           cb.flops, update)
 
 
 def report(trl_s, trl_r, trl_seen, sp, warmup: int, trl_version: str,
-           model_name: str = "tiny", trl_flops: int | None = None) -> None:
+           model_name: str = "tiny", trl_flops: int | None = None,
+           update: str = "learner") -> None:
     import transformers
 
     n = len(sp.seconds)
@@ -282,6 +298,7 @@ def report(trl_s, trl_r, trl_seen, sp, warmup: int, trl_version: str,
                  f"batches, Sparring ran {n}")
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl_version}, "
           f"{torch.get_num_threads()} threads; model {model_name}, float32; "
+          f"Sparring's update: {update}; "
           f"{PROMPTS_PER_STEP} prompts x {GROUP} samples, "
           f"<= {MAX_NEW} new tokens; warm-up steps {warmup} (marked *)")
     print(f"{'step':>5} {'TRL s':>7} {'Spar s':>7} {'TRL reward':>11} {'Spar reward':>12}")
@@ -316,12 +333,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true", help="3 steps per side (1 warm-up)")
     p.add_argument("--model", choices=("tiny", "smollm2"), default="tiny",
                    help="the tiny Qwen2 (default) or SmolLM2-135M-Instruct (smollm2 extra)")
+    p.add_argument("--update", choices=("learner", "sampled-graph"), default="learner",
+                   help="Sparring's update: the learner's own forward (default), or "
+                        "back-propagating through the sampler's (module docstring)")
     a = p.parse_args(argv)
     if a.quick:
         a.steps, a.warmup, a.block = 2, 1, 1
     if a.steps < 1 or a.warmup < 0 or a.block < 1:
         p.error("--steps and --block must be >= 1, --warmup >= 0")
-    run(a.steps, a.warmup, a.block, a.seed, a.threads, a.model)
+    run(a.steps, a.warmup, a.block, a.seed, a.threads, a.model, a.update)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,17 @@ def test_compact_ids_and_first():
     assert segment_first(torch.tensor([1, 0, 1, 2]), 3).tolist() == [1, 0, 3]
 
 
+def test_compact_ids_keys_too_wide_for_one_integer_still_sort_lexicographically():
+    big = 2 ** 61
+    tuples = [(big, -big), (-big, big), (big, -big), (0, 0), (-big, -big), (0, big)]
+    keys = [torch.tensor([t[j] for t in tuples]) for j in range(2)]
+    rank = {t: i for i, t in enumerate(sorted(set(tuples)))}
+    ids, n = compact_ids(*keys)
+    assert n == 5 and ids.tolist() == [rank[t] for t in tuples]
+    empty, none = compact_ids(torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long))
+    assert none == 0 and empty.shape == (0,)
+
+
 def test_registry_errors_name_the_problem():
     r = Registry("thing")
     r.register("a", family="f")(lambda: 1)

@@ -179,12 +179,46 @@ class HFPolicy:
                                                   None))
         self.activate()
         with autocast_for(self.model):
-            return self._decode(prompts, sp, allowed, seeds)
+            return self._decode(prompts, sp, allowed, seeds)[0]
+
+    def generate_with_graph(self, prompts: Sequence[Sequence[int]],
+                            sampling: SamplingParams | None = None,
+                            allowed: Sequence[Sequence[str] | None] | None = None,
+                            seeds: Sequence[int] | None = None
+                            ) -> tuple[list[Generation], Tensor]:
+        """`generate` with autograd on: the same completions (the same draws from the same
+        generators), and their log-probs ``[B, S]`` (S the longest completion, 0 past a
+        row's end and at tokens a constraint forced) as tensors whose graph runs back
+        through the decoding to the weights. For an on-policy update that takes no
+        optimizer step between sampling and the loss (`Learner.update`'s
+        ``sampled_logp``): the learner's forward would recompute exactly these log-probs,
+        so back-propagating through the sampler's own forward gives the same gradient
+        without it. The graph holds every decode step's activations until the backward."""
+        sp = sampling or SamplingParams()
+        if not prompts:
+            return [], torch.zeros(0, 0, device=self.device)
+        check_generate_args(prompts, allowed, seeds, max_new_tokens=sp.max_new_tokens,
+                            max_positions=getattr(self.model.config, "max_position_embeddings",
+                                                  None))
+        if self.decode != "dynamic" or feature_cache_of(self.model) is not None:
+            raise ValueError("generate_with_graph decodes through the model's own dynamic "
+                             "cache: model.decode='dynamic' and no feature cache")
+        self.activate()
+        with torch.enable_grad(), autocast_for(self.model):
+            gens, parts = self._decode(prompts, sp, allowed, seeds, graph=True)
+        S = max(len(g.token_ids) for g in gens)
+        logp = torch.zeros(len(gens), S, device=self.device)
+        for rows, cols, values in parts:  # one scatter per decode step
+            logp = logp.index_put((rows, cols), values)
+        return gens, logp
 
     def _decode(self, prompts: Sequence[Sequence[int]], sp: SamplingParams,
                 allowed: Sequence[Sequence[str] | None] | None,
-                seeds: Sequence[int] | None) -> list[Generation]:
-        """`generate`'s decoding loop (under the model's precision context)."""
+                seeds: Sequence[int] | None, graph: bool = False
+                ) -> tuple[list[Generation], list[tuple[Tensor, Tensor, Tensor]]]:
+        """`generate`'s decoding loop (under the model's precision context): the
+        completions and, with ``graph``, each step's sampled log-probs as (rows, token
+        positions, log-probs with their graph), else []."""
         B = len(prompts)
         gens = None if seeds is None else [
             torch.Generator(device=self.device).manual_seed(int(s)) for s in seeds]
@@ -206,6 +240,7 @@ class HFPolicy:
         ents: list[list[float]] = [[] for _ in range(B)]
         alw: list[list[list[int] | None]] = [[] for _ in range(B)]
         finish = ["length"] * B
+        parts: list[tuple[Tensor, Tensor, Tensor]] = []
         eos = set(self.eos_ids)
         for step in range(sp.max_new_tokens):
             z = z_next.float() / sp.temperature
@@ -232,7 +267,12 @@ class HFPolicy:
                 u = (torch.rand(len(rows), generator=self.generator, device=self.device)
                      if gens is None else _uniforms([gens[r] for r in rows]))
                 tok = _sample_rows(logp.exp(), u)
-            lp = logp.gather(-1, tok[:, None]).squeeze(-1).tolist()
+            lp_rows = logp.gather(-1, tok[:, None]).squeeze(-1)
+            if graph:
+                parts.append((torch.as_tensor(rows, device=self.device),
+                              torch.as_tensor([len(toks[r]) for r in rows], device=self.device),
+                              lp_rows))
+            lp = lp_rows.tolist()
             ent = None
             if sp.with_entropy:
                 p = logp.exp()
@@ -274,7 +314,7 @@ class HFPolicy:
             token_ids=toks[i], logprobs=lps[i],
             text=self.tokenizer.decode(toks[i], skip_special_tokens=True),
             finish_reason=finish[i], entropies=ents[i] if sp.with_entropy else None,
-            allowed_ids=alw[i] if tries[i] is not None else None) for i in range(B)]
+            allowed_ids=alw[i] if tries[i] is not None else None) for i in range(B)], parts
 
     def _decode_cache(self, cache: Any, mask: Tensor, next_pos: Tensor,
                       sp: SamplingParams) -> GrowingKV | StaticKV:

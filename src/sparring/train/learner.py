@@ -104,6 +104,22 @@ def sampler_correction_level(cfg: Config) -> str:
                          recomputed=cfg.algorithm.recompute_old_logp)
 
 
+def sampled_rows(action_mask: Tensor, token_logp: Tensor, lengths: Tensor) -> Tensor:
+    """The sampler's per-row token log-probs ``token_logp [n, S]`` (row i: the ``lengths[i]``
+    tokens of the one turn of the batch's row i, in order, as
+    `HFPolicy.generate_with_graph` returns them) at the batch's action positions
+    (``action_mask [n, T]``): ``[n, T]``, 0 elsewhere, differentiable in ``token_logp``."""
+    n, S = token_logp.shape
+    counts = action_mask.sum(1).to(lengths.device)
+    if action_mask.shape[0] != n or lengths.shape != (n,) or not torch.equal(counts, lengths):
+        raise ValueError(f"{n} rows of sampled log-probs ({lengths.tolist()} tokens) do not "
+                         f"match the batch's {action_mask.shape[0]} rows' action tokens "
+                         f"({counts.tolist()}): one single-turn episode a row, in order")
+    valid = torch.arange(S, device=token_logp.device)[None] < lengths.to(token_logp.device)[:, None]
+    out = torch.zeros(action_mask.shape, dtype=token_logp.dtype, device=token_logp.device)
+    return out.masked_scatter(action_mask.to(token_logp.device), token_logp[valid])
+
+
 def state_megabytes(optimizer: torch.optim.Optimizer) -> float:
     """The memory of the tensors ``optimizer`` keeps (AdamW's moments and steps), in MiB:
     this rank's share with a sharded optimizer."""
@@ -273,15 +289,20 @@ class Learner:
 
     def _micro_loss(self, passes: BatchForward, batch: TurnBatch, rows: Tensor, adv: Tensor,
                     old: Tensor | None, ref: Tensor | None, mask: Tensor,
-                    counts: dict[str, Any], stats: dict[str, float]) -> Tensor:
+                    counts: dict[str, Any], stats: dict[str, float],
+                    sampled_logp: Tensor | None = None) -> Tensor:
         """The loss of ``rows`` (`sparring.train.loss.micro_loss`) on their forward by
-        ``passes``; ``old`` None: the old log-probs are this forward's own, detached
-        (`update`)."""
+        ``passes``, or on the sampler's own log-probs ``sampled_logp [n, T]`` (`update`);
+        ``old`` None: the old log-probs are this forward's own, detached (`update`)."""
         ids, att, L = row_slices(batch, rows)
-        logp, ent, values = passes.forward(ids, att, with_values=self.critic is not None,
-                                           allowed=allowed_of(batch, rows),
-                                           amask=batch.action_mask[rows, :L],
-                                           bonus=self.cfg.algorithm.entropy_bonus)
+        if sampled_logp is not None:
+            logp = sampled_logp[rows, :L]
+            ent, values = torch.zeros_like(logp), None
+        else:
+            logp, ent, values = passes.forward(ids, att, with_values=self.critic is not None,
+                                               allowed=allowed_of(batch, rows),
+                                               amask=batch.action_mask[rows, :L],
+                                               bonus=self.cfg.algorithm.entropy_bonus)
         return micro_loss(self.cfg, batch, rows, logp, ent, values, adv=adv, old=old, ref=ref,
                           mask=mask, counts=counts, entropy_coef=self.entropy_coef(),
                           sampler_correction=self.sampler_correction,
@@ -400,14 +421,47 @@ class Learner:
         size = t.microbatch_size or max(most, 1)
         return filler_rows(rows, -(-most // size), size, minibatch[:1])
 
-    def update(self, batch: TurnBatch, advantages: Tensor, keep: Tensor | None = None
-               ) -> dict[str, float]:
+    def _check_sampled_logp(self, sampled_logp: Tensor, n: int, T: int) -> None:
+        """Raise unless ``sampled_logp`` can stand in for the learner's forward (`update`)."""
+        t, a = self.cfg.train, self.cfg.algorithm
+        if tuple(sampled_logp.shape) != (n, T):
+            raise ValueError(f"sampled_logp has shape {tuple(sampled_logp.shape)}, "
+                             f"expected {(n, T)}")
+        if not sampled_logp.requires_grad:
+            raise ValueError("sampled_logp has no autograd graph: take it from "
+                             "HFPolicy.generate_with_graph")
+        why = [w for bad, w in (
+            (t.epochs != 1, f"train.epochs={t.epochs} (must be 1)"),
+            (bool(t.minibatch_size) and t.minibatch_size < n,
+             f"train.minibatch_size={t.minibatch_size} splits the batch of {n} rows"),
+            (self.critic is not None or self.archer is not None, "a critic reads the forward"),
+            (a.entropy_coef > 0, "an entropy bonus reads the forward (entropy_coef > 0)"),
+            (self.sampler_correction != "off", "importance correction compares the learner's "
+             "log-probs with the sampler's"),
+            (self.sharded_model is not None or dp.ranks() is not None,
+             "the update is split over learner ranks")) if bad]
+        if why:
+            raise ValueError("sampled_logp stands in for the learner's forward only in an "
+                             "update of one optimizer step over the whole batch that needs "
+                             "nothing else of that forward; here " + "; ".join(why))
+
+    def update(self, batch: TurnBatch, advantages: Tensor, keep: Tensor | None = None,
+               sampled_logp: Tensor | None = None) -> dict[str, float]:
         """Train on ``batch`` with ``advantages [n, T]``; rows with ``keep[i] = False`` are
-        left out of the loss. Returns the step's metrics."""
+        left out of the loss. Returns the step's metrics.
+
+        ``sampled_logp [n, T]``: the sampler's log-probs of the action tokens with their
+        autograd graph (`HFPolicy.generate_with_graph`, placed by `sampled_rows`), used as
+        the loss's log-probs instead of a learner forward. Exact where no optimizer step
+        separates sampling from the loss: one epoch, one mini-batch and one micro-batch,
+        and nothing else read from the policy's forward (no critic, no entropy bonus, no
+        importance correction; a reference runs its own pass); raises otherwise."""
         batch, advantages = batch.to(self.device), advantages.to(self.device)
         n, T = batch.input_ids.shape
         if advantages.shape != (n, T):
             raise ValueError(f"advantages have shape {tuple(advantages.shape)}, expected {(n, T)}")
+        if sampled_logp is not None:
+            self._check_sampled_logp(sampled_logp, n, T)
         keep = (torch.ones(n, dtype=torch.bool) if keep is None else keep.bool()).to(self.device)
         if keep.shape != (n,):
             raise ValueError(f"keep has shape {tuple(keep.shape)}, expected ({n},)")
@@ -424,7 +478,7 @@ class Learner:
         # forward supplies them (None) instead of a second pass over every row
         if not a.recompute_old_logp:
             old = batch.old_logp
-        elif not self._old_logp_pass(n):
+        elif sampled_logp is not None or not self._old_logp_pass(n):
             old = None
         elif batch.learner_logp is not None:  # `annotate`'s values pass computed them
             old = batch.learner_logp
@@ -459,9 +513,15 @@ class Learner:
                     continue
                 self.optimizer.zero_grad(set_to_none=True)
                 finite = True
-                for part, real in self._micro_batches(rows, perm[start:start + mb], lengths):
+                parts = self._micro_batches(rows, perm[start:start + mb], lengths)
+                if sampled_logp is not None and len(parts) > 1:
+                    raise ValueError("sampled_logp needs the batch in one micro-batch; "
+                                     "train.microbatch_size / microbatch_tokens split it "
+                                     f"into {len(parts)}")
+                for part, real in parts:
                     loss = self._micro_loss(passes, batch, part, advantages, old, ref, mask,
-                                            counts, stats if real else defaultdict(float))
+                                            counts, stats if real else defaultdict(float),
+                                            sampled_logp)
                     if self.sharded_model is not None:  # every rank runs every backward
                         finite = finite and (not real or bool(torch.isfinite(loss)))
                         (loss * (dp.ranks().size if real else 0.0)).backward()
