@@ -105,6 +105,11 @@ def test_update_through_the_sampler_refuses_a_second_optimizer_step(train, messa
     learner = Learner(graphed.model, cfg(**train))
     with pytest.raises(ValueError, match=message):
         learner.update(batch, batch.action_mask.float(), sampled_logp=placed)
+    graphed.model.model.layers[0].mlp.act_fn = torch.nn.Sequential(
+        graphed.model.model.layers[0].mlp.act_fn, torch.nn.Dropout(0.1))
+    with pytest.raises(ValueError, match="dropout"):
+        Learner(graphed.model, cfg()).update(batch, batch.action_mask.float(),
+                                             sampled_logp=placed)
     with pytest.raises(ValueError, match="no autograd graph"):
         Learner(graphed.model, cfg()).update(batch, batch.action_mask.float(),
                                              sampled_logp=placed.detach())

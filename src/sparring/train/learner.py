@@ -120,6 +120,14 @@ def sampled_rows(action_mask: Tensor, token_logp: Tensor, lengths: Tensor) -> Te
     return out.masked_scatter(action_mask.to(token_logp.device), token_logp[valid])
 
 
+def has_dropout(model: nn.Module) -> bool:
+    """Whether ``model`` drops anything while training: a dropout module with p > 0 or a
+    Hugging Face config's ``attention_dropout`` above 0."""
+    config = getattr(model, "config", None)
+    return bool(getattr(config, "attention_dropout", 0.0)) or any(
+        isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules())
+
+
 def state_megabytes(optimizer: torch.optim.Optimizer) -> float:
     """The memory of the tensors ``optimizer`` keeps (AdamW's moments and steps), in MiB:
     this rank's share with a sharded optimizer."""
@@ -439,7 +447,9 @@ class Learner:
             (self.sampler_correction != "off", "importance correction compares the learner's "
              "log-probs with the sampler's"),
             (self.sharded_model is not None or dp.ranks() is not None,
-             "the update is split over learner ranks")) if bad]
+             "the update is split over learner ranks"),
+            (has_dropout(self.model), "the model has dropout, which the learner's forward "
+             "applies and the sampler's does not")) if bad]
         if why:
             raise ValueError("sampled_logp stands in for the learner's forward only in an "
                              "update of one optimizer step over the whole batch that needs "
