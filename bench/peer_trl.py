@@ -70,7 +70,8 @@ from sparring.data import Episode, Turn, collate  # noqa: E402
 from sparring.policy.hf import HFPolicy  # noqa: E402
 from sparring.policy.sampling import SamplingParams  # noqa: E402
 from sparring.policy.tiny import build_tokenizer  # noqa: E402
-from sparring.train.learner import Learner, sampled_rows  # noqa: E402
+from sparring.train.learner import Learner  # noqa: E402
+from sparring.train.sampled_graph import sampled_rows  # noqa: E402
 
 PROMPTS_PER_STEP, GROUP, MAX_NEW, LR, CLIP, STD_EPS = 32, 8, 4, 1e-3, 0.2, 1e-4
 PAIRS = [(a, b) for a in range(10) for b in range(10)]

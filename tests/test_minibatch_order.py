@@ -14,7 +14,8 @@ from sparring.config import ConfigError
 from sparring.train.learner import Learner
 from sparring.train.minibatches import by_length, epoch_order, grouped_permutation, prompt_index
 from tests import train_helpers as th
-from tests.test_train_learner import first_step_grads, make_cfg, shared_prompt_batch
+from tests.test_train_learner import make_cfg, shared_prompt_batch
+from tests.train_helpers import first_step_grads
 
 pytestmark = pytest.mark.usefixtures("train_doubles")
 

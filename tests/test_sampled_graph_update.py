@@ -12,7 +12,9 @@ from sparring.data import Episode, Turn, collate
 from sparring.policy.hf import HFPolicy
 from sparring.policy.sampling import SamplingParams
 from sparring.policy.tiny import TinyConfig, build_tiny_model
-from sparring.train.learner import Learner, sampled_rows
+from sparring.train.learner import Learner
+from sparring.train.sampled_graph import sampled_rows
+from tests import train_helpers as th
 
 SAMPLING = SamplingParams(temperature=1.3, max_new_tokens=5)
 # a repeated prompt (run once by the sampler), free rows and constrained ones whose moves
@@ -63,12 +65,6 @@ def batch_of(gens, ids):
     return collate(episodes, layout="trajectory", pad_id=0)
 
 
-def first_step_grads(learner):
-    """AdamW after its first step: exp_avg = (1 - beta1) g, so g = exp_avg / (1 - beta1)."""
-    b1 = learner.optimizer.param_groups[0]["betas"][0]
-    return [learner.optimizer.state[p]["exp_avg"] / (1 - b1) for p in learner.params]
-
-
 def test_update_through_the_sampler_has_the_learner_forwards_gradient():
     plain, graphed, ids = policy_pair(seed=1)
     gens, logp = graphed.generate_with_graph(ids, SAMPLING, ALLOWED)
@@ -78,7 +74,7 @@ def test_update_through_the_sampler_has_the_learner_forwards_gradient():
     by_forward.update(batch, adv)
     lengths = torch.tensor([len(g.token_ids) for g in gens])
     by_sampler.update(batch, adv, sampled_logp=sampled_rows(batch.action_mask, logp, lengths))
-    for want, got in zip(first_step_grads(by_forward), first_step_grads(by_sampler)):
+    for want, got in zip(th.first_step_grads(by_forward), th.first_step_grads(by_sampler)):
         assert torch.allclose(got, want, rtol=1e-4, atol=1e-7 * float(want.abs().max()) + 1e-12)
 
 

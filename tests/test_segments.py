@@ -33,7 +33,7 @@ def test_compact_ids_and_first():
     assert segment_first(torch.tensor([1, 0, 1, 2]), 3).tolist() == [1, 0, 3]
 
 
-def test_compact_ids_keys_too_wide_for_one_integer_still_sort_lexicographically():
+def test_compact_ids_orders_keys_near_the_int64_limit_and_takes_no_rows():
     big = 2 ** 61
     tuples = [(big, -big), (-big, big), (big, -big), (0, 0), (-big, -big), (0, big)]
     keys = [torch.tensor([t[j] for t in tuples]) for j in range(2)]

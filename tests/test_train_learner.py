@@ -49,12 +49,6 @@ def ragged_batch(seed=0, n=7, max_action=4):
     return batch, adv
 
 
-def first_step_grads(learner):
-    """AdamW after its first step: exp_avg = (1 - beta1) g, so g = exp_avg / (1 - beta1)."""
-    b1 = learner.optimizer.param_groups[0]["betas"][0]
-    return [learner.optimizer.state[p]["exp_avg"] / (1 - b1) for p in learner.params]
-
-
 def reference_grads(model, ref_model, batch, adv, mode, kl_coef, ent_coef, eps=0.2):
     """The loss written out by hand on the whole batch (no learner code)."""
     model = copy.deepcopy(model)
@@ -104,7 +98,7 @@ def test_gradient_matches_hand_loss_for_every_microbatch_size(mode, device):
             expected = reference_grads(model0, ref_model, batch, adv, mode, 0.1, 0.01)
         out = learner.update(batch, adv)
         assert out["optimizer_steps"] == 1 and out["skipped_updates"] == 0
-        got = first_step_grads(learner)
+        got = th.first_step_grads(learner)
         for g, e in zip(got, expected):
             torch.testing.assert_close(g.cpu(), e, atol=2e-6, rtol=1e-4)
         assert out["kl"] > 0
@@ -126,7 +120,7 @@ def test_cosine_entropy_schedule_weights_the_bonus_of_each_update():
     learner.schedule.load_state_dict({"step_count": 2})
     learner.update(batch, adv)
     want = reference_grads(model0, model0, batch, adv, "token-mean", 0.0, 0.006)
-    for g, e in zip(first_step_grads(learner), want):
+    for g, e in zip(th.first_step_grads(learner), want):
         torch.testing.assert_close(g, e, atol=2e-6, rtol=1e-4)
 
 
@@ -167,7 +161,7 @@ def test_entropy_target_moves_the_bonus_by_the_entropy_gap_and_resumes():
     second = fresh.update(batch, adv)
     assert second["entropy_coef"] == pytest.approx(c1, rel=1e-12)
     want = reference_grads(model0, model0, batch, adv, "token-mean", 0.0, c1)
-    for g, e in zip(first_step_grads(fresh), want):
+    for g, e in zip(th.first_step_grads(fresh), want):
         torch.testing.assert_close(g, e, atol=2e-6, rtol=1e-4)
     # below the target the weight grows, at most to MAX_COEF; never below MIN_RATIO of
     # its start
@@ -216,7 +210,7 @@ def test_rows_not_kept_do_not_contribute():
     m2 = th.tiny_qwen(4)
     l2 = Learner(m2, make_cfg())
     l2.update(batch, adv2, keep)
-    for a, b in zip(first_step_grads(l1), first_step_grads(l2)):
+    for a, b in zip(th.first_step_grads(l1), th.first_step_grads(l2)):
         torch.testing.assert_close(a, b)
 
 
@@ -625,7 +619,7 @@ def test_shared_prompts_give_the_hand_loss_gradient(micro, start, samples):
         learner = Learner(model, cfg)
         with th.forward_shapes(model) as calls:
             learner.update(batch, adv)
-        for g, e in zip(first_step_grads(learner), expected):
+        for g, e in zip(th.first_step_grads(learner), expected):
             torch.testing.assert_close(g, e, atol=2e-6, rtol=1e-4)
         if start:  # all 6 prompts distinct: the 10-token common start runs alone first
             assert (calls[0] == (1, 10)) == share
@@ -650,7 +644,7 @@ def test_value_head_shares_prompts_and_rows_with_the_same_values_and_gradients()
         values = learner.values(batch)
         with th.forward_shapes(model) as calls:
             learner.update(batch, adv)
-        got.append((values, first_step_grads(learner), calls))
+        got.append((values, th.first_step_grads(learner), calls))
     (v0, g0, c0), (v1, g1, c1) = got
     assert v0.abs().sum() > 0
     torch.testing.assert_close(v1, v0, atol=1e-5, rtol=1e-4)

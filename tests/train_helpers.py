@@ -72,6 +72,12 @@ TEST_ENTRIES = [
 ]
 
 
+def first_step_grads(learner):
+    """AdamW after its first step: exp_avg = (1 - beta1) g, so g = exp_avg / (1 - beta1)."""
+    b1 = learner.optimizer.param_groups[0]["betas"][0]
+    return [learner.optimizer.state[p]["exp_avg"] / (1 - b1) for p in learner.params]
+
+
 def register() -> None:
     for reg, entry in TEST_ENTRIES:
         if entry.name not in reg:

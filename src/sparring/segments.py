@@ -14,23 +14,9 @@ def compact_ids(*keys: Tensor) -> tuple[Tensor, int]:
     """Map rows with equal key tuples to the same id in ``0..n_seg-1``. Returns (ids, n_seg).
 
     ``keys``: long tensors ``[n]``; ids follow the lexicographic order of the key tuples.
-    The tuples are numbered as one mixed-radix integer, ``sum_j (k_j - min k_j) * prod_{i>j}
-    span_i`` (the first key most significant, so the order is the same), whose 1-D unique is
-    far cheaper than a unique over rows; when that integer could overflow, rows are compared
-    directly.
     """
-    cols = [k.long().reshape(-1) for k in keys]
-    if cols[0].numel() == 0:
-        return torch.zeros(0, dtype=torch.long, device=cols[0].device), 0
-    code, span = torch.zeros_like(cols[0]), 1
-    for col in reversed(cols):  # least significant first
-        lo, hi = (int(v) for v in torch.aminmax(col))
-        if span * (hi - lo + 1) > 2 ** 62:
-            uniq, ids = torch.unique(torch.stack(cols, 1), dim=0, return_inverse=True)
-            return ids, uniq.shape[0]
-        code += (col - lo) * span
-        span *= hi - lo + 1
-    uniq, ids = torch.unique(code, return_inverse=True)
+    stacked = torch.stack([k.long().reshape(-1) for k in keys], dim=1)
+    uniq, ids = torch.unique(stacked, dim=0, return_inverse=True)
     return ids, uniq.shape[0]
 
 

@@ -170,16 +170,7 @@ class HFPolicy:
         of its own random stream, so a completion depends on its prompt, the weights and its
         seed, not on the other prompts of the batch (what lets rollouts be split among
         workers); None: all rows draw from the policy's ``generator``, in batch order."""
-        sp = sampling or SamplingParams()
-        B = len(prompts)
-        if B == 0:
-            return []
-        check_generate_args(prompts, allowed, seeds, max_new_tokens=sp.max_new_tokens,
-                            max_positions=getattr(self.model.config, "max_position_embeddings",
-                                                  None))
-        self.activate()
-        with autocast_for(self.model):
-            return self._decode(prompts, sp, allowed, seeds)[0]
+        return self._sample(prompts, sampling or SamplingParams(), allowed, seeds)[0]
 
     def generate_with_graph(self, prompts: Sequence[Sequence[int]],
                             sampling: SamplingParams | None = None,
@@ -194,23 +185,32 @@ class HFPolicy:
         ``sampled_logp``): the learner's forward would recompute exactly these log-probs,
         so back-propagating through the sampler's own forward gives the same gradient
         without it. The graph holds every decode step's activations until the backward."""
-        sp = sampling or SamplingParams()
-        if not prompts:
-            return [], torch.zeros(0, 0, device=self.device)
-        check_generate_args(prompts, allowed, seeds, max_new_tokens=sp.max_new_tokens,
-                            max_positions=getattr(self.model.config, "max_position_embeddings",
-                                                  None))
         if self.decode != "dynamic" or feature_cache_of(self.model) is not None:
             raise ValueError("generate_with_graph decodes through the model's own dynamic "
                              "cache: model.decode='dynamic' and no feature cache")
-        self.activate()
-        with torch.enable_grad(), autocast_for(self.model):
-            gens, parts = self._decode(prompts, sp, allowed, seeds, graph=True)
-        S = max(len(g.token_ids) for g in gens)
-        logp = torch.zeros(len(gens), S, device=self.device)
+        with torch.enable_grad():
+            gens, parts = self._sample(prompts, sampling or SamplingParams(), allowed, seeds,
+                                       graph=True)
+        logp = torch.zeros(len(gens), max((len(g.token_ids) for g in gens), default=0),
+                           device=self.device)
         for rows, cols, values in parts:  # one scatter per decode step
             logp = logp.index_put((rows, cols), values)
         return gens, logp
+
+    def _sample(self, prompts: Sequence[Sequence[int]], sp: SamplingParams,
+                allowed: Sequence[Sequence[str] | None] | None,
+                seeds: Sequence[int] | None, graph: bool = False
+                ) -> tuple[list[Generation], list[tuple[Tensor, Tensor, Tensor]]]:
+        """The arguments checked, this policy's adapter active, `_decode` under the model's
+        precision context; no prompts: nothing."""
+        if not prompts:
+            return [], []
+        check_generate_args(prompts, allowed, seeds, max_new_tokens=sp.max_new_tokens,
+                            max_positions=getattr(self.model.config, "max_position_embeddings",
+                                                  None))
+        self.activate()
+        with autocast_for(self.model):
+            return self._decode(prompts, sp, allowed, seeds, graph)
 
     def _decode(self, prompts: Sequence[Sequence[int]], sp: SamplingParams,
                 allowed: Sequence[Sequence[str] | None] | None,

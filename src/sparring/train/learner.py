@@ -78,6 +78,7 @@ from sparring.train.minibatches import epoch_order, micro_batches, prompt_index
 from sparring.train.param_groups import param_groups
 from sparring.train.reference import Reference
 from sparring.train.row_sparse_adamw import RowSparseAdamW, can_fuse
+from sparring.train.sampled_graph import check_sampled_logp
 from sparring.train.sharded_optimizer import OptimizerShard
 from sparring.train.sharded_weights import (
     clip_grads,
@@ -102,30 +103,6 @@ def sampler_correction_level(cfg: Config) -> str:
     return sampler_level(cfg.algorithm.importance_correction.level,
                          vllm=cfg.model.backend == "vllm",
                          recomputed=cfg.algorithm.recompute_old_logp)
-
-
-def sampled_rows(action_mask: Tensor, token_logp: Tensor, lengths: Tensor) -> Tensor:
-    """The sampler's per-row token log-probs ``token_logp [n, S]`` (row i: the ``lengths[i]``
-    tokens of the one turn of the batch's row i, in order, as
-    `HFPolicy.generate_with_graph` returns them) at the batch's action positions
-    (``action_mask [n, T]``): ``[n, T]``, 0 elsewhere, differentiable in ``token_logp``."""
-    n, S = token_logp.shape
-    counts = action_mask.sum(1).to(lengths.device)
-    if action_mask.shape[0] != n or lengths.shape != (n,) or not torch.equal(counts, lengths):
-        raise ValueError(f"{n} rows of sampled log-probs ({lengths.tolist()} tokens) do not "
-                         f"match the batch's {action_mask.shape[0]} rows' action tokens "
-                         f"({counts.tolist()}): one single-turn episode a row, in order")
-    valid = torch.arange(S, device=token_logp.device)[None] < lengths.to(token_logp.device)[:, None]
-    out = torch.zeros(action_mask.shape, dtype=token_logp.dtype, device=token_logp.device)
-    return out.masked_scatter(action_mask.to(token_logp.device), token_logp[valid])
-
-
-def has_dropout(model: nn.Module) -> bool:
-    """Whether ``model`` drops anything while training: a dropout module with p > 0 or a
-    Hugging Face config's ``attention_dropout`` above 0."""
-    config = getattr(model, "config", None)
-    return bool(getattr(config, "attention_dropout", 0.0)) or any(
-        isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules())
 
 
 def state_megabytes(optimizer: torch.optim.Optimizer) -> float:
@@ -429,32 +406,6 @@ class Learner:
         size = t.microbatch_size or max(most, 1)
         return filler_rows(rows, -(-most // size), size, minibatch[:1])
 
-    def _check_sampled_logp(self, sampled_logp: Tensor, n: int, T: int) -> None:
-        """Raise unless ``sampled_logp`` can stand in for the learner's forward (`update`)."""
-        t, a = self.cfg.train, self.cfg.algorithm
-        if tuple(sampled_logp.shape) != (n, T):
-            raise ValueError(f"sampled_logp has shape {tuple(sampled_logp.shape)}, "
-                             f"expected {(n, T)}")
-        if not sampled_logp.requires_grad:
-            raise ValueError("sampled_logp has no autograd graph: take it from "
-                             "HFPolicy.generate_with_graph")
-        why = [w for bad, w in (
-            (t.epochs != 1, f"train.epochs={t.epochs} (must be 1)"),
-            (bool(t.minibatch_size) and t.minibatch_size < n,
-             f"train.minibatch_size={t.minibatch_size} splits the batch of {n} rows"),
-            (self.critic is not None or self.archer is not None, "a critic reads the forward"),
-            (a.entropy_coef > 0, "an entropy bonus reads the forward (entropy_coef > 0)"),
-            (self.sampler_correction != "off", "importance correction compares the learner's "
-             "log-probs with the sampler's"),
-            (self.sharded_model is not None or dp.ranks() is not None,
-             "the update is split over learner ranks"),
-            (has_dropout(self.model), "the model has dropout, which the learner's forward "
-             "applies and the sampler's does not")) if bad]
-        if why:
-            raise ValueError("sampled_logp stands in for the learner's forward only in an "
-                             "update of one optimizer step over the whole batch that needs "
-                             "nothing else of that forward; here " + "; ".join(why))
-
     def update(self, batch: TurnBatch, advantages: Tensor, keep: Tensor | None = None,
                sampled_logp: Tensor | None = None) -> dict[str, float]:
         """Train on ``batch`` with ``advantages [n, T]``; rows with ``keep[i] = False`` are
@@ -471,7 +422,10 @@ class Learner:
         if advantages.shape != (n, T):
             raise ValueError(f"advantages have shape {tuple(advantages.shape)}, expected {(n, T)}")
         if sampled_logp is not None:
-            self._check_sampled_logp(sampled_logp, n, T)
+            check_sampled_logp(sampled_logp, n, T, self.cfg, self.model,
+                               critic=self.critic is not None or self.archer is not None,
+                               sampler_correction=self.sampler_correction,
+                               ranked=self.sharded_model is not None or dp.ranks() is not None)
         keep = (torch.ones(n, dtype=torch.bool) if keep is None else keep.bool()).to(self.device)
         if keep.shape != (n,):
             raise ValueError(f"keep has shape {tuple(keep.shape)}, expected ({n},)")
