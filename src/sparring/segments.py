@@ -14,10 +14,19 @@ def compact_ids(*keys: Tensor) -> tuple[Tensor, int]:
     """Map rows with equal key tuples to the same id in ``0..n_seg-1``. Returns (ids, n_seg).
 
     ``keys``: long tensors ``[n]``; ids follow the lexicographic order of the key tuples.
+    One key at a time, on 1-D values (a row-wise ``unique(dim=0)`` costs 10-100x more on
+    CPU): with ``ids`` the compact ids of the keys so far and ``k`` those of the next key
+    (``0..m-1``), ``ids * m + k`` orders as the tuples do and stays below ``n**2``.
     """
-    stacked = torch.stack([k.long().reshape(-1) for k in keys], dim=1)
-    uniq, ids = torch.unique(stacked, dim=0, return_inverse=True)
-    return ids, uniq.shape[0]
+    ids, n_seg = None, 1
+    for key in keys:
+        values, k = torch.unique(key.long().reshape(-1), return_inverse=True)
+        if ids is None:
+            ids, n_seg = k, values.numel()
+        else:
+            seen, ids = torch.unique(ids * values.numel() + k, return_inverse=True)
+            n_seg = seen.numel()
+    return ids, n_seg
 
 
 def segment_sum(x: Tensor, ids: Tensor, n: int) -> Tensor:
