@@ -75,7 +75,9 @@ def test_update_through_the_sampler_has_the_learner_forwards_gradient():
     lengths = torch.tensor([len(g.token_ids) for g in gens])
     by_sampler.update(batch, adv, sampled_logp=sampled_rows(batch.action_mask, logp, lengths))
     for want, got in zip(th.first_step_grads(by_forward), th.first_step_grads(by_sampler)):
-        assert torch.allclose(got, want, rtol=1e-4, atol=1e-7 * float(want.abs().max()) + 1e-12)
+        # float32 rounding only: the decode steps' products sum in another order than the
+        # learner's one pass (seen up to 5e-7 of a tensor's largest entry on some CPUs)
+        assert torch.allclose(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max()) + 1e-12)
 
 
 def test_sampled_rows_places_each_rows_tokens_at_its_action_positions():
